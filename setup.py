@@ -1,0 +1,30 @@
+"""realm_tf: REALM (Guu et al., 2020) in TensorFlow 2."""
+import setuptools
+
+# The stack, pinned together: tf-models-official 2.20.0 pins tensorflow~=2.20.
+INSTALL_REQUIRES = [
+    "tensorflow==2.20.*",
+    "tensorflow-text==2.20.*",
+    "tf-keras==2.20.*",
+    "tf-models-official==2.20.0",
+    "tensorflow-serving-api==2.20.*",
+    "scann==1.4.2",
+    "apache-beam==2.77.*",
+    "absl-py>=1.4",
+    "pyyaml>=6.0",
+    "safetensors>=0.4",
+    "mwparserfromhell>=0.6.6",
+    "bm25s>=0.2",
+    "numpy>=1.26",
+]
+
+setuptools.setup(
+    name="realm_tf",
+    version="0.1.0",
+    description="REALM retrieval-augmented language model pre-training in TensorFlow 2",
+    python_requires=">=3.10,<3.13",
+    packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam", "beam.*", "serving", "serving.*"]),
+    package_data={"realm_tf": ["demo/*.jsonl"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require={"test": ["pytest>=8"]},
+)
