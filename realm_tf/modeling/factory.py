@@ -1,0 +1,83 @@
+"""Building REALM models from an ExperimentConfig, warm-started as the config says.
+
+Call these under `strategy.scope()` so that variables are created on the right devices.
+"""
+import logging
+from typing import Optional
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.configs.experiment import ExperimentConfig, WarmStartConfig
+from realm_tf.modeling.models import KnowledgeAugmentedEncoder, Reader, RealmPretrainer, Retriever
+from realm_tf.modeling.networks import Embedder, build_encoder
+from realm_tf.modeling.networks.encoder import ACTIVATIONS
+from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
+
+WARM_START_SOURCES = ("", "minilm", "google_bert")
+
+
+def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
+  """Loads pretrained weights into a built encoder (and MLM head, where the source has one)."""
+  if config.source not in WARM_START_SOURCES:
+    raise ValueError(f"warm_start.source must be one of {WARM_START_SOURCES}, "
+                     f"got {config.source!r}")
+  if config.source == "minilm":
+    return load_minilm(encoder, path=config.path or None)
+  if config.source == "google_bert":
+    if not config.path:
+      raise ValueError("warm_start.source=google_bert needs warm_start.path "
+                       "(a checkpoint prefix such as .../bert_model.ckpt)")
+    return load_google_bert_checkpoint(encoder, config.path, masked_lm=masked_lm)
+  logging.info("No warm start for %s: random initialisation", encoder.name)
+  return None
+
+
+def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
+  encoder = build_encoder(config.encoder, name=f"{name}_encoder")
+  warm_start(encoder, config.warm_start)
+  return Embedder(encoder, config.retriever.projection_size,
+                  pooling=config.retriever.pooling,
+                  projection_initializer=config.retriever.projection_initializer,
+                  initializer_range=config.encoder.initializer_range, name=name)
+
+
+def build_retriever(config: ExperimentConfig) -> Retriever:
+  """Query and document towers, both warm-started (shared when the config says so)."""
+  query = build_embedder(config, "query_embedder")
+  document = None if config.retriever.share_towers else build_embedder(
+      config, "document_embedder")
+  return Retriever(query, document, name="retriever")
+
+
+def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugmentedEncoder:
+  encoder = build_encoder(config.encoder, name="reader_encoder")
+  model = KnowledgeAugmentedEncoder(
+      encoder, activation=ACTIVATIONS[config.encoder.hidden_activation],
+      initializer_range=config.encoder.initializer_range, name="knowledge_augmented_encoder")
+  _build_masked_lm(model, config.encoder.hidden_size)
+  warm_start(encoder, config.warm_start, masked_lm=model.masked_lm)
+  return model
+
+
+def _build_masked_lm(model: KnowledgeAugmentedEncoder, hidden_size: int):
+  model.masked_lm(tf.zeros([1, 2, hidden_size]), masked_positions=tf.zeros([1, 1], tf.int32))
+
+
+def build_reader(config: ExperimentConfig) -> Reader:
+  encoder = build_encoder(config.encoder, name="reader_encoder")
+  warm_start(encoder, config.warm_start)
+  return Reader(encoder, max_span_width=config.reader.max_span_width,
+                span_hidden_size=config.reader.span_hidden_size,
+                initializer_range=config.encoder.initializer_range, name="reader")
+
+
+def build_realm_pretrainer(config: ExperimentConfig,
+                           retriever: Optional[Retriever] = None) -> RealmPretrainer:
+  """The pre-training model; pass `retriever` to start from an ICT-trained one."""
+  return RealmPretrainer(retriever or build_retriever(config),
+                         build_knowledge_augmented_encoder(config), name="realm_pretrainer")
+
+
+def count_parameters(model: tf_keras.Model) -> int:
+  return int(sum(v.shape.num_elements() for v in model.trainable_variables))

@@ -1,0 +1,106 @@
+"""REALM and ORQA objectives.
+
+Notation: B examples, K candidate documents (the null document included where used),
+M masked tokens, S spans. All inputs are float32 logits / log-probabilities.
+"""
+import tensorflow as tf
+
+# Stand-in for log(0) that keeps log-sum-exps and their gradients finite.
+_LOG_ZERO = -1e9
+
+
+def retrieval_log_probs(retrieval_logits: tf.Tensor) -> tf.Tensor:
+  """log p(z|x): [B, K] relevance scores → log-softmax over the K candidates."""
+  return tf.nn.log_softmax(retrieval_logits, axis=-1)
+
+
+def marginal_log_likelihood(retrieval_logits: tf.Tensor,
+                            log_likelihoods: tf.Tensor) -> tf.Tensor:
+  """log p(y|x) = logsumexp_z(log p(z|x) + log p(y|z,x)).
+
+  Args:
+    retrieval_logits: [B, K].
+    log_likelihoods: [B, K, ...] log p(y|z,x) (e.g. [B, K, M] per masked token).
+  Returns:
+    [B, ...] the marginal over the K candidates.
+  """
+  log_pz = retrieval_log_probs(retrieval_logits)
+  extra_dims = log_likelihoods.shape.rank - 2
+  log_pz = tf.reshape(log_pz, tf.concat([tf.shape(log_pz), [1] * extra_dims], 0))
+  return tf.reduce_logsumexp(log_pz + log_likelihoods, axis=1)
+
+
+def masked_lm_marginal_loss(retrieval_logits: tf.Tensor, token_log_probs: tf.Tensor,
+                            masked_lm_weights: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+  """REALM's pre-training loss, −log p(y|x) averaged over masked tokens.
+
+  Each masked token is marginalised over the K documents on its own (as the authors'
+  code does). Returns (loss_sum, weight_sum) so that a distributed step can divide by the
+  global number of masked tokens; loss = loss_sum / weight_sum.
+
+  Args:
+    retrieval_logits: [B, K]; token_log_probs: [B, K, M]; masked_lm_weights: [B, M]
+      (0 for padding positions).
+  """
+  weights = tf.cast(masked_lm_weights, tf.float32)
+  marginal = marginal_log_likelihood(retrieval_logits, token_log_probs)  # [B, M]
+  return -tf.reduce_sum(marginal * weights), tf.reduce_sum(weights)
+
+
+def retrieval_utility(token_log_probs: tf.Tensor, masked_lm_weights: tf.Tensor,
+                      retrieval_logits: tf.Tensor, null_index: int = 0) -> tf.Tensor:
+  """RU = log p(y|z*,x) − log p(y|null,x) for the top-scoring non-null document z*.
+
+  log p(y|z,x) is the sum over masked tokens (p(y|z,x) is their product). Positive RU
+  means the retrieved document helps predict the masked span. Returns [B].
+  """
+  weights = tf.cast(masked_lm_weights, tf.float32)
+  per_doc = tf.reduce_sum(token_log_probs * weights[:, None, :], axis=-1)  # [B, K]
+  num_docs = tf.shape(retrieval_logits)[1]
+  is_null = tf.equal(tf.range(num_docs), null_index)[None, :]  # [1, K]
+  top = tf.argmax(tf.where(is_null, tf.cast(_LOG_ZERO, retrieval_logits.dtype),
+                           retrieval_logits), axis=1, output_type=tf.int32)  # [B]
+  top_ll = tf.gather(per_doc, top, axis=1, batch_dims=1)
+  return top_ll - per_doc[:, null_index]
+
+
+def _masked_logsumexp(logits: tf.Tensor, mask: tf.Tensor, axis) -> tf.Tensor:
+  return tf.reduce_logsumexp(tf.where(mask, logits, _LOG_ZERO), axis=axis)
+
+
+def reader_log_likelihood(span_logits: tf.Tensor, span_correct: tf.Tensor) -> tf.Tensor:
+  """log p(y|z,x) = logsumexp over matching spans − logsumexp over all spans of the block.
+
+  Args: span_logits [B, K, S]; span_correct [B, K, S] bool. Returns [B, K] (about −1e9
+  where a block holds no matching span).
+  """
+  return (_masked_logsumexp(span_logits, span_correct, axis=-1)
+          - tf.reduce_logsumexp(span_logits, axis=-1))
+
+
+def openqa_loss(retrieval_logits: tf.Tensor, span_logits: tf.Tensor,
+                span_correct: tf.Tensor) -> dict[str, tf.Tensor]:
+  """The ORQA-style fine-tuning objective, per example.
+
+  retriever_loss = −log Σ_{z has an answer} p(z|x) (softmax over the K retrieved blocks);
+  reader_loss = −log Σ_{(z,s) correct} p(z,s|x), with the span softmax taken jointly over
+  all spans of all K blocks. Both are zero for examples where no retrieved block contains
+  the answer (nothing to learn from them), flagged by has_answer.
+
+  Args: retrieval_logits [B, K]; span_logits [B, K, S]; span_correct [B, K, S] bool.
+  Returns: dict of [B] tensors: retriever_loss, reader_loss, loss, has_answer (float).
+  """
+  span_correct = tf.cast(span_correct, tf.bool)
+  block_has_answer = tf.reduce_any(span_correct, axis=-1)  # [B, K]
+  has_answer = tf.reduce_any(block_has_answer, axis=-1)  # [B]
+  retriever = -(_masked_logsumexp(retrieval_logits, block_has_answer, axis=-1)
+                - tf.reduce_logsumexp(retrieval_logits, axis=-1))
+  batch = tf.shape(span_logits)[0]
+  flat_logits = tf.reshape(span_logits, [batch, -1])  # [B, K*S]
+  flat_correct = tf.reshape(span_correct, [batch, -1])  # [B, K*S]
+  reader = -(_masked_logsumexp(flat_logits, flat_correct, axis=-1)
+             - tf.reduce_logsumexp(flat_logits, axis=-1))
+  retriever = tf.where(has_answer, retriever, 0.0)
+  reader = tf.where(has_answer, reader, 0.0)
+  return dict(retriever_loss=retriever, reader_loss=reader, loss=retriever + reader,
+              has_answer=tf.cast(has_answer, tf.float32))

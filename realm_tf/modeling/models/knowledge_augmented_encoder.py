@@ -1,0 +1,45 @@
+"""The knowledge-augmented encoder for pre-training: BERT over join_bert(x, z_body) + MLM."""
+import tensorflow as tf
+import tf_keras
+from official.nlp.modeling import layers
+
+from realm_tf.modeling.networks.embedder import flatten_bert_inputs
+
+
+class KnowledgeAugmentedEncoder(tf_keras.Model):
+  """log p(y_m | z, x) for every masked position m and every retrieved z.
+
+  The MLM head is tf-models-official's `MaskedLM` with its output weights tied to the
+  encoder's word embeddings. Masked positions index into x, which comes first in
+  `[CLS] x [SEP] z_body [SEP]` (packed with waterfall truncation), so one set of positions
+  serves all K documents.
+  """
+
+  def __init__(self, encoder: tf_keras.layers.Layer, activation=None,
+               initializer_range: float = 0.02, **kwargs):
+    super().__init__(**kwargs)
+    self.encoder = encoder
+    self.masked_lm = layers.MaskedLM(
+        embedding_table=encoder.get_embedding_table(), activation=activation,
+        initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range),
+        output="logits", name="masked_lm")
+
+  def call(self, inputs: dict, training=None) -> tf.Tensor:
+    """Token log-likelihoods.
+
+    Args:
+      inputs: 'input_word_ids', 'input_mask', 'input_type_ids' [B, K, L];
+        'masked_lm_positions', 'masked_lm_ids' [B, M].
+    Returns:
+      [B, K, M] log p(y_m | z_k, x).
+    """
+    flat, leading = flatten_bert_inputs(inputs)  # [B*K, L], leading = [B, K]
+    num_docs = leading[1]
+    sequence = self.encoder(flat, training=training)["sequence_output"]  # [B*K, L, H]
+    positions = tf.repeat(tf.cast(inputs["masked_lm_positions"], tf.int32), num_docs,
+                          axis=0)  # [B*K, M]
+    logits = self.masked_lm(sequence, masked_positions=positions)  # [B*K, M, V]
+    log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
+    ids = tf.repeat(tf.cast(inputs["masked_lm_ids"], tf.int32), num_docs, axis=0)  # [B*K, M]
+    token_log_probs = tf.gather(log_probs, ids, axis=-1, batch_dims=2)  # [B*K, M]
+    return tf.reshape(token_log_probs, tf.concat([leading, [-1]], axis=0))  # [B, K, M]

@@ -1,0 +1,13 @@
+"""Pretrained BERT weights: all-MiniLM-L6-v2 (safetensors) and Google BERT TF checkpoints."""
+from realm_tf.pretrained.loading import (
+    WeightLoadingError,
+    load_google_bert_checkpoint,
+    load_minilm,
+    load_weights,
+)
+from realm_tf.pretrained.minilm import minilm_dir, minilm_vocab_file
+
+__all__ = [
+    "WeightLoadingError", "load_google_bert_checkpoint", "load_minilm", "load_weights",
+    "minilm_dir", "minilm_vocab_file",
+]
