@@ -104,3 +104,17 @@ def openqa_loss(retrieval_logits: tf.Tensor, span_logits: tf.Tensor,
   reader = tf.where(has_answer, reader, 0.0)
   return dict(retriever_loss=retriever, reader_loss=reader, loss=retriever + reader,
               has_answer=tf.cast(has_answer, tf.float32))
+
+
+def global_mean(loss_sum: tf.Tensor, weight_sum: tf.Tensor) -> tf.Tensor:
+  """This replica's share of the global mean loss.
+
+  Divides by the weight summed over all replicas, so that summing gradients across
+  replicas (what tf.distribute does) gives exactly the gradient of the global mean,
+  however unevenly masked tokens fall across replicas. Works under any strategy, the
+  default one included.
+  """
+  context = tf.distribute.get_replica_context()
+  if context is not None:
+    weight_sum = context.all_reduce(tf.distribute.ReduceOp.SUM, weight_sum)
+  return loss_sum / tf.maximum(weight_sum, 1.0)

@@ -1,0 +1,45 @@
+"""Shared test set-up.
+
+Two logical CPU devices are configured before TensorFlow initialises anything, so tests can
+exercise the multi-replica path (MirroredStrategy) on a one-CPU machine.
+"""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+_cpus = tf.config.list_physical_devices("CPU")
+tf.config.set_logical_device_configuration(
+    _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def repo_dir() -> pathlib.Path:
+  return REPO
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  """The real data beside the repo (../shared/data); never copied into the repo."""
+  if not SHARED_DATA.is_dir():
+    pytest.fail(f"{SHARED_DATA} is missing: the shared data must sit beside the repo")
+  return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+  from realm_tf.configs import load_config
+  return load_config(str(REPO / "configs" / "tiny.yaml"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+  from realm_tf.text import Tokenizer
+  return Tokenizer()
