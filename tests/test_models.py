@@ -119,3 +119,12 @@ def test_span_scorer_first_layer_is_an_mlp_over_concatenation(tiny_config, token
   want = tf.squeeze(scorer.output_projection(scorer.layer_norm(hidden[None])), -1)[0]
   np.testing.assert_allclose(logits.numpy()[0], want.numpy(), rtol=1e-4, atol=1e-5)
   assert not np.allclose(ws.numpy(), we.numpy())  # independently initialised
+
+
+def test_separate_towers_start_identical_and_are_distinct_variables(tiny_config, tokenizer):
+  retriever = factory.build_retriever(tiny_config)
+  x = tokenizer.encode(["a query about rivers"], 16).as_dict()
+  np.testing.assert_allclose(retriever.embed_queries(x).numpy(),
+                             retriever.embed_documents(x).numpy(), rtol=1e-5, atol=1e-6)
+  q_vars = {id(v) for v in retriever.query_embedder.trainable_variables}
+  assert not q_vars & {id(v) for v in retriever.document_embedder.trainable_variables}

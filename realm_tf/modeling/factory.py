@@ -45,9 +45,21 @@ def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
 def build_retriever(config: ExperimentConfig) -> Retriever:
   """Query and document towers, both warm-started (shared when the config says so)."""
   query = build_embedder(config, "query_embedder")
-  document = None if config.retriever.share_towers else build_embedder(
-      config, "document_embedder")
+  document = None
+  if not config.retriever.share_towers:
+    document = build_embedder(config, "document_embedder")
+    # Separate towers start identical (same BERT, same projection) and drift apart only
+    # through training; independently drawn projections would make the inner product of
+    # an untrained retriever meaningless.
+    _build_embedder_variables(query, config)
+    _build_embedder_variables(document, config)
+    document.set_weights(query.get_weights())
   return Retriever(query, document, name="retriever")
+
+
+def _build_embedder_variables(embedder: Embedder, config: ExperimentConfig):
+  if not embedder.projection.built:
+    embedder.projection.build([None, config.encoder.hidden_size])
 
 
 def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugmentedEncoder:
