@@ -1,0 +1,63 @@
+"""Turning an index export back into a Searcher."""
+import os
+from typing import Union
+
+import tensorflow as tf
+
+from realm_tf.retrieval.exact import ExactSearcher
+from realm_tf.retrieval.index_export import (
+    MANIFEST, ExportError, IndexExport, latest_export, load_npy, read_json, shard_name)
+from realm_tf.retrieval.sharded import ShardedSearcher
+
+BACKENDS = ("scann", "exact")
+
+
+def resolve_export(path: str) -> IndexExport:
+  """`path` is either one export (it has a manifest) or an index dir (newest export)."""
+  if tf.io.gfile.exists(os.path.join(path, MANIFEST)):
+    manifest = read_json(os.path.join(path, MANIFEST))
+    return IndexExport(int(manifest.get("version", 0)), path, manifest)
+  export = latest_export(path)
+  if export is None:
+    raise ExportError(f"{path}: no committed index export")
+  return export
+
+
+def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann",
+                  rescore: bool = False) -> ShardedSearcher:
+  """A ShardedSearcher over every shard of an export.
+
+  Args:
+    path_or_export: an index dir (its newest committed export is used), one export dir, or
+      an IndexExport.
+    backend: 'scann' (the shards' serialised ScaNN searchers) or 'exact'.
+    rescore: with ScaNN, re-score candidates exactly with the stored embeddings.
+  """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  export = path_or_export if isinstance(path_or_export, IndexExport) else resolve_export(
+      path_or_export)
+  shards_info = export.manifest["shards"]
+  shards = []
+  for info in shards_info:
+    path = os.path.join(export.path, shard_name(info["shard"], len(shards_info)))
+    embeddings = load_npy(os.path.join(path, "embeddings.npy"))
+    block_ids = load_npy(os.path.join(path, "block_ids.npy"))
+    if backend == "exact":
+      shards.append(ExactSearcher(embeddings, block_ids, name=f"exact_{info['shard']}"))
+      continue
+    scann_dir = os.path.join(path, "scann")
+    if not tf.io.gfile.exists(scann_dir):
+      raise ExportError(f"{path}: no ScaNN searcher in this shard; use backend='exact'")
+    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    from realm_tf.retrieval.scann_searcher import ScannSearcher  # pylint: disable=g-import-not-at-top
+    state = tf.saved_model.load(scann_dir)
+    searcher = ScannSearcher(
+        scann_ops.searcher_from_module(state), block_ids, int(info["dimension"]),
+        rescore_embeddings=embeddings.astype("float32") if rescore else None,
+        name=f"scann_{info['shard']}")
+    searcher.scann_state = state  # keep the loaded assets alive with the searcher
+    shards.append(searcher)
+  searcher = ShardedSearcher(shards)
+  searcher.export = export
+  return searcher

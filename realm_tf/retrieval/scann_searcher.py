@@ -1,0 +1,125 @@
+"""ScaNN through its TensorFlow ops, so a searcher lives in a graph and in a SavedModel."""
+import dataclasses
+import math
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+from scann.scann_ops.py import scann_ops
+from scann.scann_ops.py.scann_builder import ReorderType
+
+from realm_tf.retrieval.searcher import Searcher, SearchResult
+
+# ScaNN's guidance by dataset size: brute force below ~20k points, asymmetric hashing
+# (AH) + exact reordering below ~100k, partitioning tree + AH + reordering above.
+BRUTE_FORCE_BELOW = 20_000
+TREE_ABOVE = 100_000
+
+
+@dataclasses.dataclass
+class ScannParams:
+  """How one shard's ScaNN searcher is built (all overridable)."""
+  mode: str  # 'brute_force', 'ah_reorder' or 'tree_ah_reorder'
+  num_leaves: int = 0
+  num_leaves_to_search: int = 0
+  dimensions_per_block: int = 2
+  anisotropic_quantization_threshold: float = 0.2
+  reorder_num_neighbors: int = 100
+  reorder_dtype: str = "float32"  # or 'int8' (4x smaller reorder data)
+  training_sample_size: int = 100_000
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def scann_params_for(num_points: int, **overrides) -> ScannParams:
+  """ScaNN's recommended configuration for a shard of `num_points` vectors."""
+  if num_points < BRUTE_FORCE_BELOW:
+    params = ScannParams(mode="brute_force")
+  elif num_points < TREE_ABOVE:
+    params = ScannParams(mode="ah_reorder")
+  else:
+    leaves = max(1, int(round(math.sqrt(num_points))))
+    params = ScannParams(mode="tree_ah_reorder", num_leaves=leaves,
+                         num_leaves_to_search=max(1, leaves // 20),
+                         training_sample_size=min(num_points, 250_000))
+  return dataclasses.replace(params, **overrides)
+
+
+def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int = 10):
+  """A scann_ops searcher over `embeddings` [N, P] float32, by dot product."""
+  embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+  n = embeddings.shape[0]
+  reorder_type = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8}[params.reorder_dtype]
+  builder = scann_ops.builder(embeddings, num_neighbors, "dot_product")
+  if params.mode == "brute_force":
+    return builder.score_brute_force(quantize=reorder_type).build()
+  if params.mode == "tree_ah_reorder":
+    builder = builder.tree(num_leaves=min(params.num_leaves, n),
+                           num_leaves_to_search=min(params.num_leaves_to_search, n),
+                           training_sample_size=min(params.training_sample_size, n))
+  elif params.mode != "ah_reorder":
+    raise ValueError(f"unknown ScaNN mode {params.mode!r}")
+  builder = builder.score_ah(
+      params.dimensions_per_block,
+      anisotropic_quantization_threshold=params.anisotropic_quantization_threshold,
+      training_sample_size=min(params.training_sample_size, n))
+  return builder.reorder(params.reorder_num_neighbors, quantize=reorder_type).build()
+
+
+class ScannSearcher(Searcher):
+  """One shard: a ScaNN searcher, its block ids, optionally the float embeddings for exact
+  re-scoring of the candidates ScaNN returns."""
+
+  def __init__(self, searcher: scann_ops.ScannSearcher, block_ids, dimension: int,
+               rescore_embeddings: Optional[np.ndarray] = None,
+               num_leaves_to_search: Optional[int] = None, name: str = "scann_searcher"):
+    super().__init__(name=name)
+    self._searcher = searcher
+    block_ids = np.asarray(block_ids, np.int64)
+    self._num_blocks = int(block_ids.shape[0])
+    self._dimension = dimension
+    self._leaves = num_leaves_to_search
+    self.block_ids = tf.Variable(block_ids, trainable=False, name="block_ids")
+    self.rescore_embeddings = None
+    if rescore_embeddings is not None:
+      self.rescore_embeddings = tf.Variable(rescore_embeddings, trainable=False,
+                                            name="rescore_embeddings")
+
+  @classmethod
+  def build(cls, embeddings: np.ndarray, block_ids=None, params: Optional[ScannParams] = None,
+            rescore: bool = False, **kwargs) -> "ScannSearcher":
+    embeddings = np.asarray(embeddings, np.float32)
+    if block_ids is None:
+      block_ids = np.arange(embeddings.shape[0], dtype=np.int64)
+    params = params or scann_params_for(embeddings.shape[0])
+    return cls(build_scann(embeddings, params), block_ids, embeddings.shape[1],
+               rescore_embeddings=embeddings if rescore else None, **kwargs)
+
+  @property
+  def num_blocks(self) -> int:
+    return self._num_blocks
+
+  @property
+  def dimension(self) -> int:
+    return self._dimension
+
+  def serialize_to_module(self) -> tf.Module:
+    """ScaNN's own state module, to be saved with tf.saved_model.save."""
+    return self._searcher.serialize_to_module()
+
+  def search(self, queries: tf.Tensor, k: int, overfetch: int = 4) -> SearchResult:
+    k = self._check_k(k)
+    queries = tf.cast(queries, tf.float32)
+    fetch = min(k * overfetch, self.num_blocks) if self.rescore_embeddings is not None else k
+    indices, scores = self._searcher.search_batched(
+        queries, final_num_neighbors=fetch, leaves_to_search=self._leaves)  # [Q, fetch]
+    indices = tf.cast(indices, tf.int64)
+    if self.rescore_embeddings is not None:
+      candidates = tf.gather(self.rescore_embeddings, tf.maximum(indices, 0))  # [Q, fetch, P]
+      scores = tf.einsum("qp,qfp->qf", queries, tf.cast(candidates, tf.float32))
+    # ScaNN pads with index -1 when it finds fewer than asked: rank those last.
+    scores = tf.where(indices >= 0, scores, tf.float32.min)
+    top = tf.math.top_k(scores, k=k)  # [Q, k]
+    local = tf.gather(indices, top.indices, batch_dims=1)
+    return SearchResult(tf.gather(self.block_ids, tf.maximum(local, 0)), top.values)

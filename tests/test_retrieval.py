@@ -1,0 +1,212 @@
+"""MIPS: exact and ScaNN backends, sharding, atomic versioned exports, the watcher."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf.retrieval import (
+    ExactSearcher, IndexWatcher, ScannSearcher, ShardData, ShardedSearcher, garbage_collect,
+    latest_export, list_exports, load_searcher, new_export_dir, scann_params_for,
+    write_export, write_shard)
+from realm_tf.retrieval.index_export import ExportError, commit_export
+from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
+
+
+@pytest.fixture(scope="module")
+def corpus():
+  vectors = clustered_vectors(30_000, 32, num_clusters=300, seed=0)
+  ids = np.arange(30_000, dtype=np.int64) * 7 + 3  # block ids are not row numbers
+  queries = queries_near(vectors, 64, seed=1)
+  return vectors, ids, queries
+
+
+def _exact_top(vectors, ids, queries, k):
+  scores = queries @ vectors.T
+  order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+  return ids[order], np.take_along_axis(scores, order, axis=1)
+
+
+def _recall(got, want):
+  return np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)])
+
+
+def test_exact_equals_numpy_argsort(corpus):
+  vectors, ids, queries = corpus
+  result = ExactSearcher(vectors, ids).search(tf.constant(queries), 10)
+  want_ids, want_scores = _exact_top(vectors, ids, queries, 10)
+  np.testing.assert_allclose(result.scores.numpy(), want_scores, rtol=1e-5, atol=1e-5)
+  assert _recall(result.block_ids.numpy(), want_ids) == 1.0
+  assert result.block_ids.dtype == tf.int64
+
+
+def test_exact_search_runs_in_tf_function_and_caps_k():
+  searcher = ExactSearcher(np.eye(4, dtype=np.float32))
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+  def search(q):
+    return searcher.search(q, 10)
+
+  result = search(tf.constant([[0.0, 0.0, 5.0, 1.0]]))
+  assert result.block_ids.numpy().tolist() == [[2, 3, 0, 1]]
+
+
+def test_sharded_equals_unsharded(corpus):
+  vectors, ids, queries = corpus
+  whole = ExactSearcher(vectors, ids).search(tf.constant(queries), 10)
+  cuts = [0, 7000, 7001, 19000, 30000]  # uneven shards, one with a single vector
+  shards = [ExactSearcher(vectors[a:b], ids[a:b]) for a, b in zip(cuts, cuts[1:])]
+  sharded = ShardedSearcher(shards)
+  assert sharded.num_blocks == 30_000
+  result = sharded.search(tf.constant(queries), 10)
+  np.testing.assert_array_equal(result.block_ids.numpy(), whole.block_ids.numpy())
+  np.testing.assert_allclose(result.scores.numpy(), whole.scores.numpy(), rtol=1e-6)
+
+
+def test_scann_params_follow_the_guidance_by_size():
+  assert scann_params_for(5_000).mode == "brute_force"
+  assert scann_params_for(50_000).mode == "ah_reorder"
+  big = scann_params_for(1_000_000)
+  assert big.mode == "tree_ah_reorder" and big.num_leaves == 1000
+  assert scann_params_for(1_000_000, num_leaves=500).num_leaves == 500
+
+
+def test_scann_recall_at_10_against_exact(corpus):
+  vectors, ids, queries = corpus
+  want, _ = _exact_top(vectors, ids, queries, 10)
+  params = scann_params_for(len(vectors), mode="tree_ah_reorder", num_leaves=173,
+                            num_leaves_to_search=20)
+  searcher = ScannSearcher.build(vectors, ids, params=params)
+  got = searcher.search(tf.constant(queries), 10).block_ids.numpy()
+  assert _recall(got, want) >= 0.9
+  rescored = ScannSearcher.build(vectors, ids, params=params, rescore=True)
+  result = rescored.search(tf.constant(queries), 10)
+  assert _recall(result.block_ids.numpy(), want) >= 0.9
+  # Re-scored scores are exact inner products of the returned blocks.
+  rows = {int(b): i for i, b in enumerate(ids)}
+  exact = np.array([[queries[q] @ vectors[rows[int(b)]] for b in row]
+                    for q, row in enumerate(result.block_ids.numpy())])
+  np.testing.assert_allclose(result.scores.numpy(), exact, rtol=1e-5, atol=1e-5)
+
+
+def _export(index_dir, version, vectors, ids, num_shards=2, **kw):
+  parts = np.array_split(np.arange(len(vectors)), num_shards)
+  return write_export(str(index_dir), version,
+                      [ShardData(vectors[p], ids[p]) for p in parts], **kw)
+
+
+def test_export_round_trip_both_backends(tmp_path, corpus):
+  vectors, ids, queries = corpus
+  sub_v, sub_i = vectors[:6000], ids[:6000]
+  path = _export(tmp_path, 100, sub_v, sub_i, num_shards=3, extra={"step": 100})
+  assert os.path.basename(path) == "000000000100"
+  export = latest_export(str(tmp_path))
+  assert export.version == 100 and export.manifest["num_blocks"] == 6000
+  assert export.manifest["step"] == 100 and len(export.manifest["shards"]) == 3
+  assert export.manifest["shards"][0]["scann"]["mode"] == "brute_force"
+  want, _ = _exact_top(sub_v, sub_i, queries, 5)
+  for backend in ("exact", "scann"):
+    result = load_searcher(str(tmp_path), backend=backend).search(tf.constant(queries), 5)
+    assert _recall(result.block_ids.numpy(), want) >= (1.0 if backend == "exact" else 0.95)
+
+
+def test_partial_exports_are_never_read(tmp_path, corpus):
+  vectors, ids, _ = corpus
+  _export(tmp_path, 1, vectors[:500], ids[:500], build_scann=False)
+  # A crash before the rename: shards written into a temporary dir, never committed.
+  crashed = new_export_dir(str(tmp_path), 2)
+  write_shard(crashed, 0, 2, ShardData(vectors[:10], ids[:10]), build_scann=False)
+  # A crash after the rename but before the manifest (object stores copy, then commit).
+  os.makedirs(tmp_path / "000000000003" / "shard-00000-of-00001")
+  assert [e.version for e in list_exports(str(tmp_path))] == [1]
+  assert load_searcher(str(tmp_path), backend="exact").num_blocks == 500
+  with pytest.raises(ExportError, match="shards missing"):
+    commit_export(crashed, str(tmp_path), 2, {"shards": [{"shard": 0}, {"shard": 1}]})
+  with pytest.raises(ExportError, match="no committed index export"):
+    load_searcher(str(tmp_path / "empty"))
+
+
+def test_garbage_collection_keeps_the_newest(tmp_path, corpus):
+  vectors, ids, _ = corpus
+  for version in (5, 10, 15, 20):
+    _export(tmp_path, version, vectors[:100], ids[:100], num_shards=1, build_scann=False)
+  stale = new_export_dir(str(tmp_path), 25)
+  os.utime(stale, (time.time() - 10 * 3600,) * 2)
+  fresh = new_export_dir(str(tmp_path), 30)  # a writer still at work
+  deleted = garbage_collect(str(tmp_path), keep=2)
+  assert [e.version for e in list_exports(str(tmp_path))] == [15, 20]
+  assert stale in deleted and os.path.isdir(fresh)
+
+
+def test_watcher_swaps_while_another_thread_searches(tmp_path, corpus):
+  vectors, ids, queries = corpus
+  _export(tmp_path, 1, vectors[:2000], ids[:2000], num_shards=1, build_scann=False)
+  swaps = []
+  watcher = IndexWatcher(str(tmp_path), backend="exact", poll_seconds=0.05,
+                         on_swap=lambda e: swaps.append(e.version))
+  errors, searches = [], [0]
+  stop = threading.Event()
+
+  def search_loop():
+    while not stop.is_set():
+      try:
+        result = watcher.search(tf.constant(queries[:4]), 3)
+        assert result.block_ids.shape == (4, 3)
+        searches[0] += 1
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(e)
+
+  with watcher:
+    assert watcher.wait_until_ready(timeout=30)
+    thread = threading.Thread(target=search_loop)
+    thread.start()
+    for version, size in ((2, 3000), (3, 4000)):
+      _export(tmp_path, version, vectors[:size], ids[:size], num_shards=2, build_scann=False)
+      deadline = time.time() + 30
+      while watcher.version != version and time.time() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    thread.join()
+  assert not errors, errors[:3]
+  assert swaps == [1, 2, 3] and watcher.current[1].num_blocks == 4000
+  assert searches[0] > 3
+
+
+def test_watcher_keeps_serving_when_a_new_export_is_broken(tmp_path, corpus):
+  vectors, ids, queries = corpus
+  _export(tmp_path, 1, vectors[:300], ids[:300], num_shards=1, build_scann=False)
+  watcher = IndexWatcher(str(tmp_path), backend="scann")  # v1 has no ScaNN searcher
+  assert not watcher.poll_once()
+  watcher = IndexWatcher(str(tmp_path), backend="exact")
+  assert watcher.poll_once()
+  broken = _export(tmp_path, 2, vectors[:300], ids[:300], num_shards=1, build_scann=False)
+  os.remove(os.path.join(broken, "shard-00000-of-00001", "embeddings.npy"))
+  assert not watcher.poll_once()
+  assert watcher.version == 1
+  assert watcher.search(tf.constant(queries[:2]), 2).block_ids.shape == (2, 2)
+
+
+def test_scann_searcher_saved_in_a_savedmodel(tmp_path, corpus):
+  """The searcher's state and the search op travel together in one SavedModel."""
+  vectors, ids, queries = corpus
+  searcher = ScannSearcher.build(vectors[:3000], ids[:3000])
+  module = tf.Module()
+  module.scann_state = searcher.serialize_to_module()
+  module.block_ids = searcher.block_ids
+
+  @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32)])
+  def search(q):
+    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    handle = scann_ops.searcher_from_module(module.scann_state)
+    idx, scores = handle.search_batched(q, final_num_neighbors=5)
+    return {"block_ids": tf.gather(module.block_ids, idx), "scores": scores}
+
+  module.search = search
+  tf.saved_model.save(module, str(tmp_path / "model"),
+                      signatures={"serving_default": search})
+  loaded = tf.saved_model.load(str(tmp_path / "model"))
+  out = loaded.signatures["serving_default"](tf.constant(queries[:3]))
+  want, _ = _exact_top(vectors[:3000], ids[:3000], queries[:3], 5)
+  assert _recall(out["block_ids"].numpy(), want) >= 0.9
