@@ -16,6 +16,11 @@ INSTALL_REQUIRES = [
     "mwparserfromhell>=0.6.6",
     "bm25s>=0.2",
     "numpy>=1.26",
+    # tensorflow_hub (imported by Beam's TF inference and tf-models) needs pkg_resources,
+    # which setuptools 81 removed.
+    "setuptools<81",
+    "blingfire>=0.1.8,<0.2",
+    "google-crc32c>=1.5,<2",
 ]
 
 setuptools.setup(

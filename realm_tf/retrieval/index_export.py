@@ -1,61 +1,36 @@
-"""Versioned, atomic index exports: the file system is the message bus between the index
-builder and its readers (trainer, evaluator, server).
+"""Index exports: one committed version directory per encoder snapshot.
 
-  <index_dir>/
-    000000001200/                  one version (e.g. the encoder's training step)
-      manifest.json                the commit marker, written last
-      shard-00000-of-00002/
-        embeddings.npy             [n, P] float32 (or float16)
-        block_ids.npy              [n] int64
-        scann/                     SavedModel of ScaNN's state (when built)
-        shard.json                 size, ScaNN parameters, build seconds
-    .tmp-000000001200-<uuid>/      an export being written; never read
+  <index_dir>/000000001200/          (see realm_tf.io.versioned for the commit protocol)
+    manifest.json                    shards, sizes, ScaNN parameters, encoder, build time
+    shard-00000-of-00002/
+      embeddings.npy                 [n, P] float32 (or float16)
+      block_ids.npy                  [n] int64
+      scann/                         SavedModel of ScaNN's state (when built)
+      shard.json                     size, ScaNN parameters, build seconds
 
-A version is written under a temporary name and renamed into place when every shard is
-there; `manifest.json` is then written (itself via a temporary file and a rename) as the
-commit marker. Readers only list versions that have a manifest, so they never see a
-partial export, on local disks (atomic rename) or object stores (where a directory rename
-is a copy, and the manifest, written after it, still marks the end).
+Shards are written independently (by parallel Beam workers) into one temporary export
+directory, which is then committed as a whole.
 """
 import dataclasses
 import io
-import json
 import logging
 import os
-import re
 import time
-import uuid
 from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 
-MANIFEST = "manifest.json"
-_VERSION_RE = re.compile(r"^\d{12}$")
-_TMP_PREFIX = ".tmp-"
-
-
-class ExportError(RuntimeError):
-  """An index export that cannot be written or read as asked."""
+from realm_tf.io import versioned
+from realm_tf.io.versioned import (  # noqa: F401  (re-exported for index readers)
+    MANIFEST, Version as IndexExport, VersionError as ExportError, garbage_collect,
+    read_json, write_json_atomic)
 
 
 @dataclasses.dataclass
 class ShardData:
   embeddings: np.ndarray  # [n, P]
   block_ids: np.ndarray  # [n] int64
-
-
-@dataclasses.dataclass
-class IndexExport:
-  version: int
-  path: str
-  manifest: dict
-
-
-def version_name(version: int) -> str:
-  if version < 0:
-    raise ValueError(f"version must be >= 0, got {version}")
-  return f"{version:012d}"
 
 
 def shard_name(index: int, num_shards: int) -> str:
@@ -74,23 +49,9 @@ def load_npy(path: str) -> np.ndarray:
     return np.load(io.BytesIO(f.read()), allow_pickle=False)
 
 
-def write_json_atomic(path: str, payload: dict):
-  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-  with tf.io.gfile.GFile(tmp, "w") as f:
-    json.dump(payload, f, indent=2, sort_keys=True)
-  tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
-def read_json(path: str) -> dict:
-  with tf.io.gfile.GFile(path) as f:
-    return json.load(f)
-
-
 def new_export_dir(index_dir: str, version: int) -> str:
   """A fresh temporary directory for writing `version`'s shards."""
-  path = os.path.join(index_dir, f"{_TMP_PREFIX}{version_name(version)}-{uuid.uuid4().hex}")
-  tf.io.gfile.makedirs(path)
-  return path
+  return versioned.new_tmp_dir(index_dir, version)
 
 
 def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardData,
@@ -124,20 +85,14 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
 
 
 def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict) -> str:
-  """Renames a complete temporary export into `<index_dir>/<version>` and commits it."""
-  shards = manifest.get("shards") or []
-  num_shards = len(shards)
+  """Commits a temporary export once every shard named in the manifest is there."""
+  num_shards = len(manifest.get("shards") or [])
   missing = [shard_name(i, num_shards) for i in range(num_shards)
              if not tf.io.gfile.exists(os.path.join(export_dir, shard_name(i, num_shards),
                                                     "shard.json"))]
   if not num_shards or missing:
     raise ExportError(f"{export_dir}: cannot commit, shards missing: {missing or 'all'}")
-  final = os.path.join(index_dir, version_name(version))
-  if tf.io.gfile.exists(final):
-    raise ExportError(f"{final}: version {version} already exists")
-  tf.io.gfile.rename(export_dir, final)
-  manifest = dict(manifest, version=version, committed_at=time.time())
-  write_json_atomic(os.path.join(final, MANIFEST), manifest)
+  final = versioned.commit(export_dir, index_dir, version, manifest)
   logging.info("Committed index export %s (%d shards)", final, num_shards)
   return final
 
@@ -158,53 +113,8 @@ def write_export(index_dir: str, version: int, shards: Sequence[ShardData],
 
 def list_exports(index_dir: str) -> list[IndexExport]:
   """Committed exports, oldest first. Partial or temporary ones are never listed."""
-  if not tf.io.gfile.isdir(index_dir):
-    return []
-  exports = []
-  for name in tf.io.gfile.listdir(index_dir):
-    name = name.rstrip("/")
-    if not _VERSION_RE.match(name):
-      continue
-    path = os.path.join(index_dir, name)
-    manifest_path = os.path.join(path, MANIFEST)
-    if not tf.io.gfile.exists(manifest_path):
-      continue
-    try:
-      manifest = read_json(manifest_path)
-    except (json.JSONDecodeError, tf.errors.OpError) as e:
-      logging.warning("Skipping %s: unreadable manifest (%s)", path, e)
-      continue
-    exports.append(IndexExport(int(name), path, manifest))
-  return sorted(exports, key=lambda e: e.version)
+  return versioned.list_versions(index_dir)
 
 
 def latest_export(index_dir: str) -> Optional[IndexExport]:
-  exports = list_exports(index_dir)
-  return exports[-1] if exports else None
-
-
-def garbage_collect(index_dir: str, keep: int = 3,
-                    stale_tmp_seconds: float = 6 * 3600) -> list[str]:
-  """Deletes all but the newest `keep` committed versions, and temporary exports older than
-  `stale_tmp_seconds` (left by crashed writers). Returns what was deleted."""
-  deleted = []
-  exports = list_exports(index_dir)
-  for export in exports[:max(0, len(exports) - keep)]:
-    tf.io.gfile.rmtree(export.path)
-    deleted.append(export.path)
-  if tf.io.gfile.isdir(index_dir):
-    now = time.time()
-    for name in tf.io.gfile.listdir(index_dir):
-      name = name.rstrip("/")
-      path = os.path.join(index_dir, name)
-      if name.startswith(_TMP_PREFIX) and now - _mtime(path) > stale_tmp_seconds:
-        tf.io.gfile.rmtree(path)
-        deleted.append(path)
-  return deleted
-
-
-def _mtime(path: str) -> float:
-  try:
-    return tf.io.gfile.stat(path).mtime_nsec / 1e9
-  except tf.errors.OpError:
-    return time.time()
+  return versioned.latest_version(index_dir)

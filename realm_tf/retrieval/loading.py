@@ -5,8 +5,9 @@ from typing import Union
 import tensorflow as tf
 
 from realm_tf.retrieval.exact import ExactSearcher
+from realm_tf.io import versioned
 from realm_tf.retrieval.index_export import (
-    MANIFEST, ExportError, IndexExport, latest_export, load_npy, read_json, shard_name)
+    MANIFEST, ExportError, IndexExport, latest_export, load_npy, shard_name)
 from realm_tf.retrieval.sharded import ShardedSearcher
 
 BACKENDS = ("scann", "exact")
@@ -15,8 +16,7 @@ BACKENDS = ("scann", "exact")
 def resolve_export(path: str) -> IndexExport:
   """`path` is either one export (it has a manifest) or an index dir (newest export)."""
   if tf.io.gfile.exists(os.path.join(path, MANIFEST)):
-    manifest = read_json(os.path.join(path, MANIFEST))
-    return IndexExport(int(manifest.get("version", 0)), path, manifest)
+    return versioned.read_version(path)
   export = latest_export(path)
   if export is None:
     raise ExportError(f"{path}: no committed index export")
@@ -40,6 +40,8 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
   shards_info = export.manifest["shards"]
   shards = []
   for info in shards_info:
+    if not info["num_blocks"]:
+      continue  # a shard that received no blocks has nothing to search
     path = os.path.join(export.path, shard_name(info["shard"], len(shards_info)))
     embeddings = load_npy(os.path.join(path, "embeddings.npy"))
     block_ids = load_npy(os.path.join(path, "block_ids.npy"))

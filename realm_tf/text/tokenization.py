@@ -29,7 +29,8 @@ class BertInputs:
   input_type_ids: tf.Tensor
 
   def as_dict(self) -> dict[str, tf.Tensor]:
-    return dataclasses.asdict(self)
+    # Not dataclasses.asdict: it deep-copies, which symbolic tensors in a graph refuse.
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 class Tokenizer(tf.Module):

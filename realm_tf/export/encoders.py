@@ -1,0 +1,82 @@
+"""Retriever towers exported as SavedModels that take raw strings.
+
+Tokenization is inside the graph, so a Beam worker, the trainer's input pipeline and TF
+Serving all embed text exactly as training did. Exports are committed versions
+(realm_tf.io.versioned) named by training step:
+
+  <root>/000000001200/   SavedModel (serving_default) + manifest.json
+"""
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+from realm_tf.io import versioned
+from realm_tf.modeling.networks.embedder import Embedder
+from realm_tf.text.tokenization import Tokenizer
+
+BLOCK = "block_encoder"
+QUERY = "query_encoder"
+
+
+class BlockEncoder(tf.Module):
+  """(title [B], text [B]) strings → [B, P] embeddings of `[CLS] title [SEP] body [SEP]`."""
+
+  kind = BLOCK
+
+  def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
+    super().__init__(name=BLOCK)
+    self.embedder = embedder
+    self.tokenizer = tokenizer
+    self.seq_length = seq_length
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
+                                tf.TensorSpec([None], tf.string, name="text")])
+  def embed(self, title, text):
+    inputs = self.tokenizer.encode(title, self.seq_length, pair_texts=text)
+    return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
+
+
+class QueryEncoder(tf.Module):
+  """text [B] strings → [B, P] embeddings of `[CLS] text [SEP]`."""
+
+  kind = QUERY
+
+  def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
+    super().__init__(name=QUERY)
+    self.embedder = embedder
+    self.tokenizer = tokenizer
+    self.seq_length = seq_length
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+  def embed(self, text):
+    inputs = self.tokenizer.encode(text, self.seq_length)
+    return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
+
+
+def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -> str:
+  """Saves `module` as version `step` under `root`; returns the committed path."""
+  start = time.time()
+  tmp = versioned.new_tmp_dir(root, step)
+  tf.saved_model.save(module, tmp, signatures={"serving_default": module.embed})
+  fingerprint = tf.saved_model.experimental.read_fingerprint(tmp)
+  manifest = dict(extra or {}, kind=module.kind, step=int(step),
+                  seq_length=int(module.seq_length),
+                  dimension=int(module.embedder.projection.units),
+                  fingerprint=str(fingerprint.saved_model_checksum),
+                  export_seconds=round(time.time() - start, 3))
+  return versioned.commit(tmp, root, step, manifest)
+
+
+def latest_encoder_export(root: str) -> Optional[versioned.Version]:
+  return versioned.latest_version(root)
+
+
+def load_encoder(path: str):
+  """The serving_default signature of one committed encoder export."""
+  version = versioned.read_version(path)
+  loaded = tf.saved_model.load(path)
+  signature = loaded.signatures["serving_default"]
+  signature.loaded_model = loaded  # keep the variables alive with the function
+  signature.version = version
+  return signature

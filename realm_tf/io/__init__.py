@@ -1,0 +1,1 @@
+"""File-system protocols shared by trainer, index builder, evaluator and server."""
