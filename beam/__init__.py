@@ -1,0 +1,1 @@
+"""Apache Beam pipelines that prepare REALM corpora (run on DirectRunner or Dataflow)."""

@@ -1,0 +1,1 @@
+"""Composite PTransforms, one per pipeline step."""

@@ -1,0 +1,1 @@
+"""Corpus preparation: turning raw text into REALM blocks, examples and salient spans."""
