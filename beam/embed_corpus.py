@@ -70,7 +70,8 @@ def run(argv: Optional[Sequence[str]] = None) -> str:
   manifest = dict(
       encoder=dict(path=encoder.path, step=encoder.manifest.get("step"),
                    fingerprint=encoder.manifest.get("fingerprint"),
-                   kind=encoder.manifest.get("kind")),
+                   kind=encoder.manifest.get("kind"),
+                   committed_at=encoder.manifest.get("committed_at")),
       blocks=args.blocks, dimension=encoder.manifest.get("dimension", 0),
       embedding_dtype=args.embedding_dtype, started_at=time.time())
   logging.info("Embedding %s with %s into %s (version %d, %d shards)", args.blocks,

@@ -128,6 +128,8 @@ class CommitIndex(beam.PTransform):
     return json.dumps({"path": path, "num_blocks": manifest["num_blocks"]})
 
 
-def blocks_pattern(blocks_dir: str) -> str:
-  """The block TFRecords under a corpus pipeline's output directory."""
-  return os.path.join(blocks_dir, "blocks-*")
+def blocks_pattern(blocks: str) -> str:
+  """The block TFRecords: a corpus pipeline's output directory, or a file pattern."""
+  if any(c in blocks for c in "*?["):
+    return blocks
+  return os.path.join(blocks, "blocks-*")

@@ -67,6 +67,29 @@ class ReaderConfig(base_config.Config):
 
 
 @dataclasses.dataclass
+class DataConfig(base_config.Config):
+  """Where the corpus pipeline's outputs are (`python -m beam.preprocess`).
+
+  corpus_dir holds blocks-* (the knowledge corpus Z), pretraining-* and ict-* TFRecords.
+  Patterns, when set, override the files taken from corpus_dir (e.g. X from CC-News while
+  Z is Wikipedia).
+  """
+  corpus_dir: str = ""
+  train_examples: str = ""
+  eval_examples: str = ""
+  blocks: str = ""
+  shuffle_buffer: int = 10000
+
+
+@dataclasses.dataclass
+class IctConfig(base_config.Config):
+  """Inverse Cloze Task warm start of the retriever (Lee et al., 2019)."""
+  # Reported for reference: the keep/remove draw is made by the corpus pipeline
+  # (--ict_keep_query_prob), so the examples already carry it.
+  query_kept_probability: float = 0.1
+
+
+@dataclasses.dataclass
 class PretrainConfig(base_config.Config):
   """REALM pre-training: salient span masking over the top-k plus the null document."""
   num_candidates: int = 8  # k, the null document included
@@ -74,6 +97,14 @@ class PretrainConfig(base_config.Config):
   max_predictions_per_seq: int = 20
   masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
   refresh_every_steps: int = 500
+  # An ICT model_dir (or checkpoint) whose retriever pre-training starts from.
+  retriever_checkpoint: str = ""
+  # Extra neighbours fetched so that k-1 remain after dropping same-document blocks.
+  exclusion_margin: int = 16
+  # How often the input pipeline looks for a newer index / query-encoder snapshot.
+  index_poll_seconds: float = 5.0
+  # Longest wait for the first index before training gives up.
+  first_index_timeout_seconds: float = 3600.0
 
 
 @dataclasses.dataclass
@@ -96,6 +127,8 @@ class TrainerConfig(base_config.Config):
   checkpoint_every_steps: int = 1000
   summary_every_steps: int = 100
   eval_every_steps: int = 5000
+  eval_steps: int = 20
+  max_checkpoints: int = 3
   seed: int = 0
 
 
@@ -105,16 +138,21 @@ class IndexConfig(base_config.Config):
   backend: str = "scann"  # or 'exact'
   num_shards: int = 1
   keep_versions: int = 3
+  # Index directory; empty means <model_dir>/index.
+  index_dir: str = ""
+  rescore: bool = False
 
 
 @dataclasses.dataclass
 class ExperimentConfig(base_config.Config):
   """Everything one REALM run needs."""
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
   encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
   warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
   tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
   retriever: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
   reader: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
+  ict: IctConfig = dataclasses.field(default_factory=IctConfig)
   pretrain: PretrainConfig = dataclasses.field(default_factory=PretrainConfig)
   finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
   trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)

@@ -19,6 +19,18 @@ BLOCK = "block_encoder"
 QUERY = "query_encoder"
 
 
+class _Untracked:
+  """Holds the Keras embedder out of SavedModel's object graph.
+
+  Saving a tracked Keras model makes tf.saved_model trace every layer's call functions
+  (tens of seconds for BERT); only the signatures are needed, and they capture the
+  variables, which the module tracks directly.
+  """
+
+  def __init__(self, embedder: Embedder):
+    self.embedder = embedder
+
+
 class BlockEncoder(tf.Module):
   """(title [B], text [B]) strings → [B, P] embeddings of `[CLS] title [SEP] body [SEP]`."""
 
@@ -26,15 +38,24 @@ class BlockEncoder(tf.Module):
 
   def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
     super().__init__(name=BLOCK)
-    self.embedder = embedder
+    self._held = _Untracked(embedder)
+    self.encoder_variables = list(embedder.variables)
     self.tokenizer = tokenizer
     self.seq_length = seq_length
+    self.dimension = int(embedder.projection.units)
+
+  @property
+  def embedder(self) -> Embedder:
+    return self._held.embedder
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
                                 tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, title, text):
     inputs = self.tokenizer.encode(title, self.seq_length, pair_texts=text)
     return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
+
+  def signatures(self) -> dict:
+    return {"serving_default": self.embed}
 
 
 class QueryEncoder(tf.Module):
@@ -44,25 +65,44 @@ class QueryEncoder(tf.Module):
 
   def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
     super().__init__(name=QUERY)
-    self.embedder = embedder
+    self._held = _Untracked(embedder)
+    self.encoder_variables = list(embedder.variables)
     self.tokenizer = tokenizer
     self.seq_length = seq_length
+    self.dimension = int(embedder.projection.units)
+
+  @property
+  def embedder(self) -> Embedder:
+    return self._held.embedder
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, text):
     inputs = self.tokenizer.encode(text, self.seq_length)
     return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
 
+  @tf.function(input_signature=[
+      tf.TensorSpec([None, None], tf.int32, name="input_word_ids"),
+      tf.TensorSpec([None, None], tf.int32, name="input_mask"),
+      tf.TensorSpec([None, None], tf.int32, name="input_type_ids")])
+  def embed_tokens(self, input_word_ids, input_mask, input_type_ids):
+    """Already-packed queries: pre-training embeds masked queries ([MASK] is no text)."""
+    inputs = dict(input_word_ids=input_word_ids, input_mask=input_mask,
+                  input_type_ids=input_type_ids)
+    return {"embeddings": self.embedder(inputs, training=False)}
+
+  def signatures(self) -> dict:
+    return {"serving_default": self.embed, "embed_tokens": self.embed_tokens}
+
 
 def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -> str:
   """Saves `module` as version `step` under `root`; returns the committed path."""
   start = time.time()
   tmp = versioned.new_tmp_dir(root, step)
-  tf.saved_model.save(module, tmp, signatures={"serving_default": module.embed})
+  tf.saved_model.save(module, tmp, signatures=module.signatures())
   fingerprint = tf.saved_model.experimental.read_fingerprint(tmp)
   manifest = dict(extra or {}, kind=module.kind, step=int(step),
                   seq_length=int(module.seq_length),
-                  dimension=int(module.embedder.projection.units),
+                  dimension=module.dimension,
                   fingerprint=str(fingerprint.saved_model_checksum),
                   export_seconds=round(time.time() - start, 3))
   return versioned.commit(tmp, root, step, manifest)
@@ -72,11 +112,11 @@ def latest_encoder_export(root: str) -> Optional[versioned.Version]:
   return versioned.latest_version(root)
 
 
-def load_encoder(path: str):
-  """The serving_default signature of one committed encoder export."""
+def load_encoder(path: str, signature_name: str = "serving_default"):
+  """One signature of a committed encoder export (embed_tokens: packed query inputs)."""
   version = versioned.read_version(path)
   loaded = tf.saved_model.load(path)
-  signature = loaded.signatures["serving_default"]
+  signature = loaded.signatures[signature_name]
   signature.loaded_model = loaded  # keep the variables alive with the function
   signature.version = version
   return signature

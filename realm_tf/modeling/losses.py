@@ -118,3 +118,33 @@ def global_mean(loss_sum: tf.Tensor, weight_sum: tf.Tensor) -> tf.Tensor:
   if context is not None:
     weight_sum = context.all_reduce(tf.distribute.ReduceOp.SUM, weight_sum)
   return loss_sum / tf.maximum(weight_sum, 1.0)
+
+
+def ict_loss(query_embeddings: tf.Tensor, block_embeddings: tf.Tensor,
+             block_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+  """Inverse Cloze Task: each pseudo-query against every evidence block in the batch.
+
+  Under a tf.distribute strategy the blocks of all replicas are gathered, so negatives
+  come from the global batch as on one device. Blocks that equal the query's own block
+  (the same block drawn twice) are masked out rather than counted as negatives.
+
+  Args: query_embeddings [B, P], block_embeddings [B, P], block_ids [B] (this replica's).
+  Returns: loss_sum and count (for global_mean), and correct (top-1 hits), all scalars.
+  """
+  context = tf.distribute.get_replica_context()
+  replica = 0
+  all_blocks, all_ids = block_embeddings, block_ids
+  if context is not None and context.num_replicas_in_sync > 1:
+    all_blocks = context.all_gather(block_embeddings, axis=0)  # [B * R, P]
+    all_ids = context.all_gather(block_ids, axis=0)  # [B * R]
+    replica = context.replica_id_in_sync_group
+  batch = tf.shape(query_embeddings)[0]
+  targets = tf.range(batch) + replica * batch  # [B] column of each query's own block
+  logits = tf.matmul(query_embeddings, all_blocks, transpose_b=True)  # [B, B * R]
+  is_target = tf.one_hot(targets, tf.shape(all_blocks)[0], on_value=True, off_value=False)
+  duplicate = tf.equal(block_ids[:, None], all_ids[None, :]) & ~is_target
+  logits = tf.where(duplicate, _LOG_ZERO, logits)
+  losses = tf.nn.sparse_softmax_cross_entropy_with_logits(targets, logits)  # [B]
+  correct = tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), targets)
+  return dict(loss_sum=tf.reduce_sum(losses), count=tf.cast(batch, tf.float32),
+              correct=tf.reduce_sum(tf.cast(correct, tf.float32)))

@@ -24,14 +24,15 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
         initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range),
         output="logits", name="masked_lm")
 
-  def call(self, inputs: dict, training=None) -> tf.Tensor:
+  def call(self, inputs: dict, training=None) -> dict[str, tf.Tensor]:
     """Token log-likelihoods.
 
     Args:
       inputs: 'input_word_ids', 'input_mask', 'input_type_ids' [B, K, L];
         'masked_lm_positions', 'masked_lm_ids' [B, M].
     Returns:
-      [B, K, M] log p(y_m | z_k, x).
+      token_log_probs [B, K, M]: log p(y_m | z_k, x);
+      log_probs [B, K, M, V]: the whole distributions (for predictions and accuracy).
     """
     flat, leading = flatten_bert_inputs(inputs)  # [B*K, L], leading = [B, K]
     num_docs = leading[1]
@@ -42,4 +43,8 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
     log_probs = tf.nn.log_softmax(tf.cast(logits, tf.float32), axis=-1)
     ids = tf.repeat(tf.cast(inputs["masked_lm_ids"], tf.int32), num_docs, axis=0)  # [B*K, M]
     token_log_probs = tf.gather(log_probs, ids, axis=-1, batch_dims=2)  # [B*K, M]
-    return tf.reshape(token_log_probs, tf.concat([leading, [-1]], axis=0))  # [B, K, M]
+    return dict(
+        token_log_probs=tf.reshape(token_log_probs,
+                                   tf.concat([leading, [-1]], axis=0)),  # [B, K, M]
+        log_probs=tf.reshape(log_probs, tf.concat(
+            [leading, tf.shape(log_probs)[1:]], axis=0)))  # [B, K, M, V]

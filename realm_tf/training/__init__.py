@@ -1,0 +1,1 @@
+"""Training: strategies, optimizers, snapshots for the index builder, orbit trainers."""

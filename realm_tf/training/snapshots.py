@@ -1,0 +1,136 @@
+"""Retriever snapshots handed from the trainer to the index builder, via the file system.
+
+  <model_dir>/export/query_encoder/<step>/   QueryEncoder SavedModel (input pipeline)
+  <model_dir>/export/block_encoder/<step>/   BlockEncoder SavedModel (index builder)
+  <model_dir>/index/<step>/                  index built from that block encoder
+  <model_dir>/TRAINING_DONE                  tells the index builder to stop
+
+Writing a SavedModel of BERT takes seconds to minutes; the step loop must not wait for it.
+A snapshot therefore copies the live weights into a shadow retriever (a fast in-memory
+assign, so the snapshot is consistent) and saves the shadow on a background thread. If the
+previous save is still running, that snapshot is skipped: the builder would have skipped
+it anyway, as it always embeds the newest snapshot only.
+"""
+import json
+import logging
+import os
+import threading
+import time
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from realm_tf.export.encoders import BlockEncoder, QueryEncoder, export_encoder
+from realm_tf.io import versioned
+
+TRAINING_DONE = "TRAINING_DONE"
+
+
+def query_encoder_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "export", "query_encoder")
+
+
+def block_encoder_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "export", "block_encoder")
+
+
+def index_dir(model_dir: str, configured: str = "") -> str:
+  return configured or os.path.join(model_dir, "index")
+
+
+def export_retriever(model_dir: str, step: int, retriever, tokenizer, config,
+                     keep: int = 5) -> dict:
+  """Exports both towers as version `step` (query encoder first: the index follows the
+  block encoder, and the input pipeline may then pair a new index with its query side)."""
+  extra = dict(config=config.retriever.as_dict())
+  paths = dict(
+      query_encoder=export_encoder(
+          QueryEncoder(retriever.query_embedder, tokenizer, config.retriever.query_seq_length),
+          query_encoder_dir(model_dir), step, extra),
+      block_encoder=export_encoder(
+          BlockEncoder(retriever.document_embedder, tokenizer,
+                       config.retriever.block_seq_length),
+          block_encoder_dir(model_dir), step, extra))
+  for root in (query_encoder_dir(model_dir), block_encoder_dir(model_dir)):
+    versioned.garbage_collect(root, keep=keep)
+  return paths
+
+
+def latest_snapshot_step(model_dir: str) -> Optional[int]:
+  latest = versioned.latest_version(block_encoder_dir(model_dir))
+  return None if latest is None else latest.version
+
+
+class SnapshotExporter:
+  """Exports retriever snapshots without blocking training (see module docstring)."""
+
+  def __init__(self, model_dir: str, live_retriever, build_shadow: Callable[[], object],
+               tokenizer, config, keep: int = 5):
+    self.model_dir = model_dir
+    self.live = live_retriever
+    self.shadow = build_shadow()
+    self.tokenizer = tokenizer
+    self.config = config
+    self.keep = keep
+    self._thread: Optional[threading.Thread] = None
+    self.exported: list[int] = []
+    self.skipped: list[int] = []
+    self.errors: list[str] = []
+
+  @property
+  def busy(self) -> bool:
+    return self._thread is not None and self._thread.is_alive()
+
+  def snapshot(self, step: int, wait: bool = False) -> bool:
+    """Starts exporting version `step`; False if the previous export is still running."""
+    if self.busy:
+      if not wait:
+        self.skipped.append(step)
+        logging.info("Snapshot at step %d skipped: the previous export is still saving", step)
+        return False
+      self._thread.join()
+    for shadow_var, live_var in zip(self.shadow.variables, self.live.variables):
+      shadow_var.assign(live_var.read_value())
+    self._thread = threading.Thread(target=self._export, args=(step,),
+                                    name=f"snapshot-{step}", daemon=True)
+    self._thread.start()
+    if wait:
+      self._thread.join()
+    return True
+
+  def _export(self, step: int):
+    start = time.time()
+    try:
+      export_retriever(self.model_dir, step, self.shadow, self.tokenizer, self.config,
+                       self.keep)
+      self.exported.append(step)
+      logging.info("Snapshot of step %d exported in %.1fs", step, time.time() - start)
+    except Exception as e:  # pylint: disable=broad-except
+      # Training goes on with the previous snapshot; the error is reported at the end.
+      self.errors.append(f"step {step}: {e}")
+      logging.exception("Snapshot of step %d failed", step)
+
+  def wait(self):
+    if self._thread is not None:
+      self._thread.join()
+
+
+def mark_training_done(model_dir: str, step: int):
+  versioned.write_json_atomic(os.path.join(model_dir, TRAINING_DONE),
+                              dict(step=int(step), time=time.time()))
+
+
+def training_done(model_dir: str) -> bool:
+  return tf.io.gfile.exists(os.path.join(model_dir, TRAINING_DONE))
+
+
+def clear_training_done(model_dir: str):
+  path = os.path.join(model_dir, TRAINING_DONE)
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+
+
+def append_metrics(model_dir: str, record: dict):
+  """One JSON line per train loop: the run's history, for tests and benchmarks."""
+  with tf.io.gfile.GFile(os.path.join(model_dir, "metrics.jsonl"), "a") as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
