@@ -135,3 +135,35 @@ def test_openqa_loss_gradients_are_finite_without_answers(rng):
     loss = tf.reduce_sum(losses.openqa_loss(retrieval, spans, correct)["loss"])
   for g in tape.gradient(loss, [retrieval, spans]):
     assert np.all(np.isfinite(g.numpy()))
+
+
+def test_ict_loss_matches_numpy_and_masks_duplicate_blocks(rng):
+  q = rng.normal(size=(4, 6)).astype(np.float32)
+  d = rng.normal(size=(4, 6)).astype(np.float32)
+  ids = np.array([10, 11, 10, 12], np.int64)  # rows 0 and 2 share a block
+  out = losses.ict_loss(tf.constant(q), tf.constant(d), tf.constant(ids))
+  logits = q @ d.T
+  logits[0, 2] = logits[2, 0] = -1e9  # the same block is not a negative of itself
+  want = -np.diag(_np_log_softmax(logits.astype(np.float64))).sum()
+  np.testing.assert_allclose(out["loss_sum"].numpy(), want, rtol=1e-5)
+  assert out["count"].numpy() == 4
+  assert out["correct"].numpy() == (logits.argmax(1) == np.arange(4)).sum()
+
+
+def test_ict_loss_under_two_replicas_uses_the_global_batch(rng):
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  strategy = tf.distribute.MirroredStrategy(devices)
+  q = rng.normal(size=(4, 6)).astype(np.float32)
+  d = rng.normal(size=(4, 6)).astype(np.float32)
+  ids = np.arange(4, dtype=np.int64)
+  single = losses.ict_loss(tf.constant(q), tf.constant(d), tf.constant(ids))
+
+  def per_replica(context):
+    i = context.replica_id_in_sync_group
+    return tf.constant(q[2 * i:2 * i + 2]), tf.constant(d[2 * i:2 * i + 2]), tf.constant(
+        ids[2 * i:2 * i + 2])
+
+  values = strategy.experimental_distribute_values_from_function(per_replica)
+  out = strategy.run(lambda v: losses.ict_loss(*v), args=(values,))
+  total = strategy.reduce(tf.distribute.ReduceOp.SUM, out["loss_sum"], axis=None)
+  np.testing.assert_allclose(total.numpy(), single["loss_sum"].numpy(), rtol=1e-5)

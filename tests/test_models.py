@@ -128,3 +128,25 @@ def test_separate_towers_start_identical_and_are_distinct_variables(tiny_config,
                              retriever.embed_documents(x).numpy(), rtol=1e-5, atol=1e-6)
   q_vars = {id(v) for v in retriever.query_embedder.trainable_variables}
   assert not q_vars & {id(v) for v in retriever.document_embedder.trainable_variables}
+
+
+def test_candidate_mask_removes_padding_candidates(pretrainer, tokenizer, tiny_config):
+  f = pretraining_features(tokenizer, tiny_config)
+  mask = np.ones([2, tiny_config.pretrain.num_candidates], np.float32)
+  mask[:, -1] = 0.0
+  out = pretrainer(dict(f, candidate_mask=tf.constant(mask)))
+  probs = tf.nn.softmax(out["retrieval_logits"], axis=-1).numpy()
+  assert np.all(probs[:, -1] < 1e-12)
+  np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_mlm_predictions_are_argmax_of_the_marginal(pretrainer, tokenizer, tiny_config):
+  f = pretraining_features(tokenizer, tiny_config)
+  out = pretrainer(f)
+  kae_inputs = {k[len("reader_"):]: v for k, v in f.items() if k.startswith("reader_")}
+  kae_inputs.update(masked_lm_positions=f["masked_lm_positions"],
+                    masked_lm_ids=f["masked_lm_ids"])
+  log_probs = pretrainer.knowledge_augmented_encoder(kae_inputs)["log_probs"].numpy()
+  pz = tf.nn.softmax(out["retrieval_logits"], axis=-1).numpy()  # [B, K]
+  marginal = np.einsum("bk,bkmv->bmv", pz, np.exp(log_probs))
+  np.testing.assert_array_equal(out["mlm_predictions"].numpy(), marginal.argmax(-1))
