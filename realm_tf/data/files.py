@@ -24,8 +24,14 @@ def train_pattern(config: DataConfig, kind: str) -> str:
 
 
 def files(file_pattern: str) -> list[str]:
-  """Matching files, sorted for determinism; an error naming the pattern if none."""
-  matched = sorted(tf.io.gfile.glob(file_pattern))
+  """Files matching one pattern or several joined by commas (e.g. Wikipedia and news
+  examples), sorted for determinism; an error naming any pattern that matches nothing."""
+  matched = []
+  for part in (p.strip() for p in file_pattern.split(",") if p.strip()):
+    found = sorted(tf.io.gfile.glob(part))
+    if not found:
+      raise FileNotFoundError(f"no files match {part}")
+    matched.extend(found)
   if not matched:
-    raise FileNotFoundError(f"no files match {file_pattern}")
+    raise FileNotFoundError(f"no files match {file_pattern!r}")
   return matched

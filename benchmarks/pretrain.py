@@ -1,0 +1,139 @@
+"""REALM pre-training benchmark: speed with and without the index builder, and whether
+retrieval becomes useful, against the same run with a frozen index.
+
+    python -m benchmarks.pretrain [--steps 200] [--tagger_dir DIR] [--work_dir DIR]
+
+Knowledge corpus Z: Wikipedia vital articles (shared data), cut into blocks by
+beam.preprocess. Pre-training corpus X: the same Wikipedia articles plus BBC news. The
+retriever is warm-started by a short ICT run; encoders start from MiniLM (configs/demo.yaml
+with the overrides below, sized for a 2-core CPU). Two pre-training runs from the same
+start: `refresh` (the index builder re-embeds Z every --refresh_every steps while training
+goes on) and `frozen` (the first index is never refreshed, and no builder runs).
+Results: benchmarks/results/pretrain.json.
+"""
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.common import SHARED_DATA, machine, write_result
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _preprocess(input_format: str, path: str, output_dir: str, tagger_dir: str):
+  from beam import preprocess  # pylint: disable=g-import-not-at-top
+  if os.path.exists(os.path.join(output_dir, "manifest.json")):
+    return
+  args = ["--input_format", input_format, "--input", path, "--output_dir", output_dir,
+          "--max_block_length", "128", "--query_length", "48"]
+  if tagger_dir:
+    args += ["--tagger_dir", tagger_dir]
+  preprocess.main(args)
+
+
+def _history(model_dir):
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+def _summary(history, batch_size: int, skip_first: int = 1) -> dict:
+  """Means over the run's halves; the first loop (tracing, first index) is left out."""
+  rows = history[skip_first:] or history
+  half = len(rows) // 2
+  mean = lambda key, part: float(np.mean([r[key] for r in part])) if part else float("nan")
+  return dict(
+      steps_per_second=mean("examples_per_second", rows) / batch_size,
+      examples_per_second=mean("examples_per_second", rows),
+      retrieval_utility_first_half=mean("retrieval_utility", rows[:half]),
+      retrieval_utility_second_half=mean("retrieval_utility", rows[half:]),
+      mlm_accuracy_first_half=mean("mlm_accuracy", rows[:half]),
+      mlm_accuracy_second_half=mean("mlm_accuracy", rows[half:]),
+      loss_first_half=mean("loss", rows[:half]), loss_second_half=mean("loss", rows[half:]),
+      mean_index_staleness_steps=mean("index_staleness_steps", rows),
+      index_refreshes=int(rows[-1]["index_refreshes"]))
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--steps", type=int, default=200)
+  parser.add_argument("--ict_steps", type=int, default=100)
+  parser.add_argument("--refresh_every", type=int, default=20)
+  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--tagger_dir", default="")
+  parser.add_argument("--work_dir", default="")
+  args = parser.parse_args()
+
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.training import runs  # pylint: disable=g-import-not-at-top
+
+  work = args.work_dir or tempfile.mkdtemp(prefix="pretrain-bench-")
+  wiki, news = os.path.join(work, "wiki"), os.path.join(work, "news")
+  start = time.time()
+  _preprocess("jsonl", os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl"), wiki,
+              args.tagger_dir)
+  _preprocess("ccnews", os.path.join(SHARED_DATA, "news", "bbc.jsonl"), news, args.tagger_dir)
+  preprocess_seconds = time.time() - start
+  overrides = [
+      f"data.corpus_dir={wiki}",
+      f"data.train_examples={wiki}/pretraining-*,{news}/pretraining-*",
+      f"trainer.batch_size={args.batch_size}", "trainer.learning_rate=5e-5",
+      "trainer.warmup_steps=20", f"trainer.summary_every_steps={args.refresh_every}",
+      f"trainer.checkpoint_every_steps={args.steps}", "retriever.query_seq_length=48",
+      "retriever.block_seq_length=128", "reader.seq_length=160",
+      "pretrain.num_candidates=4", "pretrain.max_predictions_per_seq=8",
+      "index.backend=exact", "index.num_shards=1", "pretrain.index_poll_seconds=2",
+      "encoder.dropout_rate=0.0", "encoder.attention_dropout_rate=0.0"]
+  demo = os.path.join(REPO, "configs", "demo.yaml")
+
+  ict_dir = os.path.join(work, "ict")
+  start = time.time()
+  if not os.path.exists(os.path.join(ict_dir, "export")):
+    runs.run_ict(load_config(demo, overrides + [f"trainer.train_steps={args.ict_steps}",
+                                                "trainer.batch_size=16"]),
+                 ict_dir, tf.distribute.get_strategy())
+  ict_seconds = time.time() - start
+
+  results = {}
+  for name, refresh, builder in (("refresh", args.refresh_every, True), ("frozen", 0, False)):
+    model_dir = os.path.join(work, name)
+    shutil.rmtree(model_dir, ignore_errors=True)
+    config = load_config(demo, overrides + [
+        f"trainer.train_steps={args.steps}", f"pretrain.refresh_every_steps={refresh}",
+        f"pretrain.retriever_checkpoint={ict_dir}"] + (
+            [] if builder else [f"index.index_dir={os.path.join(work, 'frozen_index')}"]))
+    if not builder:
+      # The frozen run's only index: the refresh run's first one (same ICT start).
+      shutil.rmtree(os.path.join(work, "frozen_index"), ignore_errors=True)
+      shutil.copytree(sorted(tf.io.gfile.glob(os.path.join(work, "refresh", "index", "0*")))[0],
+                      os.path.join(work, "frozen_index", "000000000000"))
+    start = time.time()
+    result = runs.run_pretrain(config, model_dir, tf.distribute.get_strategy(),
+                               start_index_builder=builder)
+    history = _history(model_dir)
+    results[name] = dict(seconds=time.time() - start, result=result,
+                         summary=_summary(history, args.batch_size),
+                         curve=[{k: r[k] for k in (
+                             "step", "loss", "mlm_accuracy", "retrieval_utility",
+                             "null_document_probability", "index_version",
+                             "index_staleness_steps", "examples_per_second")}
+                                for r in history])
+    print(name, json.dumps(results[name]["summary"]), flush=True)
+
+  payload = dict(machine=machine(), settings=dict(
+      steps=args.steps, ict_steps=args.ict_steps, refresh_every_steps=args.refresh_every,
+      batch_size=args.batch_size, overrides=overrides, config="configs/demo.yaml",
+      salient_spans="tagger + dates" if args.tagger_dir else "dates only"),
+      corpus=dict(Z="wikipedia/vital_articles.jsonl", X=["wikipedia/vital_articles.jsonl",
+                                                          "news/bbc.jsonl"]),
+      preprocess_seconds=preprocess_seconds, ict_seconds=ict_seconds, runs=results)
+  print(write_result("pretrain", payload))
+
+
+if __name__ == "__main__":
+  main()
