@@ -1,0 +1,1 @@
+"""Training input pipelines (tf.data): masking and example parsing for pre-training."""
