@@ -31,13 +31,13 @@ class _Untracked:
     self.embedder = embedder
 
 
-class BlockEncoder(tf.Module):
-  """(title [B], text [B]) strings → [B, P] embeddings of `[CLS] title [SEP] body [SEP]`."""
+class _Encoder(tf.Module):
+  """A retriever tower with its tokenizer, saved by signatures only (see _Untracked)."""
 
-  kind = BLOCK
+  kind = ""
 
   def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
-    super().__init__(name=BLOCK)
+    super().__init__(name=self.kind)
     self._held = _Untracked(embedder)
     self.encoder_variables = list(embedder.variables)
     self.tokenizer = tokenizer
@@ -47,6 +47,15 @@ class BlockEncoder(tf.Module):
   @property
   def embedder(self) -> Embedder:
     return self._held.embedder
+
+  def signatures(self) -> dict:
+    return {"serving_default": self.embed}
+
+
+class BlockEncoder(_Encoder):
+  """(title [B], text [B]) strings → [B, P] embeddings of `[CLS] title [SEP] body [SEP]`."""
+
+  kind = BLOCK
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
                                 tf.TensorSpec([None], tf.string, name="text")])
@@ -54,26 +63,11 @@ class BlockEncoder(tf.Module):
     inputs = self.tokenizer.encode(title, self.seq_length, pair_texts=text)
     return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
 
-  def signatures(self) -> dict:
-    return {"serving_default": self.embed}
 
-
-class QueryEncoder(tf.Module):
+class QueryEncoder(_Encoder):
   """text [B] strings → [B, P] embeddings of `[CLS] text [SEP]`."""
 
   kind = QUERY
-
-  def __init__(self, embedder: Embedder, tokenizer: Tokenizer, seq_length: int):
-    super().__init__(name=QUERY)
-    self._held = _Untracked(embedder)
-    self.encoder_variables = list(embedder.variables)
-    self.tokenizer = tokenizer
-    self.seq_length = seq_length
-    self.dimension = int(embedder.projection.units)
-
-  @property
-  def embedder(self) -> Embedder:
-    return self._held.embedder
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, text):

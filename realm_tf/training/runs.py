@@ -24,7 +24,7 @@ from realm_tf.training import snapshots
 from realm_tf.training.progress import ProgressReporter
 from realm_tf.training.runtime import build_optimizer
 from realm_tf.training.trainers import (
-    IctEvaluator, IctTrainer, PretrainEvaluator, PretrainTrainer)
+    ICT_METRICS, PRETRAIN_METRICS, StepEvaluator, StepTrainer, ict_step, pretrain_step)
 
 
 def _tokenizer(config: ExperimentConfig) -> Tokenizer:
@@ -108,11 +108,12 @@ def run_ict(config: ExperimentConfig, model_dir: str, strategy: tf.distribute.St
                          start_batch=start_batch)
     return fn
 
-  trainer = IctTrainer(strategy, retriever, optimizer, dataset_fn(
+  trainer = StepTrainer(strategy, ict_step(retriever), ICT_METRICS, optimizer, dataset_fn(
       data_files.train_pattern(config.data, data_files.ICT), start))
   evaluator = None
   if config.data.eval_examples:
-    evaluator = IctEvaluator(strategy, retriever, dataset_fn(config.data.eval_examples, 0))
+    evaluator = StepEvaluator(strategy, ict_step(retriever), ICT_METRICS,
+                              dataset_fn(config.data.eval_examples, 0))
   progress = ProgressReporter(model_dir, global_step, config.trainer.train_steps, batch, "ict")
   controller = _controller(strategy, trainer, evaluator, global_step, manager, model_dir,
                            _steps_per_loop(config), config, [progress])
@@ -213,12 +214,14 @@ def run_pretrain(config: ExperimentConfig, model_dir: str, strategy: tf.distribu
                   index_refreshes=float(retriever.index.num_swaps - 1),
                   trivial_blocks_dropped=float(stats.trivial_dropped))
 
-    trainer = PretrainTrainer(strategy, model, optimizer, dataset_fn(
-        data_files.train_pattern(config.data, data_files.PRETRAINING), start),
-        host_metrics=host_metrics)
+    trainer = StepTrainer(strategy, pretrain_step(model), PRETRAIN_METRICS, optimizer,
+                          dataset_fn(data_files.train_pattern(config.data,
+                                                              data_files.PRETRAINING), start),
+                          host_metrics=host_metrics)
     evaluator = None
     if config.data.eval_examples:
-      evaluator = PretrainEvaluator(strategy, model, dataset_fn(config.data.eval_examples, 0))
+      evaluator = StepEvaluator(strategy, pretrain_step(model), PRETRAIN_METRICS,
+                                dataset_fn(config.data.eval_examples, 0))
     refresh = config.pretrain.refresh_every_steps
 
     def snapshot_action(_):

@@ -1,9 +1,10 @@
-"""orbit trainers and evaluators for ICT warm start and REALM pre-training.
+"""One orbit trainer and evaluator, driven by per-mode step functions (ICT, pre-training).
 
 Each step runs under `strategy.run`; losses are divided by the *global* number of items
 (`losses.global_mean`) and gradients are summed across replicas by the optimizer, so any
 number of replicas computes the single-device update.
 """
+import functools
 from typing import Callable, Optional
 
 import orbit
@@ -61,50 +62,7 @@ def _ict_step(retriever, features, metrics: _Metrics, training: bool, optimizer=
   metrics.update("accuracy", out["correct"] / out["count"], out["count"])
 
 
-class IctTrainer(orbit.StandardTrainer):
-  """In-batch softmax of pseudo-queries against evidence blocks; both towers train."""
-
-  def __init__(self, strategy, retriever, optimizer, dataset_fn: Callable):
-    self.strategy = strategy
-    self.retriever = retriever
-    self.optimizer = optimizer
-    with strategy.scope():
-      self.metrics = _Metrics(["loss", "accuracy"])
-    super().__init__(strategy.distribute_datasets_from_function(dataset_fn),
-                     orbit.StandardTrainerOptions(use_tf_function=True))
-
-  def train_loop_begin(self):
-    self.metrics.reset()
-
-  def train_step(self, iterator):
-    def step(features):
-      _ict_step(self.retriever, features, self.metrics, True, self.optimizer)
-    self.strategy.run(step, args=(_device_features(next(iterator)),))
-
-  def train_loop_end(self):
-    out = self.metrics.result()
-    out["learning_rate"] = self.optimizer.learning_rate(self.optimizer.iterations)
-    return out
-
-
-class IctEvaluator(orbit.StandardEvaluator):
-  def __init__(self, strategy, retriever, dataset_fn: Callable):
-    self.strategy = strategy
-    self.retriever = retriever
-    with strategy.scope():
-      self.metrics = _Metrics(["loss", "accuracy"])
-    super().__init__(strategy.distribute_datasets_from_function(dataset_fn))
-
-  def eval_begin(self):
-    self.metrics.reset()
-
-  def eval_step(self, iterator):
-    def step(features):
-      _ict_step(self.retriever, features, self.metrics, False)
-    self.strategy.run(step, args=(_device_features(next(iterator)),))
-
-  def eval_end(self):
-    return self.metrics.result()
+ICT_METRICS = ["loss", "accuracy"]
 
 
 PRETRAIN_METRICS = ["loss", "mlm_accuracy", "retrieval_utility", "null_document_probability",
@@ -132,17 +90,18 @@ def _pretrain_step(model, features, metrics: _Metrics, training: bool, optimizer
     metrics.update("candidates_padded", 1.0 - tf.cast(features["candidate_mask"], tf.float32))
 
 
-class PretrainTrainer(orbit.StandardTrainer):
-  """REALM: re-scores retrieved candidates with live towers, maximises log p(y|x)."""
+class StepTrainer(orbit.StandardTrainer):
+  """One orbit trainer for every mode: `step(features, metrics, training, optimizer)` runs
+  on each replica; metrics are tf_keras Means summed across replicas on read."""
 
-  def __init__(self, strategy, model, optimizer, dataset_fn: Callable,
+  def __init__(self, strategy, step: Callable, metric_names, optimizer, dataset_fn: Callable,
                host_metrics: Optional[Callable[[], dict]] = None):
     self.strategy = strategy
-    self.model = model
+    self.step = step
     self.optimizer = optimizer
     self.host_metrics = host_metrics
     with strategy.scope():
-      self.metrics = _Metrics(PRETRAIN_METRICS)
+      self.metrics = _Metrics(metric_names)
     super().__init__(strategy.distribute_datasets_from_function(dataset_fn),
                      orbit.StandardTrainerOptions(use_tf_function=True))
 
@@ -150,9 +109,9 @@ class PretrainTrainer(orbit.StandardTrainer):
     self.metrics.reset()
 
   def train_step(self, iterator):
-    def step(features):
-      _pretrain_step(self.model, features, self.metrics, True, self.optimizer)
-    self.strategy.run(step, args=(_device_features(next(iterator)),))
+    def replica_step(features):
+      self.step(features, self.metrics, True, self.optimizer)
+    self.strategy.run(replica_step, args=(_device_features(next(iterator)),))
 
   def train_loop_end(self):
     out = self.metrics.result()
@@ -162,21 +121,33 @@ class PretrainTrainer(orbit.StandardTrainer):
     return out
 
 
-class PretrainEvaluator(orbit.StandardEvaluator):
-  def __init__(self, strategy, model, dataset_fn: Callable):
+class StepEvaluator(orbit.StandardEvaluator):
+  """The evaluation side of StepTrainer: the same step without gradients or dropout."""
+
+  def __init__(self, strategy, step: Callable, metric_names, dataset_fn: Callable):
     self.strategy = strategy
-    self.model = model
+    self.step = step
     with strategy.scope():
-      self.metrics = _Metrics(PRETRAIN_METRICS)
+      self.metrics = _Metrics(metric_names)
     super().__init__(strategy.distribute_datasets_from_function(dataset_fn))
 
   def eval_begin(self):
     self.metrics.reset()
 
   def eval_step(self, iterator):
-    def step(features):
-      _pretrain_step(self.model, features, self.metrics, False)
-    self.strategy.run(step, args=(_device_features(next(iterator)),))
+    def replica_step(features):
+      self.step(features, self.metrics, False)
+    self.strategy.run(replica_step, args=(_device_features(next(iterator)),))
 
   def eval_end(self):
     return self.metrics.result()
+
+
+def ict_step(retriever) -> Callable:
+  """The StepTrainer step of ICT over `retriever`."""
+  return functools.partial(_ict_step, retriever)
+
+
+def pretrain_step(model) -> Callable:
+  """The StepTrainer step of REALM pre-training over a RealmPretrainer."""
+  return functools.partial(_pretrain_step, model)
