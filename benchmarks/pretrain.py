@@ -3,8 +3,11 @@ retrieval becomes useful, against the same run with a frozen index.
 
     python -m benchmarks.pretrain [--steps 200] [--tagger_dir DIR] [--work_dir DIR]
 
-Knowledge corpus Z: Wikipedia vital articles (shared data), cut into blocks by
-beam.preprocess. Pre-training corpus X: the same Wikipedia articles plus BBC news. The
+Knowledge corpus Z: the first --wiki_records pages of the Wikipedia pages-articles sample,
+cut into blocks by beam.preprocess. Pre-training corpus X: the same articles (REALM's
+Wikipedia X = Z setting, where blocks of x's own article are excluded) plus the first
+--news_records BBC articles, with salient spans from the tagger (--tagger_dir) and dates.
+Sizes are cut to what a 2-core CPU can step through in minutes (see `overrides`). The
 retriever is warm-started by a short ICT run; encoders start from MiniLM (configs/demo.yaml
 with the overrides below, sized for a 2-core CPU). Two pre-training runs from the same
 start: `refresh` (the index builder re-embeds Z every --refresh_every steps while training
@@ -26,12 +29,14 @@ from benchmarks.common import SHARED_DATA, machine, write_result
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _preprocess(input_format: str, path: str, output_dir: str, tagger_dir: str):
+def _preprocess(input_format: str, path: str, output_dir: str, tagger_dir: str = "",
+                max_records: int = 0):
   from beam import preprocess  # pylint: disable=g-import-not-at-top
   if os.path.exists(os.path.join(output_dir, "manifest.json")):
     return
   args = ["--input_format", input_format, "--input", path, "--output_dir", output_dir,
-          "--max_block_length", "128", "--query_length", "48"]
+          "--max_block_length", "128", "--query_length", "32",
+          "--max_records", str(max_records)]
   if tagger_dir:
     args += ["--tagger_dir", tagger_dir]
   preprocess.main(args)
@@ -61,11 +66,13 @@ def _summary(history, batch_size: int, skip_first: int = 1) -> dict:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=200)
-  parser.add_argument("--ict_steps", type=int, default=100)
-  parser.add_argument("--refresh_every", type=int, default=20)
-  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--steps", type=int, default=60)
+  parser.add_argument("--ict_steps", type=int, default=30)
+  parser.add_argument("--refresh_every", type=int, default=10)
+  parser.add_argument("--batch_size", type=int, default=4)
   parser.add_argument("--tagger_dir", default="")
+  parser.add_argument("--wiki_records", type=int, default=100)
+  parser.add_argument("--news_records", type=int, default=300)
   parser.add_argument("--work_dir", default="")
   args = parser.parse_args()
 
@@ -75,18 +82,20 @@ def main():
   work = args.work_dir or tempfile.mkdtemp(prefix="pretrain-bench-")
   wiki, news = os.path.join(work, "wiki"), os.path.join(work, "news")
   start = time.time()
-  _preprocess("jsonl", os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl"), wiki,
-              args.tagger_dir)
-  _preprocess("ccnews", os.path.join(SHARED_DATA, "news", "bbc.jsonl"), news, args.tagger_dir)
+  _preprocess("wikipedia_xml", os.path.join(SHARED_DATA, "wikipedia",
+                                            "enwiki-pages-articles-sample.xml.bz2"), wiki,
+              args.tagger_dir, args.wiki_records)
+  _preprocess("ccnews", os.path.join(SHARED_DATA, "news", "bbc.jsonl"), news, args.tagger_dir,
+              args.news_records)
   preprocess_seconds = time.time() - start
   overrides = [
       f"data.corpus_dir={wiki}",
       f"data.train_examples={wiki}/pretraining-*,{news}/pretraining-*",
       f"trainer.batch_size={args.batch_size}", "trainer.learning_rate=5e-5",
       "trainer.warmup_steps=20", f"trainer.summary_every_steps={args.refresh_every}",
-      f"trainer.checkpoint_every_steps={args.steps}", "retriever.query_seq_length=48",
-      "retriever.block_seq_length=128", "reader.seq_length=160",
-      "pretrain.num_candidates=4", "pretrain.max_predictions_per_seq=8",
+      f"trainer.checkpoint_every_steps={args.steps}", "retriever.query_seq_length=32",
+      "retriever.block_seq_length=128", "reader.seq_length=128",
+      "pretrain.num_candidates=4", "pretrain.max_predictions_per_seq=6",
       "index.backend=exact", "index.num_shards=1", "pretrain.index_poll_seconds=2",
       "encoder.dropout_rate=0.0", "encoder.attention_dropout_rate=0.0"]
   demo = os.path.join(REPO, "configs", "demo.yaml")
@@ -95,7 +104,7 @@ def main():
   start = time.time()
   if not os.path.exists(os.path.join(ict_dir, "export")):
     runs.run_ict(load_config(demo, overrides + [f"trainer.train_steps={args.ict_steps}",
-                                                "trainer.batch_size=16"]),
+                                                "trainer.batch_size=8"]),
                  ict_dir, tf.distribute.get_strategy())
   ict_seconds = time.time() - start
 
@@ -129,8 +138,10 @@ def main():
       steps=args.steps, ict_steps=args.ict_steps, refresh_every_steps=args.refresh_every,
       batch_size=args.batch_size, overrides=overrides, config="configs/demo.yaml",
       salient_spans="tagger + dates" if args.tagger_dir else "dates only"),
-      corpus=dict(Z="wikipedia/vital_articles.jsonl", X=["wikipedia/vital_articles.jsonl",
-                                                          "news/bbc.jsonl"]),
+      corpus=dict(Z=f"wikipedia/enwiki-pages-articles-sample.xml.bz2 (first "
+                    f"{args.wiki_records} pages)",
+                  X=[f"wikipedia/enwiki-pages-articles-sample.xml.bz2 (same pages)",
+                     f"news/bbc.jsonl (first {args.news_records} articles)"]),
       preprocess_seconds=preprocess_seconds, ict_seconds=ict_seconds, runs=results)
   print(write_result("pretrain", payload))
 

@@ -1,0 +1,193 @@
+"""MIPS benchmark: recall@10 against exact search, queries/s, build time, bytes per vector.
+
+    python -m benchmarks.mips [--num_vectors 1000000] [--skip_real]
+
+Two corpora, measured in one run:
+  synthetic  1M x 128 clustered vectors (realm_tf.retrieval.synthetic), queries near
+             corpus points;
+  real       block embeddings of the shared corpora (Wikipedia vital articles), built
+             through the Beam pipelines (beam.preprocess, then beam.embed_corpus with the
+             MiniLM-initialised block encoder of configs/demo.yaml), real questions
+             (NQ-Open) as queries.
+For each: exact search (TF matmul + top_k) and ScaNN at a few settings; batched queries/s
+(batches of 256) and single-query queries/s. Results: benchmarks/results/mips.json.
+"""
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.common import SHARED_DATA, machine, write_result
+from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_params_for
+from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
+
+K = 10
+BATCH = 256
+
+
+def _recall(got: np.ndarray, want: np.ndarray) -> float:
+  return float(np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)]))
+
+
+def _qps(search, queries: np.ndarray, batch: int, min_seconds: float = 3.0) -> float:
+  """Queries per second of `search` over `queries` in batches of `batch`."""
+  search(tf.constant(queries[:batch]))  # warm up (tracing, caches)
+  done, start = 0, time.perf_counter()
+  while time.perf_counter() - start < min_seconds or done < batch:
+    for i in range(0, len(queries) - batch + 1, batch):
+      search(tf.constant(queries[i:i + batch]))
+      done += batch
+      if time.perf_counter() - start > min_seconds * 3:
+        break
+  return done / (time.perf_counter() - start)
+
+
+def _dir_bytes(path: str) -> int:
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
+             for f in files)
+
+
+def _scann_bytes_per_vector(searcher: ScannSearcher, num: int) -> float:
+  tmp = tempfile.mkdtemp()
+  try:
+    tf.saved_model.save(searcher.serialize_to_module(), tmp)
+    return _dir_bytes(tmp) / num
+  finally:
+    shutil.rmtree(tmp)
+
+
+def measure(vectors: np.ndarray, queries: np.ndarray, settings: list[dict]) -> dict:
+  """Exact and ScaNN settings over one corpus."""
+  n, dim = vectors.shape
+  ids = np.arange(n, dtype=np.int64)
+  exact = ExactSearcher(vectors, ids)
+  exact_search = tf.function(lambda q: exact.search(q, K))
+  truth = np.concatenate([exact_search(tf.constant(queries[i:i + BATCH])).block_ids.numpy()
+                          for i in range(0, len(queries), BATCH)])
+  exact_row = dict(name="exact", recall_at_10=1.0, build_seconds=0.0,
+                   bytes_per_vector=float(vectors.itemsize * dim),
+                   qps_batched=_qps(exact_search, queries, BATCH),
+                   qps_single=_qps(exact_search, queries[:200], 1, min_seconds=2.0))
+  rows = [exact_row]
+  for setting in settings:
+    params = scann_params_for(n, **setting)
+    start = time.perf_counter()
+    searcher = ScannSearcher.build(vectors, ids, params=params)
+    build = time.perf_counter() - start
+    search = tf.function(lambda q, s=searcher: s.search(q, K))
+    got = np.concatenate([search(tf.constant(queries[i:i + BATCH])).block_ids.numpy()
+                          for i in range(0, len(queries), BATCH)])
+    row = dict(name=_name(params), params=params.to_dict(), recall_at_10=_recall(got, truth),
+               build_seconds=build,
+               bytes_per_vector=_scann_bytes_per_vector(searcher, n),
+               qps_batched=_qps(search, queries, BATCH),
+               qps_single=_qps(search, queries[:500], 1, min_seconds=2.0))
+    row["speedup_batched_vs_exact"] = row["qps_batched"] / exact_row["qps_batched"]
+    row["speedup_single_vs_exact"] = row["qps_single"] / exact_row["qps_single"]
+    rows.append(row)
+    print(json.dumps({k: v for k, v in row.items() if k != "params"}), flush=True)
+  return dict(num_vectors=n, dimension=dim, num_queries=len(queries), k=K,
+              query_batch=BATCH, rows=rows)
+
+
+def _name(params) -> str:
+  if params.mode == "brute_force":
+    return f"scann brute_force ({params.reorder_dtype})"
+  name = f"scann {params.mode} reorder={params.reorder_num_neighbors}"
+  if params.mode == "tree_ah_reorder":
+    name += f" leaves={params.num_leaves} search={params.num_leaves_to_search}"
+  return name + f" ({params.reorder_dtype})"
+
+
+def synthetic(num_vectors: int) -> dict:
+  vectors = clustered_vectors(num_vectors, 128, num_clusters=2000, seed=0)
+  queries = queries_near(vectors, 2048, seed=1)
+  leaves = int(round(np.sqrt(num_vectors)))
+  settings = [
+      dict(num_leaves_to_search=max(1, leaves // 125), reorder_num_neighbors=40),
+      dict(num_leaves_to_search=max(1, leaves // 80), reorder_num_neighbors=50),
+      dict(num_leaves_to_search=max(1, leaves // 40), reorder_num_neighbors=100),
+      dict(num_leaves_to_search=max(1, leaves // 20), reorder_num_neighbors=100),
+      dict(num_leaves_to_search=max(1, leaves // 10), reorder_num_neighbors=200),
+      dict(num_leaves_to_search=max(1, leaves // 40), reorder_num_neighbors=100,
+           reorder_dtype="int8"),
+  ]
+  return measure(vectors, queries, settings)
+
+
+def real(work_dir: str) -> dict:
+  """Blocks of the vital articles → MiniLM block embeddings through both Beam pipelines."""
+  from beam import embed_corpus, preprocess  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import BlockEncoder, QueryEncoder, export_encoder, load_encoder  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import load_searcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.text import Tokenizer  # pylint: disable=g-import-not-at-top
+
+  corpus = os.path.join(work_dir, "corpus")
+  start = time.perf_counter()
+  preprocess.main(["--input_format", "jsonl", "--input",
+                   os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
+                   "--output_dir", corpus, "--max_block_length", "128"])
+  preprocess_seconds = time.perf_counter() - start
+  config = load_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs",
+                                    "demo.yaml"))
+  retriever = factory.build_retriever(config)
+  tokenizer = Tokenizer()
+  block_encoder = export_encoder(
+      BlockEncoder(retriever.document_embedder, tokenizer, config.retriever.block_seq_length),
+      os.path.join(work_dir, "export", "block_encoder"), step=0)
+  query_encoder = export_encoder(
+      QueryEncoder(retriever.query_embedder, tokenizer, config.retriever.query_seq_length),
+      os.path.join(work_dir, "export", "query_encoder"), step=0)
+  start = time.perf_counter()
+  index = embed_corpus.run(["--blocks", corpus, "--encoder", block_encoder, "--output_dir",
+                            os.path.join(work_dir, "index"), "--num_shards", "2",
+                            "--batch_size", "64"])
+  embed_seconds = time.perf_counter() - start
+  exact = load_searcher(index, backend="exact")
+  vectors = np.concatenate([s.embeddings.numpy() for s in exact.shards])
+  with open(os.path.join(SHARED_DATA, "openqa", "nq_open", "train_subset.jsonl")) as f:
+    questions = [json.loads(line)["question"] for _, line in zip(range(2048), f)]
+  encode = load_encoder(query_encoder)
+  queries = np.concatenate([encode(text=tf.constant(questions[i:i + 256]))["embeddings"]
+                            .numpy() for i in range(0, len(questions), 256)])
+  settings = [dict(), dict(mode="ah_reorder", reorder_num_neighbors=100),
+              dict(mode="tree_ah_reorder", num_leaves=int(np.sqrt(len(vectors))),
+                   num_leaves_to_search=max(1, int(np.sqrt(len(vectors))) // 10),
+                   reorder_num_neighbors=100)]
+  result = measure(vectors, queries, settings)
+  manifest = json.load(open(os.path.join(index, "manifest.json")))
+  result.update(corpus="wikipedia/vital_articles.jsonl", encoder="MiniLM (configs/demo.yaml)",
+                preprocess_seconds=preprocess_seconds,
+                beam_embed_and_index_seconds=embed_seconds,
+                beam_blocks_per_second=len(vectors) / embed_seconds,
+                index_build_seconds_in_pipeline=manifest["build_seconds"])
+  return result
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--num_vectors", type=int, default=1_000_000)
+  parser.add_argument("--only", choices=["synthetic", "real"], default=None,
+                      help="measure one corpus and merge it into the existing results")
+  args = parser.parse_args()
+  result = {}
+  if args.only in (None, "synthetic"):
+    result["synthetic"] = dict(machine=machine(), **synthetic(args.num_vectors))
+  if args.only in (None, "real"):
+    work_dir = tempfile.mkdtemp(prefix="mips-bench-")
+    try:
+      result["real"] = dict(machine=machine(), **real(work_dir))
+    finally:
+      shutil.rmtree(work_dir, ignore_errors=True)
+  print(write_result("mips", result, merge=args.only is not None))
+
+
+if __name__ == "__main__":
+  main()
