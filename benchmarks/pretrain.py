@@ -90,7 +90,7 @@ def main():
   preprocess_seconds = time.time() - start
   overrides = [
       f"data.corpus_dir={wiki}",
-      f"data.train_examples={wiki}/pretraining-*,{news}/pretraining-*",
+      f"data.pretraining_examples={wiki}/pretraining-*,{news}/pretraining-*",
       f"trainer.batch_size={args.batch_size}", "trainer.learning_rate=5e-5",
       "trainer.warmup_steps=20", f"trainer.summary_every_steps={args.refresh_every}",
       f"trainer.checkpoint_every_steps={args.steps}", "retriever.query_seq_length=32",

@@ -71,13 +71,14 @@ class DataConfig(base_config.Config):
   """Where the corpus pipeline's outputs are (`python -m beam.preprocess`).
 
   corpus_dir holds blocks-* (the knowledge corpus Z), pretraining-* and ict-* TFRecords.
-  Patterns, when set, override the files taken from corpus_dir (e.g. X from CC-News while
-  Z is Wikipedia).
+  Patterns (one, or several joined by commas), when set, override the files taken from
+  corpus_dir, e.g. X from Wikipedia and CC-News while Z is Wikipedia.
   """
   corpus_dir: str = ""
-  train_examples: str = ""
-  eval_examples: str = ""
   blocks: str = ""
+  pretraining_examples: str = ""
+  ict_examples: str = ""
+  eval_examples: str = ""
   shuffle_buffer: int = 10000
 
 
@@ -110,10 +111,22 @@ class PretrainConfig(base_config.Config):
 @dataclasses.dataclass
 class FinetuneConfig(base_config.Config):
   """Open-QA fine-tuning over a fixed document index."""
-  num_candidates: int = 5
+  num_candidates: int = 5  # k: blocks retrieved and read per question
   query_seq_length: int = 64
   reader_seq_length: int = 320
+  # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
   refresh_index: bool = False
+  refresh_every_steps: int = 500
+  # Initial weights: 'warm_start' (both networks from warm_start), 'ict' (the retriever of
+  # the ICT run at init_checkpoint, reader from warm_start) or 'realm' (retriever and
+  # reader BERT of the REALM pre-training run at init_checkpoint).
+  init_from: str = "warm_start"
+  init_checkpoint: str = ""
+  # 'dense' (MIPS over the fixed index) or 'bm25' (the sparse baseline, same reader).
+  retrieval: str = "dense"
+  # Answer strings (as written and SQuAD-normalised) looked for per question.
+  max_answers: int = 8
+  eval_batch_size: int = 32
 
 
 @dataclasses.dataclass

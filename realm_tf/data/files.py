@@ -11,16 +11,13 @@ BLOCKS, PRETRAINING, ICT = "blocks", "pretraining", "ict"
 
 def pattern(config: DataConfig, kind: str) -> str:
   """The files of one kind: an explicit pattern, else `<corpus_dir>/<kind>-*`."""
-  explicit = {BLOCKS: config.blocks}.get(kind, "")
+  explicit = {BLOCKS: config.blocks, PRETRAINING: config.pretraining_examples,
+              ICT: config.ict_examples}[kind]
   if explicit:
     return explicit
   if not config.corpus_dir:
     raise ValueError(f"data.corpus_dir (or an explicit pattern) is needed for {kind} files")
   return os.path.join(config.corpus_dir, f"{kind}-*")
-
-
-def train_pattern(config: DataConfig, kind: str) -> str:
-  return config.train_examples or pattern(config, kind)
 
 
 def files(file_pattern: str) -> list[str]:

@@ -109,7 +109,7 @@ def run_ict(config: ExperimentConfig, model_dir: str, strategy: tf.distribute.St
     return fn
 
   trainer = StepTrainer(strategy, ict_step(retriever), ICT_METRICS, optimizer, dataset_fn(
-      data_files.train_pattern(config.data, data_files.ICT), start))
+      data_files.pattern(config.data, data_files.ICT), start))
   evaluator = None
   if config.data.eval_examples:
     evaluator = StepEvaluator(strategy, ict_step(retriever), ICT_METRICS,
@@ -215,8 +215,8 @@ def run_pretrain(config: ExperimentConfig, model_dir: str, strategy: tf.distribu
                   trivial_blocks_dropped=float(stats.trivial_dropped))
 
     trainer = StepTrainer(strategy, pretrain_step(model), PRETRAIN_METRICS, optimizer,
-                          dataset_fn(data_files.train_pattern(config.data,
-                                                              data_files.PRETRAINING), start),
+                          dataset_fn(data_files.pattern(config.data, data_files.PRETRAINING),
+                                     start),
                           host_metrics=host_metrics)
     evaluator = None
     if config.data.eval_examples:
