@@ -74,6 +74,9 @@ def main():
   parser.add_argument("--wiki_records", type=int, default=100)
   parser.add_argument("--news_records", type=int, default=300)
   parser.add_argument("--work_dir", default="")
+  parser.add_argument("--runs", nargs="+", default=["refresh", "frozen"],
+                      choices=["refresh", "frozen"],
+                      help="which arms to (re)run; others are kept from the last result")
   args = parser.parse_args()
 
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
@@ -109,21 +112,19 @@ def main():
   ict_seconds = time.time() - start
 
   results = {}
-  for name, refresh, builder in (("refresh", args.refresh_every, True), ("frozen", 0, False)):
+  # `frozen`: the builder embeds the step-0 snapshot once (same ICT start as `refresh`),
+  # then idles, since no further snapshots are exported.
+  for name, refresh in (("refresh", args.refresh_every), ("frozen", 0)):
+    if name not in args.runs:
+      continue
     model_dir = os.path.join(work, name)
     shutil.rmtree(model_dir, ignore_errors=True)
     config = load_config(demo, overrides + [
         f"trainer.train_steps={args.steps}", f"pretrain.refresh_every_steps={refresh}",
-        f"pretrain.retriever_checkpoint={ict_dir}"] + (
-            [] if builder else [f"index.index_dir={os.path.join(work, 'frozen_index')}"]))
-    if not builder:
-      # The frozen run's only index: the refresh run's first one (same ICT start).
-      shutil.rmtree(os.path.join(work, "frozen_index"), ignore_errors=True)
-      shutil.copytree(sorted(tf.io.gfile.glob(os.path.join(work, "refresh", "index", "0*")))[0],
-                      os.path.join(work, "frozen_index", "000000000000"))
+        f"pretrain.retriever_checkpoint={ict_dir}"])
     start = time.time()
     result = runs.run_pretrain(config, model_dir, tf.distribute.get_strategy(),
-                               start_index_builder=builder)
+                               start_index_builder=True)
     history = _history(model_dir)
     results[name] = dict(seconds=time.time() - start, result=result,
                          summary=_summary(history, args.batch_size),
@@ -133,6 +134,10 @@ def main():
                              "index_staleness_steps", "examples_per_second")}
                                 for r in history])
     print(name, json.dumps(results[name]["summary"]), flush=True)
+  previous = os.path.join(os.path.dirname(__file__), "results", "pretrain.json")
+  if set(args.runs) != {"refresh", "frozen"} and os.path.exists(previous):
+    with open(previous) as f:
+      results = dict(json.load(f)["runs"], **results)
 
   payload = dict(machine=machine(), settings=dict(
       steps=args.steps, ict_steps=args.ict_steps, refresh_every_steps=args.refresh_every,
