@@ -43,3 +43,15 @@ def tiny_config():
 def tokenizer():
   from realm_tf.text import Tokenizer
   return Tokenizer()
+
+
+@pytest.fixture(scope="session")
+def mirrored_strategy():
+  """One MirroredStrategy over the 2 logical CPUs for the whole session.
+
+  Separate strategy objects in one process hand out the same collective instance keys,
+  so a second one's all-reduce can collide with the first one's all-gather; a real
+  training process creates one strategy, and so do the tests.
+  """
+  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
+  return tf.distribute.MirroredStrategy(devices)

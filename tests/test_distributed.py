@@ -20,7 +20,7 @@ def _dense(grads, variables):
           for g, v in zip(grads, variables)]
 
 
-def test_mirrored_step_matches_single_device(tiny_config, tokenizer):
+def test_mirrored_step_matches_single_device(tiny_config, tokenizer, mirrored_strategy):
   features = pretraining_features(tokenizer, tiny_config)  # global batch of 2
   # Uneven masked-token counts across the two replicas exercise the global normaliser.
   assert features["masked_lm_weights"].numpy().sum(1).tolist() == [1.0, 2.0]
@@ -31,9 +31,8 @@ def test_mirrored_step_matches_single_device(tiny_config, tokenizer):
   single_grads = _dense(tape.gradient(single_loss, single.trainable_variables),
                         single.trainable_variables)
 
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-  assert len(devices) == 2
-  strategy = tf.distribute.MirroredStrategy(devices)
+  strategy = mirrored_strategy
+  assert strategy.num_replicas_in_sync == 2
   with strategy.scope():
     mirrored = factory.build_realm_pretrainer(tiny_config)
     mirrored(features)

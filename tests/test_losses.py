@@ -150,9 +150,8 @@ def test_ict_loss_matches_numpy_and_masks_duplicate_blocks(rng):
   assert out["correct"].numpy() == (logits.argmax(1) == np.arange(4)).sum()
 
 
-def test_ict_loss_under_two_replicas_uses_the_global_batch(rng):
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-  strategy = tf.distribute.MirroredStrategy(devices)
+def test_ict_loss_under_two_replicas_uses_the_global_batch(rng, mirrored_strategy):
+  strategy = mirrored_strategy
   q = rng.normal(size=(4, 6)).astype(np.float32)
   d = rng.normal(size=(4, 6)).astype(np.float32)
   ids = np.arange(4, dtype=np.int64)

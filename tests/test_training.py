@@ -132,9 +132,8 @@ def test_trivial_blocks_never_appear_among_candidates(tmp_path, repo_dir, corpus
     retriever.stop()
 
 
-def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run):
-  devices = [d.name for d in tf.config.list_logical_devices("CPU")][:2]
-  strategy = tf.distribute.MirroredStrategy(devices)
+def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run, mirrored_strategy):
+  strategy = mirrored_strategy
   model_dir = str(tmp_path / "mirrored")
   config = _config(repo_dir, corpus[0], trainer__train_steps=10, pretrain__refresh_every_steps=0,
                    index__backend="exact", pretrain__retriever_checkpoint=ict_run[0])
