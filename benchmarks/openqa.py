@@ -1,0 +1,369 @@
+"""Open-QA quality benchmark: the paper's Tables 1-2 at this machine's scale.
+
+    python -m benchmarks.openqa [--datasets squad,nq,wq,trec] [--budget_minutes 88]
+                                [--quick]
+
+Datasets (../shared/data/openqa; the questions are never copied into the repository):
+  squad  SQuAD-open: corpus squad_open/corpus.jsonl; train on train.jsonl, report dev.jsonl.
+  nq, wq, trec  NQ-Open, WebQuestions, CuratedTREC (regex answers): corpus
+         wikipedia/vital_articles.jsonl; each train file is shuffled once (seed 0), the first
+         EVAL_QUESTIONS are held out for reporting and training samples the rest.
+Rows, each fine-tuned the same way (same reader architecture, steps, batch, learning rate):
+  bm25          BM25 (bm25s) top-k + MiniLM reader
+  dense         MiniLM warm start for both towers and the reader, no REALM pre-training
+  realm         retriever and reader BERT from a short REALM pre-training run (below)
+  realm_refresh realm, plus the document tower trained and the index re-embedded during
+                fine-tuning (beam.index_builder beside the trainer)
+REALM pre-training is run here first (configs/demo.yaml with the overrides in the
+results): salient-span masking with the dates-only fallback (no NER tagger is exported),
+the null document, no trivial retrievals and asynchronous index refresh, on the SQuAD-open
+corpus as both X and Z; the model then fine-tunes against either corpus.
+
+The sizes are set so that everything runs in under 90 minutes on the 2-core CI machine:
+a 6-layer MiniLM (384 hidden), readers of 128 wordpieces, few steps over a subsample of
+the training questions, and a subsample of each reporting set. Exact match is therefore far
+below the paper's; what the table can show is the relative order of the rows. Times are
+wall seconds on this (shared) machine: `finetune_s` is the training loop, `eval_s` the
+evaluation, `index_s` embedding the corpus when the row had to (a shared index is built
+once per document encoder and corpus, and charged to the first row that needs it).
+Results: benchmarks/results/openqa.json and openqa.md.
+"""
+import argparse
+import gc
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+
+import tensorflow as tf
+import tf_keras
+
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from realm_tf.configs import load_config
+from realm_tf.training import finetune, runs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "demo.yaml")
+TRAIN_STEPS, BATCH, EVAL_QUESTIONS = 50, 8, 120
+QUICK = dict(TRAIN_STEPS=3, BATCH=2, EVAL_QUESTIONS=6, PRETRAIN_STEPS=2, CORPUS_DOCS=150)
+
+DATASETS = {
+    "squad": dict(name="SQuAD-open", corpus="squad", train="openqa/squad_open/train.jsonl",
+                  eval="openqa/squad_open/dev.jsonl", regex=False),
+    "nq": dict(name="NQ-Open", corpus="vital", train="openqa/nq_open/train_subset.jsonl",
+               regex=False),
+    "wq": dict(name="WebQuestions", corpus="vital", train="openqa/webquestions/train.jsonl",
+               regex=False),
+    "trec": dict(name="CuratedTREC", corpus="vital", train="openqa/curatedtrec/train.jsonl",
+                 regex=True),
+}
+CORPORA = {"squad": "openqa/squad_open/corpus.jsonl", "vital": "wikipedia/vital_articles.jsonl"}
+ROWS = {
+    "bm25": "BM25 + reader",
+    "dense": "Dense (MiniLM warm start, no REALM pre-training) + reader",
+    "realm": "REALM pre-trained + reader",
+    "realm_refresh": "REALM pre-trained + reader, index refreshed during fine-tuning",
+}
+
+# Fine-tuning: demo.yaml with these overrides for every row.
+FINETUNE_OVERRIDES = {
+    "finetune.num_candidates": 5, "finetune.query_seq_length": 32,
+    "finetune.reader_seq_length": 128, "finetune.max_answers": 8,
+    "finetune.eval_batch_size": 16, "finetune.refresh_every_steps": 20,
+    "trainer.learning_rate": 1e-4, "trainer.warmup_steps": 6,
+    "trainer.summary_every_steps": 10, "trainer.eval_every_steps": 0,
+    "index.backend": "exact", "index.num_shards": 1,
+}
+# REALM pre-training: demo.yaml with these overrides.
+PRETRAIN_STEPS = 50
+PRETRAIN_OVERRIDES = {
+    "trainer.batch_size": 4, "trainer.learning_rate": 5e-5, "trainer.warmup_steps": 6,
+    "trainer.summary_every_steps": 10, "trainer.checkpoint_every_steps": 25,
+    "pretrain.num_candidates": 4, "pretrain.refresh_every_steps": 25,
+    "pretrain.index_poll_seconds": 2.0, "retriever.query_seq_length": 48,
+    "reader.seq_length": 128, "index.backend": "exact", "index.num_shards": 1,
+}
+
+
+def _overrides(values: dict) -> list[str]:
+  return [f"{k}={v}" for k, v in values.items()]
+
+
+def _read_jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    return [line for line in f if line.strip()]
+
+
+def _write_lines(path, lines):
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(lines)
+  return path
+
+
+def question_files(work: str, key: str, num_train: int, num_eval: int) -> dict:
+  """Subsampled train / report files in `work` (outside the repository)."""
+  spec = DATASETS[key]
+  rng = random.Random(0)
+  train = _read_jsonl(os.path.join(SHARED_DATA, spec["train"]))
+  if "eval" in spec:
+    report = _read_jsonl(os.path.join(SHARED_DATA, spec["eval"]))
+    rng.shuffle(report)
+    report, pool = report[:num_eval], train
+    split = f"{spec['eval']} ({num_eval} sampled)"
+  else:
+    rng.shuffle(train)
+    report, pool = train[:num_eval], train[num_eval:]
+    split = f"held out: the first {num_eval} of {spec['train']} after a seeded shuffle"
+  pool = list(pool)
+  rng.shuffle(pool)
+  return dict(train=_write_lines(os.path.join(work, f"{key}-train.jsonl"), pool[:num_train]),
+              eval=_write_lines(os.path.join(work, f"{key}-eval.jsonl"), report),
+              num_train=min(num_train, len(pool)), num_eval=len(report), report_split=split,
+              train_pool=len(pool))
+
+
+def prepare_corpora(work: str, block_length: int, max_docs: int = 0) -> dict:
+  """Each corpus into blocks; `max_docs` keeps only the first documents (--quick)."""
+  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  out = {}
+  for key, relative in CORPORA.items():
+    start = time.time()
+    directory = os.path.join(work, "corpora", key)
+    source = os.path.join(SHARED_DATA, relative)
+    if max_docs:
+      source = _write_lines(os.path.join(work, f"{key}-corpus.jsonl"),
+                            _read_jsonl(source)[:max_docs])
+    prepare_blocks(source, directory, block_length)
+    with open(os.path.join(directory, "manifest.json")) as f:
+      blocks = json.load(f)["counts"]["blocks"]
+    out[key] = dict(dir=directory, file=relative, blocks=blocks,
+                    preprocess_s=round(time.time() - start, 1))
+  return out
+
+
+def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
+  """A short REALM pre-training run (MiniLM warm start) on one corpus."""
+  model_dir = os.path.join(work, "realm_pretrain")
+  overrides = dict(PRETRAIN_OVERRIDES, **{"trainer.train_steps": steps,
+                                          "data.corpus_dir": corpus_dir})
+  config = load_config(CONFIG, _overrides(overrides))
+  start = time.time()
+  result = runs.run_pretrain(config, model_dir, tf.distribute.get_strategy(),
+                             start_index_builder=True)
+  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
+    history = [json.loads(line) for line in f]
+  return dict(model_dir=model_dir, seconds=round(time.time() - start, 1), steps=result["step"],
+              overrides=overrides, index_refreshes=result["index_refreshes"],
+              first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
+              last_retrieval_utility=history[-1].get("retrieval_utility"),
+              corpus="SQuAD-open corpus (X and Z)")
+
+
+def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dict:
+  spec = DATASETS[key]
+  model_dir = os.path.join(work, "runs", f"{key}-{row}")
+  values = dict(FINETUNE_OVERRIDES, **{"trainer.train_steps": steps, "trainer.batch_size": batch,
+                                       "trainer.checkpoint_every_steps": steps})
+  encoder = "minilm"
+  if row == "bm25":
+    values["finetune.retrieval"] = "bm25"
+  if row.startswith("realm"):
+    values.update({"finetune.init_from": "realm", "finetune.init_checkpoint": pretrained})
+    encoder = "realm"
+  index_dir = os.path.join(work, "index", f"{encoder}-{spec['corpus']}")
+  index_built_here = row in ("dense", "realm") and not os.path.isdir(index_dir)
+  if row == "realm_refresh":
+    # Starts from the pre-trained document encoder's index (the realm row built it); the
+    # index builder then writes refreshed versions into this run's own index directory.
+    values["finetune.refresh_index"] = True
+    if os.path.isdir(index_dir):
+      shutil.copytree(index_dir, os.path.join(model_dir, "index"))
+    else:
+      index_built_here = True
+  elif row != "bm25":
+    values["index.index_dir"] = index_dir
+  config = load_config(CONFIG, _overrides(values))
+  start = time.time()
+  result = finetune.run_finetune(config, model_dir, tf.distribute.get_strategy(),
+                                 files["train"], files["eval"], corpus=corpus["dir"],
+                                 regex=spec["regex"])
+  total = time.time() - start
+  ev = result["eval"]
+  out = dict(dataset=spec["name"], row=row, description=ROWS[row],
+             exact_match=ev["exact_match"], recall_at_1=ev["recall@1"],
+             recall_at_5=ev["recall@5"], recall_at_20=ev["recall@20"],
+             reader_oracle=ev["reader_oracle"], answer_located=ev["answer_located"],
+             eval_questions=ev["num_questions"], parameters=result["parameters"],
+             finetune_s=round(result["train_seconds"], 1), eval_s=round(ev["eval_seconds"], 1),
+             setup_s=round(result["setup_seconds"], 1), total_s=round(total, 1),
+             index_s=round(result["setup_seconds"], 1) if index_built_here else 0.0,
+             steps=result["step"], train_answer_located=result["train_answer_located"])
+  if row == "realm_refresh":
+    out.update(index_refreshes=result["index_refreshes"],
+               snapshots_exported=result["snapshots_exported"],
+               final_index_version=result["final_index_version"])
+  return out
+
+
+def markdown(payload: dict) -> str:
+  s, p = payload["settings"], payload["pretrain"]
+  lines = [
+      "# Open-QA benchmark (`python -m benchmarks.openqa`)", "",
+      f"Measured {payload['machine']['when']} on {payload['machine']['cpu_count']} CPU cores "
+      f"(TensorFlow {payload['machine']['tensorflow']}); total {payload['total_minutes']} min"
+      + ("." if len(payload["invocations"]) == 1 else ", in " + "; ".join(
+          f"{i['minutes']} min ({i['datasets']})" for i in payload["invocations"]) + "."),
+      "",
+      f"Scaled down to fit 90 minutes on a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
+      f"reader, k={s['finetune']['finetune.num_candidates']} blocks of up to "
+      f"{s['block_length']} wordpieces, reader input {s['finetune']['finetune.reader_seq_length']}"
+      f" wordpieces, {s['train_steps']} fine-tuning steps of {s['batch_size']} questions "
+      f"(lr {s['finetune']['trainer.learning_rate']}), {s['eval_questions']} reporting "
+      f"questions per set. REALM pre-training: {p['steps']} steps "
+      f"(batch {p['overrides']['trainer.batch_size']}) on the SQuAD-open corpus, "
+      f"{p['seconds']} s, MLM loss {p['first_loss']:.3f} → {p['last_loss']:.3f}, "
+      f"{p['index_refreshes']} "
+      f"index refreshes. EM is on all reporting questions, whether or not the small corpus "
+      f"can answer them.", "",
+      "| dataset (corpus) | row | EM | recall@5 | recall@20 | reader oracle | fine-tune s "
+      "| eval s | index s | parameters |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in payload["rows"]:
+    data = payload["datasets"][r["key"]]
+    corpus = f"{'/'.join(data['corpus_file'].split('/')[-2:])}, {data['corpus_blocks']} blocks"
+    note = ""
+    if r["row"] == "realm_refresh":
+      note = f" ({r['index_refreshes']} refreshes)"
+    lines.append(
+        f"| {r['dataset']} ({corpus}) | {ROWS[r['row']]}{note} | "
+        f"{100 * r['exact_match']:.1f} | {100 * r['recall_at_5']:.1f} | "
+        f"{100 * r['recall_at_20']:.1f} | {100 * r['reader_oracle']:.1f} | "
+        f"{r['finetune_s']:.0f} | {r['eval_s']:.0f} | {r['index_s']:.0f} | "
+        f"{r['parameters'] / 1e6:.1f}M |")
+  for skipped in payload.get("skipped", []):
+    lines.append(f"| {skipped} | not run: time budget | | | | | | | | |")
+  lines += ["", "EM, recall and reader oracle in %; definitions in "
+            "realm_tf/openqa/evaluation.py. Reporting splits:", ""]
+  for key, d in payload["datasets"].items():
+    lines.append(f"- {d['name']}: reported on {d['num_eval']} questions ({d['report_split']}); "
+                 f"trained on {d['num_train']} sampled from the other {d['train_pool']}.")
+  return "\n".join(lines) + "\n"
+
+
+def _previous_results() -> dict:
+  path = os.path.join(RESULTS_DIR, "openqa.json")
+  if not os.path.exists(path):
+    raise SystemExit(f"--merge: {path} does not exist")
+  with open(path) as f:
+    return json.load(f)
+
+
+def _merged(previous: dict, new: dict) -> dict:
+  """`new`'s rows added to (or replacing) `previous`'s; every invocation is listed."""
+  done = {(r["key"], r["row"]) for r in new["rows"]}
+  rows = [r for r in previous["rows"] if (r["key"], r["row"]) not in done] + new["rows"]
+  order = {k: i for i, k in enumerate(DATASETS)}
+  rows.sort(key=lambda r: (order[r["key"]], list(ROWS).index(r["row"])))
+  ran = {f"{r['dataset']} / {ROWS[r['row']]}" for r in new["rows"]}
+  skipped = [s for s in previous.get("skipped", []) if s not in ran] + new["skipped"]
+  invocations = previous.get("invocations") or [
+      dict(datasets=",".join(previous["datasets"]), minutes=previous["total_minutes"])]
+  return dict(new, rows=rows, skipped=skipped, pretrain=previous["pretrain"],
+              datasets=dict(previous["datasets"], **new["datasets"]),
+              invocations=invocations + new["invocations"],
+              total_minutes=round(sum(i["minutes"] for i in invocations + new["invocations"]),
+                                  1))
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--datasets", default=",".join(DATASETS))
+  parser.add_argument("--rows", default=",".join(ROWS))
+  parser.add_argument("--budget_minutes", type=float, default=88.0,
+                      help="runs that would start after this are skipped and listed")
+  parser.add_argument("--quick", action="store_true",
+                      help="a smoke run with tiny sizes (results not written)")
+  parser.add_argument("--work_dir", default="",
+                      help="reused when it holds corpora or indexes of an earlier run")
+  parser.add_argument("--keep_work", action="store_true", help="do not delete --work_dir")
+  parser.add_argument("--pretrained_dir", default="",
+                      help="a finished REALM pre-training of an earlier invocation (with "
+                           "--merge, whose results record its settings); skips pre-training")
+  parser.add_argument("--merge", action="store_true",
+                      help="add these rows to benchmarks/results/openqa.json (rows of the "
+                           "same dataset and row are replaced)")
+  args = parser.parse_args(argv)
+  sizes = dict(TRAIN_STEPS=TRAIN_STEPS, BATCH=BATCH, EVAL_QUESTIONS=EVAL_QUESTIONS,
+               PRETRAIN_STEPS=PRETRAIN_STEPS, CORPUS_DOCS=0)
+  if args.quick:
+    sizes.update(QUICK)
+  work = args.work_dir or tempfile.mkdtemp(prefix="openqa_bench_")
+  os.makedirs(work, exist_ok=True)
+  start = time.time()
+  demo = load_config(CONFIG)
+  corpora = prepare_corpora(work, demo.retriever.block_seq_length, sizes["CORPUS_DOCS"])
+  print(f"corpora: {json.dumps(corpora)}", flush=True)
+  rows = args.rows.split(",")
+  previous = _previous_results() if args.merge else None
+  pretrained = None
+  if args.pretrained_dir:
+    if previous is None or not previous.get("pretrain"):
+      raise SystemExit("--pretrained_dir needs --merge into results that describe it")
+    pretrained = dict(previous["pretrain"], model_dir=args.pretrained_dir)
+  elif any(r.startswith("realm") for r in rows):
+    pretrained = pretrain(work, corpora["squad"]["dir"], sizes["PRETRAIN_STEPS"])
+    print(f"pretrain: {json.dumps(pretrained)}", flush=True)
+  datasets, results, skipped = {}, [], []
+  for key in args.datasets.split(","):
+    files = question_files(work, key, sizes["TRAIN_STEPS"] * sizes["BATCH"],
+                           sizes["EVAL_QUESTIONS"])
+    corpus = corpora[DATASETS[key]["corpus"]]
+    datasets[key] = dict(name=DATASETS[key]["name"], corpus_file=corpus["file"],
+                         corpus_blocks=corpus["blocks"], regex=DATASETS[key]["regex"],
+                         **{k: v for k, v in files.items() if k not in ("train", "eval")})
+    for row in rows:
+      if (time.time() - start) / 60 > args.budget_minutes:
+        skipped.append(f"{DATASETS[key]['name']} / {ROWS[row]}")
+        continue
+      result = finetune_row(work, row, key, files, corpus,
+                            pretrained["model_dir"] if pretrained else "",
+                            sizes["TRAIN_STEPS"], sizes["BATCH"])
+      result["key"] = key
+      results.append(result)
+      print(json.dumps(result), flush=True)
+      tf_keras.backend.clear_session()
+      gc.collect()
+  payload = dict(
+      machine=machine(), total_minutes=round((time.time() - start) / 60, 1),
+      settings=dict(config="configs/demo.yaml", finetune=FINETUNE_OVERRIDES,
+                    train_steps=sizes["TRAIN_STEPS"], batch_size=sizes["BATCH"],
+                    eval_questions=sizes["EVAL_QUESTIONS"],
+                    block_length=demo.retriever.block_seq_length),
+      corpora={k: {kk: vv for kk, vv in v.items() if kk != "dir"} for k, v in corpora.items()},
+      pretrain={k: v for k, v in (pretrained or {}).items() if k != "model_dir"},
+      datasets=datasets, rows=results, skipped=skipped,
+      invocations=[dict(datasets=args.datasets, rows=args.rows,
+                        minutes=round((time.time() - start) / 60, 1))])
+  if previous is not None:
+    payload = _merged(previous, payload)
+  if args.quick:
+    print(markdown(payload))
+    print(f"quick run in {work}: results not written")
+    return 0
+  path = write_result("openqa", payload)
+  md_path = os.path.join(RESULTS_DIR, "openqa.md")
+  with open(md_path + ".tmp", "w") as f:
+    f.write(markdown(payload))
+  os.replace(md_path + ".tmp", md_path)
+  if not args.keep_work:
+    shutil.rmtree(work, ignore_errors=True)
+  print(f"wrote {path} and {md_path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,166 @@
+"""Questions in the NQ-Open JSON lines layout, and the tf.data pipelines that feed them.
+
+  {"question": str, "answer": [str, ...]}   one per line (extra keys are ignored)
+
+Answers become the wordpiece sequences the span locator looks for (answers.answer_variants;
+CuratedTREC patterns are first expanded into the strings they match in the corpus). They
+are tokenized once, on the host, into [A, W] arrays; a batch carries them beside the packed
+question, and retrieval, packing and span location happen in the step.
+
+Batch features (B questions, A answer strings, W = the reader's max span width):
+  example_index [B] int64            row of the question in the host-side list
+  query_input_word_ids/mask/type_ids [B, Lq]
+  answer_ids [B, A, W] int32, answer_lengths [B, A] int32 (0: padding)
+  bm25_block_ids [B, Kb] int64, bm25_scores [B, Kb] float32   (BM25 retrieval only)
+"""
+import dataclasses
+import json
+import logging
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.openqa import answers as answers_lib
+from realm_tf.openqa.bm25 import BM25Retriever
+from realm_tf.text.tokenization import Tokenizer
+
+
+@dataclasses.dataclass
+class QAExample:
+  question: str
+  answers: list[str]  # strings, or patterns when the set's answers are regexes
+  targets: list[str] = dataclasses.field(default_factory=list)  # strings to locate
+
+
+def read_questions(path: str, regex: bool = False, limit: int = 0) -> list[QAExample]:
+  """Reads a question file; ValueError naming the file and line for a bad record."""
+  examples = []
+  with tf.io.gfile.GFile(path) as f:
+    for line_number, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{line_number}"
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not JSON ({e})") from e
+      if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected an object with 'question' and 'answer'")
+      question, answer = record.get("question"), record.get("answer")
+      if not isinstance(question, str) or not question.strip():
+        raise ValueError(f"{where}: 'question' must be a non-empty string")
+      if isinstance(answer, str):
+        answer = [answer]
+      if (not isinstance(answer, list) or not answer
+          or not all(isinstance(a, str) for a in answer)):
+        raise ValueError(f"{where}: 'answer' must be a non-empty list of strings")
+      if regex:
+        for pattern in answer:
+          try:
+            answers_lib.compile_pattern(pattern)
+          except Exception as e:  # pylint: disable=broad-except
+            raise ValueError(f"{where}: {e}") from e
+      examples.append(QAExample(question.strip(), list(answer)))
+      if limit and len(examples) >= limit:
+        break
+  if not examples:
+    raise ValueError(f"{path}: no questions")
+  return examples
+
+
+def add_targets(examples: Sequence[QAExample], regex: bool, corpus_texts: Sequence[str],
+                max_answers: int):
+  """Fills each example's `targets`: the strings its answer spans must equal."""
+  corpus_text = "\n".join(corpus_texts) if regex else ""
+  for example in examples:
+    strings = (answers_lib.expand_patterns(example.answers, corpus_text, max_answers)
+               if regex else example.answers)
+    example.targets = answers_lib.answer_variants(strings)[:max_answers]
+
+
+def tokenize_targets(examples: Sequence[QAExample], tokenizer: Tokenizer, max_answers: int,
+                     width: int) -> tuple[np.ndarray, np.ndarray]:
+  """[Q, A, W] wordpieces and [Q, A] lengths of each example's targets. Targets longer
+  than W wordpieces are left out: no span of the reader could equal them."""
+  ids = np.zeros([len(examples), max_answers, width], np.int32)
+  lengths = np.zeros([len(examples), max_answers], np.int32)
+  flat = [t for e in examples for t in e.targets]
+  owners = [i for i, e in enumerate(examples) for _ in e.targets]
+  if not flat:
+    return ids, lengths
+  pieces = tokenizer.tokenize(tf.constant(flat))  # [T, (n)]
+  piece_lengths = pieces.row_lengths().numpy()
+  dense = pieces.to_tensor(shape=[len(flat), width]).numpy()  # [T, W], cut to W
+  slot = np.zeros(len(examples), np.int64)
+  for row, owner in enumerate(owners):
+    n = piece_lengths[row]
+    if 0 < n <= width and slot[owner] < max_answers:
+      ids[owner, slot[owner]] = dense[row]
+      lengths[owner, slot[owner]] = n
+      slot[owner] += 1
+  return ids, lengths
+
+
+@dataclasses.dataclass
+class QASet:
+  """Examples plus everything their batches need, computed once on the host."""
+  examples: list[QAExample]
+  answer_ids: np.ndarray  # [Q, A, W]
+  answer_lengths: np.ndarray  # [Q, A]
+  bm25_block_ids: Optional[np.ndarray] = None  # [Q, Kb]
+  bm25_scores: Optional[np.ndarray] = None  # [Q, Kb]
+
+  def __len__(self) -> int:
+    return len(self.examples)
+
+  @property
+  def located(self) -> float:
+    """Fraction of questions with at least one target string (before retrieval)."""
+    return float(np.mean(self.answer_lengths.max(axis=1) > 0))
+
+
+def build_qa_set(examples: list[QAExample], tokenizer: Tokenizer, corpus_texts: Sequence[str],
+                 regex: bool, max_answers: int, width: int,
+                 bm25: Optional[BM25Retriever] = None, bm25_k: int = 0) -> QASet:
+  add_targets(examples, regex, corpus_texts, max_answers)
+  ids, lengths = tokenize_targets(examples, tokenizer, max_answers, width)
+  qa_set = QASet(examples, ids, lengths)
+  if bm25 is not None:
+    qa_set.bm25_block_ids, qa_set.bm25_scores = bm25.search(
+        [e.question for e in examples], bm25_k)
+  logging.info("%d questions, %.1f%% with answer strings to locate", len(qa_set),
+               100 * qa_set.located)
+  return qa_set
+
+
+def qa_dataset(qa_set: QASet, tokenizer: Tokenizer, query_seq_length: int, batch_size: int,
+               training: bool, seed: int = 0, start_batch: int = 0,
+               input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
+  """Batches of the features listed in the module docstring.
+
+  Training: repeated, shuffled in a fixed order per seed, fixed-size batches, resumable at
+  `start_batch`. Evaluation: every question once, in order, the last batch partial.
+  """
+  columns = dict(example_index=np.arange(len(qa_set), dtype=np.int64),
+                 question=np.array([e.question for e in qa_set.examples], object),
+                 answer_ids=qa_set.answer_ids, answer_lengths=qa_set.answer_lengths)
+  if qa_set.bm25_block_ids is not None:
+    columns.update(bm25_block_ids=qa_set.bm25_block_ids, bm25_scores=qa_set.bm25_scores)
+  dataset = tf.data.Dataset.from_tensor_slices(columns)
+  if input_context is not None and input_context.num_input_pipelines > 1:
+    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  if training:
+    dataset = dataset.repeat().shuffle(max(len(qa_set), 1), seed=seed,
+                                       reshuffle_each_iteration=True)
+  dataset = dataset.batch(batch_size, drop_remainder=training)
+  if training and start_batch:
+    dataset = dataset.skip(start_batch)
+
+  def pack(batch):
+    query = tokenizer.encode(batch.pop("question"), query_seq_length)
+    batch.update({f"query_{k}": v for k, v in query.as_dict().items()})
+    return batch
+
+  return dataset.map(pack, num_parallel_calls=tf.data.AUTOTUNE,
+                     deterministic=True).prefetch(2)
