@@ -74,16 +74,6 @@ def build_model(config: ExperimentConfig, sep_id: int) -> OpenQAModel:
   return model
 
 
-def _checkpoint_path(path: str) -> str:
-  found = path
-  if tf.io.gfile.isdir(path):
-    found = (tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
-             or tf.train.latest_checkpoint(path))
-  if not found:
-    raise FileNotFoundError(f"{path}: no checkpoint")
-  return found
-
-
 def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   """The retriever and the reader's BERT from a REALM pre-training checkpoint.
 
@@ -92,7 +82,7 @@ def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   the weights load straight into the fine-tuning networks without building the pretrainer.
   Every fine-tuning variable of those networks must be found in the checkpoint.
   """
-  path = _checkpoint_path(path)
+  path = runs.latest_checkpoint(path)
   parts = dict(knowledge_augmented_encoder=tf.train.Checkpoint(encoder=model.reader.encoder))
   if model.retriever is not None:
     parts["retriever"] = model.retriever

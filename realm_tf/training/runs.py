@@ -124,14 +124,21 @@ def run_ict(config: ExperimentConfig, model_dir: str, strategy: tf.distribute.St
   return dict(step=step, exports=paths, checkpoint=manager.latest_checkpoint)
 
 
+def latest_checkpoint(path: str) -> str:
+  """`path` if it is a checkpoint, else the newest one of a run (its model_dir or the
+  model_dir's checkpoints/); FileNotFoundError naming `path` if there is none."""
+  found = path
+  if tf.io.gfile.isdir(path):
+    found = (tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
+             or tf.train.latest_checkpoint(path))
+  if not found:
+    raise FileNotFoundError(f"{path}: no checkpoint")
+  return found
+
+
 def restore_retriever(retriever, checkpoint_path: str):
   """The retriever of an ICT run (its model_dir or one checkpoint) into `retriever`."""
-  path = checkpoint_path
-  if tf.io.gfile.isdir(path):
-    path = (tf.train.latest_checkpoint(os.path.join(path, "checkpoints"))
-            or tf.train.latest_checkpoint(path))
-  if not path:
-    raise FileNotFoundError(f"{checkpoint_path}: no checkpoint to take the retriever from")
+  path = latest_checkpoint(checkpoint_path)
   tf.train.Checkpoint(model=retriever).read(path).expect_partial()
   logging.info("Retriever restored from %s", path)
   return path
