@@ -48,7 +48,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
   from realm_tf.openqa.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
   from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
   from realm_tf.text import Tokenizer  # pylint: disable=g-import-not-at-top
-  from realm_tf.training import finetune, runtime  # pylint: disable=g-import-not-at-top
+  from realm_tf.training import finetune, runs, runtime  # pylint: disable=g-import-not-at-top
 
   config = load_config(os.path.join(model_dir, "params.yaml"), overrides)
   finetune.check_config(config)
@@ -68,9 +68,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
   store = BlockStore.from_tfrecords(blocks)
   with strategy.scope():
     model = finetune.build_model(config, tokenizer.sep_id)
-  path = checkpoint or tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-  if not path:
-    raise FileNotFoundError(f"{model_dir}: no fine-tuning checkpoint")
+  path = checkpoint or runs.latest_checkpoint(model_dir)
   status = tf.train.Checkpoint(model=model).read(path)
   status.expect_partial()
   status.assert_existing_objects_matched()
@@ -82,8 +80,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
                                 max_questions)
   evaluator = finetune.make_evaluator(config, strategy, model, corpus_, qa_set, tokenizer,
                                       regex)
-  metrics = {k: (v.item() if hasattr(v, "item") else v)
-             for k, v in evaluator.evaluate(tf.constant(-1)).items()}
+  metrics = finetune.evaluate_once(evaluator)
   name = os.path.splitext(os.path.basename(questions))[0]
   if output:
     files = dict(predictions=evaluation.write_predictions(output, evaluator.predictions))

@@ -5,11 +5,17 @@ retriever and reader inputs, and its document uid to drop trivial retrievals. He
 sorted numpy arrays (about the size of the text itself; ~20 GB for all of English
 Wikipedia's 13M blocks, which a TPU host holds).
 """
+import functools
+
 import numpy as np
 import tensorflow as tf
 
 from realm_tf.corpus import schema
 from realm_tf.data.files import files
+
+
+def _decoded(values) -> list[str]:
+  return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
 
 
 class BlockStore:
@@ -28,6 +34,16 @@ class BlockStore:
 
   def __len__(self) -> int:
     return len(self.block_ids)
+
+  @functools.cached_property
+  def title_strings(self) -> list[str]:
+    """Titles as str, in row order (decoded once; the arrays hold TFRecord bytes)."""
+    return _decoded(self.titles)
+
+  @functools.cached_property
+  def text_strings(self) -> list[str]:
+    """Block bodies as str, in row order (decoded once)."""
+    return _decoded(self.texts)
 
   @classmethod
   def from_tfrecords(cls, file_pattern: str) -> "BlockStore":

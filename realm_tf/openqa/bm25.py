@@ -12,10 +12,6 @@ import numpy as np
 from realm_tf.data.block_store import BlockStore
 
 
-def _as_str(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 class BM25Retriever:
   """search(questions, k) → (block ids [Q, k], BM25 scores [Q, k]), best first."""
 
@@ -25,7 +21,7 @@ class BM25Retriever:
       raise ValueError("BM25 needs at least one block")
     self.block_ids = store.block_ids
     self._tokenizer = bm25s.tokenization.Tokenizer(stopwords=stopwords)
-    documents = [f"{_as_str(t)}\n{_as_str(x)}" for t, x in zip(store.titles, store.texts)]
+    documents = [f"{t}\n{x}" for t, x in zip(store.title_strings, store.text_strings)]
     tokens = self._tokenizer.tokenize(documents, update_vocab=True, show_progress=False,
                                       return_as="tuple")
     self._model = bm25s.BM25(k1=k1, b=b)

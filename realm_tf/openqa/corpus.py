@@ -59,10 +59,6 @@ def prepare_blocks(corpus: str, work_dir: str, max_block_length: int) -> str:
   return corpus
 
 
-def _strings(values) -> list[str]:
-  return [v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in values]
-
-
 class BlockTable(tf.Module):
   """Block id → body wordpieces (reader) and packed `[CLS] title [SEP] body [SEP]` inputs
   (document tower, only when it trains), as dense non-trainable variables in the
@@ -74,7 +70,7 @@ class BlockTable(tf.Module):
     self.store = store
     self.body_length = body_length
     n = len(store)
-    texts, titles = _strings(store.texts), _strings(store.titles)
+    texts, titles = store.text_strings, store.title_strings
     body = np.zeros([n, body_length], np.int32)
     lengths = np.zeros([n], np.int32)
     word_ids = np.zeros([n, max(block_seq_length, 1)], np.int32)

@@ -32,10 +32,6 @@ from realm_tf.text.tokenization import Tokenizer, span_text
 RECALL_AT = (1, 5, 20)
 
 
-def _text(value) -> str:
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
 def _softmax(logits: np.ndarray) -> np.ndarray:
   shifted = logits - logits.max(axis=-1, keepdims=True)
   e = np.exp(shifted)
@@ -54,7 +50,7 @@ def span_strings(tokenizer: Tokenizer, texts: Sequence[str], starts: np.ndarray,
   starts = np.clip(starts, 0, np.maximum(lengths - 1, 0))
   ends = np.clip(ends, starts, np.maximum(lengths - 1, 0))
   found = span_text(texts_t, token_starts, token_ends, starts, ends).numpy()
-  return [_text(s) if n else "" for s, n in zip(found, lengths)]
+  return [s.decode("utf-8") if n else "" for s, n in zip(found, lengths)]
 
 
 def score(examples: Sequence[QAExample], store: BlockStore, outputs: dict,
@@ -72,13 +68,13 @@ def score(examples: Sequence[QAExample], store: BlockStore, outputs: dict,
     raise ValueError(f"evaluation covered {n} of {len(examples)} questions")
   rows = out["rows"]  # [Q, R]
   chosen_rows = rows[np.arange(n), out["best_block"]]
-  texts = [_text(store.texts[r]) for r in chosen_rows]
+  texts = [store.text_strings[r] for r in chosen_rows]
   predictions = span_strings(tokenizer, texts, out["best_start"], out["best_end"])
   p_z = _softmax(out["retrieval_logits"].astype(np.float64))
   records, correct, hits = [], [], {k: [] for k in RECALL_AT}
   for i, example in enumerate(examples):
     ok = answers_lib.is_correct(predictions[i], example.answers, regex)
-    has = [answers_lib.contains_answer(_text(store.texts[r]), example.answers, regex)
+    has = [answers_lib.contains_answer(store.text_strings[r], example.answers, regex)
            for r in rows[i]]
     for k in RECALL_AT:
       hits[k].append(any(has[:k]))
@@ -88,12 +84,12 @@ def score(examples: Sequence[QAExample], store: BlockStore, outputs: dict,
         correct=bool(ok), reader_oracle=bool(out["oracle"][i]),
         chosen=dict(rank=int(out["best_block"][i]),
                     block_id=int(store.block_ids[chosen_rows[i]]),
-                    title=_text(store.titles[chosen_rows[i]]),
+                    title=store.title_strings[chosen_rows[i]],
                     start_wordpiece=int(out["best_start"][i]),
                     end_wordpiece=int(out["best_end"][i]),
                     span_logit=float(out["best_score"][i])),
         retrieved=[dict(rank=j, block_id=int(store.block_ids[r]),
-                        title=_text(store.titles[r]),
+                        title=store.title_strings[r],
                         score=float(out["retrieval_logits"][i, j]),
                         p_z_given_x=float(p_z[i, j]), read=j < num_read,
                         has_answer=bool(has[j]))

@@ -139,7 +139,7 @@ def load_qa_set(path: str, config: ExperimentConfig, tokenizer, store: BlockStor
                 regex: bool, bm25: Optional[BM25Retriever], limit: int = 0):
   f = config.finetune
   examples = inputs.read_questions(path, regex, limit)
-  texts = [t.decode("utf-8") for t in store.texts] if regex else []
+  texts = store.text_strings if regex else []
   return inputs.build_qa_set(examples, tokenizer, texts, regex, f.max_answers,
                              config.reader.max_span_width, bm25,
                              max(max(evaluation.RECALL_AT), f.num_candidates))
@@ -254,11 +254,17 @@ def run_finetune(config: ExperimentConfig, model_dir: str, strategy: tf.distribu
   return result
 
 
-def _evaluate(evaluator: FinetuneEvaluator, model_dir: str, name: str, step: int) -> dict:
+def evaluate_once(evaluator: FinetuneEvaluator) -> dict:
+  """Every question once: metrics as Python numbers, plus eval_seconds."""
   start = time.time()
   metrics = evaluator.evaluate(tf.constant(-1))
   metrics = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
   metrics["eval_seconds"] = time.time() - start
+  return metrics
+
+
+def _evaluate(evaluator: FinetuneEvaluator, model_dir: str, name: str, step: int) -> dict:
+  metrics = evaluate_once(evaluator)
   files = save_evaluation(model_dir, name, step, metrics, evaluator.predictions)
   writer = tf.summary.create_file_writer(os.path.join(model_dir, "summaries", name))
   with writer.as_default():
