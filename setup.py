@@ -21,6 +21,9 @@ INSTALL_REQUIRES = [
     "setuptools<81",
     "blingfire>=0.1.8,<0.2",
     "google-crc32c>=1.5,<2",
+    # gRPC health checking for the serving endpoint; same release line as grpcio.
+    "grpcio-health-checking>=1.60",
+    "matplotlib>=3.8",
 ]
 
 setuptools.setup(
@@ -31,5 +34,9 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam", "beam.*", "serving", "serving.*"]),
     package_data={"realm_tf": ["demo/*.jsonl"]},
     install_requires=INSTALL_REQUIRES,
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100", "gcp-storage-emulator>=2024.0"],
+        # Benchmark-only: FAISS's exact IndexFlatIP as the reference for in-graph MIPS.
+        "bench": ["faiss-cpu>=1.8"],
+    },
 )
