@@ -10,7 +10,7 @@ import tensorflow as tf
 import tf_keras
 from apache_beam.testing.util import assert_that, equal_to
 
-from beam.transforms.salient_spans import TagSalientSpans
+from realm_tf.pipelines.transforms.salient_spans import TagSalientSpans
 from realm_tf.tagger import signature
 from realm_tf.tagger.__main__ import build_parser, config_from_args, main
 from realm_tf.tagger.config import TaggerConfig

@@ -4,7 +4,8 @@ Tokenization is inside the graph, so a Beam worker, the trainer's input pipeline
 Serving all embed text exactly as training did. Exports are committed versions
 (realm_tf.io.versioned) named by training step:
 
-  <root>/000000001200/   SavedModel (serving_default) + manifest.json
+  <root>/000000001200.manifest.json   the commit (files, sizes, CRC32C, step, fingerprint)
+  <root>/000000001200.<writer id>/    SavedModel (serving_default)
 """
 import time
 from typing import Optional
@@ -91,15 +92,15 @@ class QueryEncoder(_Encoder):
 def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -> str:
   """Saves `module` as version `step` under `root`; returns the committed path."""
   start = time.time()
-  tmp = versioned.new_tmp_dir(root, step)
-  tf.saved_model.save(module, tmp, signatures=module.signatures())
-  fingerprint = tf.saved_model.experimental.read_fingerprint(tmp)
-  manifest = dict(extra or {}, kind=module.kind, step=int(step),
-                  seq_length=int(module.seq_length),
-                  dimension=module.dimension,
-                  fingerprint=str(fingerprint.saved_model_checksum),
-                  export_seconds=round(time.time() - start, 3))
-  return versioned.commit(tmp, root, step, manifest)
+  with versioned.VersionWriter(root, step) as writer:
+    tf.saved_model.save(module, writer.path, signatures=module.signatures())
+    fingerprint = tf.saved_model.experimental.read_fingerprint(writer.path)
+    manifest = dict(extra or {}, kind=module.kind, step=int(step),
+                    seq_length=int(module.seq_length),
+                    dimension=module.dimension,
+                    fingerprint=str(fingerprint.saved_model_checksum),
+                    export_seconds=round(time.time() - start, 3))
+    return writer.commit(manifest).path
 
 
 def latest_encoder_export(root: str) -> Optional[versioned.Version]:
@@ -107,9 +108,13 @@ def latest_encoder_export(root: str) -> Optional[versioned.Version]:
 
 
 def load_encoder(path: str, signature_name: str = "serving_default"):
-  """One signature of a committed encoder export (embed_tokens: packed query inputs)."""
-  version = versioned.read_version(path)
-  loaded = tf.saved_model.load(path)
+  """One signature of a committed encoder export (embed_tokens: packed query inputs).
+
+  The files are checked against the manifest's sizes first, so a truncated export is
+  refused with the file's name rather than failing deep inside SavedModel loading.
+  """
+  version = versioned.verify_version(versioned.read_version(path))
+  loaded = tf.saved_model.load(version.path)
   signature = loaded.signatures[signature_name]
   signature.loaded_model = loaded  # keep the variables alive with the function
   signature.version = version

@@ -1,18 +1,22 @@
 """Index exports: one committed version directory per encoder snapshot.
 
-  <index_dir>/000000001200/          (see realm_tf.io.versioned for the commit protocol)
-    manifest.json                    shards, sizes, ScaNN parameters, encoder, build time
+  <index_dir>/000000001200.manifest.json  the commit (see realm_tf.io.versioned): shards,
+                                          ScaNN parameters, encoder, build time, and every
+                                          file with its size and CRC32C
+  <index_dir>/000000001200.<writer id>/
     shard-00000-of-00002/
       embeddings.npy                 [n, P] float32 (or float16)
       block_ids.npy                  [n] int64
       scann/                         SavedModel of ScaNN's state (when built)
       shard.json                     size, ScaNN parameters, build seconds
 
-Shards are written independently (by parallel Beam workers) into one temporary export
-directory, which is then committed as a whole.
+Shards are written independently (by parallel Beam workers) into one uncommitted export
+directory, which is then committed as a whole by writing its manifest. Each worker
+checksums the files of its shard as it writes them, so the commit reads nothing back.
 """
 import dataclasses
 import io
+import json
 import logging
 import os
 import time
@@ -21,10 +25,10 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.io import versioned
+from realm_tf.io import storage, versioned
 from realm_tf.io.versioned import (  # noqa: F401  (re-exported for index readers)
     MANIFEST, Version as IndexExport, VersionError as ExportError, garbage_collect,
-    read_json, write_json_atomic)
+    read_json, verify_version, write_json_atomic)
 
 
 @dataclasses.dataclass
@@ -37,11 +41,14 @@ def shard_name(index: int, num_shards: int) -> str:
   return f"shard-{index:05d}-of-{num_shards:05d}"
 
 
-def save_npy(path: str, array: np.ndarray):
+def save_npy(path: str, array: np.ndarray) -> dict:
+  """Writes `array` (no pickle); returns {size, crc32c} of the bytes written."""
   buffer = io.BytesIO()
   np.save(buffer, array, allow_pickle=False)
+  data = buffer.getvalue()
   with tf.io.gfile.GFile(path, "wb") as f:
-    f.write(buffer.getvalue())
+    f.write(data)
+  return dict(size=len(data), crc32c=versioned.crc32c_of_bytes(data))
 
 
 def load_npy(path: str) -> np.ndarray:
@@ -50,26 +57,32 @@ def load_npy(path: str) -> np.ndarray:
 
 
 def new_export_dir(index_dir: str, version: int) -> str:
-  """A fresh temporary directory for writing `version`'s shards."""
-  return versioned.new_tmp_dir(index_dir, version)
+  """A fresh, uncommitted directory for `version`'s shards (a VersionWriter's)."""
+  return versioned.VersionWriter(index_dir, version).path
 
 
 def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardData,
                 build_scann: bool = True, scann_overrides: Optional[dict] = None,
                 embedding_dtype: str = "float32") -> dict:
-  """Writes one shard (embeddings, ids, ScaNN searcher) into a temporary export dir.
+  """Writes one shard (embeddings, ids, ScaNN searcher) into an uncommitted export dir.
 
-  Shards are independent, so many workers (Beam) can write theirs in parallel.
+  Shards are independent, so many workers (Beam) can write theirs in parallel. The
+  returned info lists the shard's files with sizes and CRC32C under "files" (relative to
+  `export_dir`); commit_export moves them into the manifest.
   """
   embeddings = np.asarray(data.embeddings, np.float32)
   block_ids = np.asarray(data.block_ids, np.int64)
   if embeddings.ndim != 2 or block_ids.shape != (embeddings.shape[0],):
     raise ExportError(f"shard {shard_index}: embeddings {embeddings.shape} and block_ids "
                       f"{block_ids.shape} do not match")
-  path = os.path.join(export_dir, shard_name(shard_index, num_shards))
+  name = shard_name(shard_index, num_shards)
+  path = os.path.join(export_dir, name)
   tf.io.gfile.makedirs(path)
-  save_npy(os.path.join(path, "embeddings.npy"), embeddings.astype(embedding_dtype))
-  save_npy(os.path.join(path, "block_ids.npy"), block_ids)
+  files = [
+      dict(name=f"{name}/embeddings.npy", **save_npy(os.path.join(path, "embeddings.npy"),
+                                                     embeddings.astype(embedding_dtype))),
+      dict(name=f"{name}/block_ids.npy", **save_npy(os.path.join(path, "block_ids.npy"),
+                                                    block_ids))]
   info = dict(shard=shard_index, num_shards=num_shards, num_blocks=int(embeddings.shape[0]),
               dimension=int(embeddings.shape[1]), embedding_dtype=embedding_dtype)
   if build_scann and embeddings.shape[0]:
@@ -80,19 +93,31 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
     info["scann_build_seconds"] = round(time.time() - start, 3)
     tf.saved_model.save(searcher.serialize_to_module(), os.path.join(path, "scann"))
     info["scann"] = params.to_dict()
-  write_json_atomic(os.path.join(path, "shard.json"), info)
-  return info
+    # Checksummed here, on the worker that wrote it, in parallel with the other shards.
+    files += [dict(e, name=f"{name}/scann/{e['name']}")
+              for e in versioned.file_entries(os.path.join(path, "scann"))]
+  shard_json = json.dumps(info, indent=2, sort_keys=True).encode("utf-8")
+  with tf.io.gfile.GFile(os.path.join(path, "shard.json"), "wb") as f:
+    f.write(shard_json)
+  files.append(dict(name=f"{name}/shard.json", size=len(shard_json),
+                    crc32c=versioned.crc32c_of_bytes(shard_json)))
+  return dict(info, files=files)
 
 
 def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict) -> str:
-  """Commits a temporary export once every shard named in the manifest is there."""
+  """Commits an export directory (from new_export_dir) once every shard named in the
+  manifest is there; returns the committed data directory."""
   num_shards = len(manifest.get("shards") or [])
   missing = [shard_name(i, num_shards) for i in range(num_shards)
              if not tf.io.gfile.exists(os.path.join(export_dir, shard_name(i, num_shards),
                                                     "shard.json"))]
   if not num_shards or missing:
     raise ExportError(f"{export_dir}: cannot commit, shards missing: {missing or 'all'}")
-  final = versioned.commit(export_dir, index_dir, version, manifest)
+  files = [f for shard in manifest["shards"] for f in shard.get("files", ())]
+  manifest = dict(manifest, shards=[{k: v for k, v in shard.items() if k != "files"}
+                                    for shard in manifest["shards"]])
+  writer = versioned.VersionWriter.for_existing_dir(index_dir, version, export_dir)
+  final = writer.commit(manifest, files=files).path
   logging.info("Committed index export %s (%d shards)", final, num_shards)
   return final
 
@@ -103,12 +128,17 @@ def write_export(index_dir: str, version: int, shards: Sequence[ShardData],
   """Writes a whole export in this process (the Beam pipeline writes shards in parallel)."""
   start = time.time()
   tmp = new_export_dir(index_dir, version)
-  infos = [write_shard(tmp, i, len(shards), shard, build_scann, scann_overrides,
-                       embedding_dtype) for i, shard in enumerate(shards)]
-  manifest = dict(extra or {}, shards=infos,
-                  num_blocks=int(sum(i["num_blocks"] for i in infos)),
-                  dimension=infos[0]["dimension"], build_seconds=round(time.time() - start, 3))
-  return commit_export(tmp, index_dir, version, manifest)
+  try:
+    infos = [write_shard(tmp, i, len(shards), shard, build_scann, scann_overrides,
+                         embedding_dtype) for i, shard in enumerate(shards)]
+    manifest = dict(extra or {}, shards=infos,
+                    num_blocks=int(sum(i["num_blocks"] for i in infos)),
+                    dimension=infos[0]["dimension"],
+                    build_seconds=round(time.time() - start, 3))
+    return commit_export(tmp, index_dir, version, manifest)
+  except BaseException:
+    storage.delete_prefix(tmp)  # nothing names it; do not wait for garbage collection
+    raise
 
 
 def list_exports(index_dir: str) -> list[IndexExport]:

@@ -7,16 +7,19 @@ import tensorflow as tf
 from realm_tf.retrieval.exact import ExactSearcher
 from realm_tf.io import versioned
 from realm_tf.retrieval.index_export import (
-    MANIFEST, ExportError, IndexExport, latest_export, load_npy, shard_name)
+    ExportError, IndexExport, latest_export, load_npy, shard_name)
 from realm_tf.retrieval.sharded import ShardedSearcher
 
 BACKENDS = ("scann", "exact")
 
 
 def resolve_export(path: str) -> IndexExport:
-  """`path` is either one export (it has a manifest) or an index dir (newest export)."""
-  if tf.io.gfile.exists(os.path.join(path, MANIFEST)):
+  """`path` is one committed export (its data dir, its manifest, or `<index_dir>/<version>`)
+  or an index dir (its newest committed export)."""
+  try:
     return versioned.read_version(path)
+  except versioned.VersionError:
+    pass
   export = latest_export(path)
   if export is None:
     raise ExportError(f"{path}: no committed index export")
@@ -37,6 +40,9 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   export = path_or_export if isinstance(path_or_export, IndexExport) else resolve_export(
       path_or_export)
+  # Sizes of every file against the manifest: a truncated shard is refused by name here
+  # instead of failing (or worse, loading) deep inside numpy or ScaNN.
+  versioned.verify_version(export)
   shards_info = export.manifest["shards"]
   shards = []
   for info in shards_info:

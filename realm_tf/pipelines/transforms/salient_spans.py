@@ -25,7 +25,7 @@ class SavedModelSpanTaggerHandler(ModelHandler[str, PredictionResult, Any]):
   """Runs the exported tagger's serving signature on a batch of raw strings.
 
   Written against `ModelHandler` rather than `tensorflow_inference.TFModelHandlerTensor`
-  (which beam/transforms/savedmodel_inference.py adapts for plain signature calls): the
+  (which realm_tf/pipelines/transforms/savedmodel_inference.py adapts for plain signature calls): the
   TF handler loads models with `tf.keras.models.load_model`, which under Keras 3 refuses a
   plain `tf.saved_model` export such as ours, and the tagger is called through
   `SavedTagger`, which groups texts by length (about 2.6x faster than one padded call) and
@@ -33,10 +33,13 @@ class SavedModelSpanTaggerHandler(ModelHandler[str, PredictionResult, Any]):
   RunInference.
   """
 
-  def __init__(self, tagger_dir: str, batch_size: int = 64):
+  def __init__(self, tagger_dir: str, batch_size: int = 64, model_copies: int = 0):
     if batch_size < 1:
       raise ValueError(f"batch_size must be positive, got {batch_size}")
-    super().__init__(min_batch_size=1, max_batch_size=batch_size)
+    # model_copies > 0: the tagger is shared by the SDK processes of a worker VM, at most
+    # that many copies loaded (RunInference's large_model mode); 0: one per process.
+    super().__init__(min_batch_size=1, max_batch_size=batch_size,
+                     large_model=model_copies > 0, model_copies=model_copies or None)
     self._tagger_dir = tagger_dir
 
   def load_model(self) -> Any:
@@ -81,16 +84,19 @@ class TagSalientSpans(beam.PTransform):
   is sorted and non-overlapping (see `resolve_overlaps`). With no `tagger_dir`, only dates.
   """
 
-  def __init__(self, tagger_dir: Optional[str] = None, batch_size: int = 64):
+  def __init__(self, tagger_dir: Optional[str] = None, batch_size: int = 64,
+               model_copies: int = 0):
     super().__init__()
     self._tagger_dir = tagger_dir
     self._batch_size = batch_size
+    self._model_copies = model_copies
 
   def expand(self, records):
     if self._tagger_dir is None:
       return records | "AddDateSpans" >> beam.Map(_with_salient_spans, entity_spans=())
     handler = KeyedModelHandler(
-        SavedModelSpanTaggerHandler(self._tagger_dir, self._batch_size))
+        SavedModelSpanTaggerHandler(self._tagger_dir, self._batch_size,
+                                    self._model_copies))
     return (records
             | "KeyByRecord" >> beam.Map(lambda record: (record, _text_of(record)))
             | "TagEntities" >> RunInference(handler)

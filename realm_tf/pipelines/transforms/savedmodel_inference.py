@@ -32,9 +32,14 @@ class SavedModelSignatureHandler(TFModelHandlerTensor):
   """A TF model handler for `tf.saved_model` exports, called through one signature."""
 
   def __init__(self, model_dir: str, signature: str = "serving_default",
-               batch_size: int = 64, **kwargs):
+               batch_size: int = 64, large_model: bool = False, model_copies: int = 0,
+               **kwargs):
+    """`large_model`: one copy of the model per worker VM shared by its SDK processes
+    (RunInference's multi-process shared model) instead of one per process; then at most
+    `model_copies` copies are loaded (0: RunInference's default, one)."""
     super().__init__(model_uri=model_dir, inference_fn=_call_signature, min_batch_size=1,
-                     max_batch_size=batch_size, **kwargs)
+                     max_batch_size=batch_size, large_model=large_model or model_copies > 0,
+                     model_copies=model_copies or None, **kwargs)
     self._signature = signature
 
   def load_model(self):

@@ -9,7 +9,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from realm_tf.corpus import formats, manifest
 from realm_tf.corpus.records import RawRecord
-from beam.transforms import metrics
+from realm_tf.pipelines.transforms import metrics
 
 def _open_decompressed(path: str) -> BinaryIO:
   """Python's own bz2/gzip readers: streaming, multi-stream dumps, and readline(limit)."""
@@ -40,7 +40,11 @@ class _ReadFileFn(beam.DoFn):
 
 
 class ReadRawRecords(beam.PTransform):
-  """FileMetadata → RawRecords, redistributed so parsing one big file runs in parallel."""
+  """FileMetadata → RawRecords, redistributed so parsing one big file runs in parallel.
+
+  The file list must already be spread over workers (MatchInputs reshuffles it): a
+  match is one element, and without the reshuffle one worker reads every file.
+  """
 
   def __init__(self, input_format: str, max_record_bytes: int, max_records: int = 0):
     super().__init__()
@@ -57,6 +61,25 @@ def _fingerprint(metadata) -> Tuple[str, Dict[str, Any]]:
     digest = manifest.sha256_of_stream(f)
   return (manifest.INPUT_PREFIX + metadata.path,
           {"path": metadata.path, "bytes": metadata.size_in_bytes, "sha256": digest})
+
+
+class MatchInputs(beam.PTransform):
+  """A file pattern → FileMetadata of every match, spread over the workers.
+
+  MatchFiles emits all matches from the single element it starts from; the Reshuffle
+  breaks fusion so that each file is read (and hashed) by whichever worker is free.
+  """
+
+  def __init__(self, file_pattern: str):
+    super().__init__()
+    self._pattern = file_pattern
+
+  def expand(self, pbegin):
+    from apache_beam.io import fileio  # pylint: disable=g-import-not-at-top
+    return (pbegin
+            | "Match" >> fileio.MatchFiles(
+                self._pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW)
+            | "SpreadFiles" >> beam.Reshuffle())
 
 
 class FingerprintInputs(beam.PTransform):

@@ -8,8 +8,8 @@ from apache_beam import pvalue
 
 from realm_tf.corpus import records
 from realm_tf.corpus.records import SetAside
-from beam.transforms.metrics import set_aside_counter
-from beam.transforms.parse import SET_ASIDE
+from realm_tf.pipelines.transforms.metrics import set_aside_counter
+from realm_tf.pipelines.transforms.parse import SET_ASIDE
 
 
 class _KeepFirstFn(beam.DoFn):

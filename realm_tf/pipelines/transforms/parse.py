@@ -5,7 +5,7 @@ from apache_beam import pvalue
 from realm_tf.corpus import formats, ids, records
 from realm_tf.corpus.records import Document, RawRecord, SetAside, SetAsideError
 from realm_tf.corpus.sentences import normalize_whitespace
-from beam.transforms.metrics import set_aside_counter
+from realm_tf.pipelines.transforms.metrics import set_aside_counter
 
 SET_ASIDE = "set_aside"  # tagged output name
 

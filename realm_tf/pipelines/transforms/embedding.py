@@ -9,20 +9,30 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
-from beam.transforms.savedmodel_inference import SavedModelSignatureHandler
+from realm_tf.pipelines.transforms.savedmodel_inference import SavedModelSignatureHandler
 from realm_tf.retrieval import index_export
 
 
 class ReadBlocks(beam.PTransform):
-  """Block TFRecords (the corpus pipeline's `blocks-*`) → {block_id, title, text} dicts."""
+  """Block TFRecords (the corpus pipeline's `blocks-*`) → {block_id, title, text} dicts.
+
+  The files are matched, reshuffled (so each is read by whichever worker is free, not
+  all by the one that matched them) and read on the workers; the launcher reads nothing.
+  """
 
   def __init__(self, file_pattern: str):
     super().__init__()
     self.file_pattern = file_pattern
 
   def expand(self, pbegin):
+    from apache_beam.io import fileio, tfrecordio  # pylint: disable=g-import-not-at-top
     return (pbegin
-            | "ReadTFRecords" >> beam.io.ReadFromTFRecord(self.file_pattern)
+            | "MatchBlocks" >> fileio.MatchFiles(
+                self.file_pattern,
+                empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW)
+            | "SpreadFiles" >> beam.Reshuffle()
+            | "FilePaths" >> beam.Map(lambda metadata: metadata.path)
+            | "ReadTFRecords" >> tfrecordio.ReadAllFromTFRecord()
             | "Parse" >> beam.Map(_parse_block))
 
 
@@ -40,14 +50,19 @@ class EmbedBlocks(beam.PTransform):
   """{block_id, title, text} → (block_id, embedding [P] float32), batched through
   RunInference over the block-encoder SavedModel."""
 
-  def __init__(self, encoder_dir: str, batch_size: int = 64):
+  def __init__(self, encoder_dir: str, batch_size: int = 64, large_model: bool = False,
+               model_copies: int = 0):
     super().__init__()
     self.encoder_dir = encoder_dir
     self.batch_size = batch_size
+    self.large_model = large_model
+    self.model_copies = model_copies
 
   def expand(self, blocks):
     handler = KeyedModelHandler(
-        SavedModelSignatureHandler(self.encoder_dir, batch_size=self.batch_size))
+        SavedModelSignatureHandler(self.encoder_dir, batch_size=self.batch_size,
+                                   large_model=self.large_model,
+                                   model_copies=self.model_copies))
     return (blocks
             | "KeyByBlockId" >> beam.Map(
                 lambda b: (b["block_id"], {"title": b["title"], "text": b["text"]}))
@@ -121,6 +136,7 @@ class CommitIndex(beam.PTransform):
                     num_blocks=int(sum(s["num_blocks"] for s in shards)),
                     dimension=int(dimension),
                     build_seconds=round(time.time() - self.manifest["started_at"], 3))
+    # Written here only if a shard got no blocks (its worker wrote nothing for it).
     path = index_export.commit_export(self.export_dir, self.index_dir, self.version, manifest)
     deleted = index_export.garbage_collect(self.index_dir, keep=self.keep_versions)
     logging.info("Index %s committed (%d blocks); garbage-collected %s", path,
@@ -132,4 +148,4 @@ def blocks_pattern(blocks: str) -> str:
   """The block TFRecords: a corpus pipeline's output directory, or a file pattern."""
   if any(c in blocks for c in "*?["):
     return blocks
-  return os.path.join(blocks, "blocks-*")
+  return os.path.join(blocks.rstrip("/"), "blocks-*")

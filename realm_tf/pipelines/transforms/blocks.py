@@ -5,7 +5,7 @@ import apache_beam as beam
 
 from realm_tf.corpus import blocks, sentences
 from realm_tf.corpus.records import Block, Document
-from beam.transforms import metrics
+from realm_tf.pipelines.transforms import metrics
 
 class _PackBlocksFn(beam.DoFn):
   """A batch of documents → their blocks, with one tokenizer call for all sentences."""

@@ -8,7 +8,7 @@ import apache_beam as beam
 
 from realm_tf.corpus import examples
 from realm_tf.corpus.records import Block
-from beam.transforms.salient_spans import TagSalientSpans
+from realm_tf.pipelines.transforms.salient_spans import TagSalientSpans
 
 
 class _PackQueriesFn(beam.DoFn):
@@ -38,8 +38,10 @@ class MakePretrainingExamples(beam.PTransform):
   """Blocks → PRETRAINING feature dicts (see realm_tf.corpus.schema)."""
 
   def __init__(self, query_length: int, vocab_file: str = "", tagger_dir: str = "",
-               tagger_batch_size: int = 64, batch_size: int = 64):
+               tagger_batch_size: int = 64, batch_size: int = 64,
+               tagger_model_copies: int = 0):
     super().__init__()
+    self._tagger_model_copies = tagger_model_copies
     self._fn = _PackQueriesFn(query_length, vocab_file)
     self._tagger_dir = tagger_dir or None
     self._tagger_batch_size = tagger_batch_size
@@ -49,5 +51,6 @@ class MakePretrainingExamples(beam.PTransform):
     return (blocks
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_size)
             | "PackQueries" >> beam.ParDo(self._fn)
-            | "TagSalientSpans" >> TagSalientSpans(self._tagger_dir, self._tagger_batch_size)
+            | "TagSalientSpans" >> TagSalientSpans(self._tagger_dir, self._tagger_batch_size,
+                                                  self._tagger_model_copies)
             | "ToFeatures" >> beam.Map(examples.pretraining_example))

@@ -1,0 +1,290 @@
+"""File-system helpers that behave the same on local disk, GCS and other object stores.
+
+Everything in realm_tf reads and writes user-supplied paths through `tf.io.gfile`, which
+speaks local paths, gs://, ram:// (in-memory; tests) and the other TF file systems. Most
+calls need nothing more; the few that differ on object stores are here:
+
+- A "directory" on an object store is only a name prefix: it exists when any object has
+  that prefix, its stat has mtime 0, and listing may not show prefixes that were never
+  created with `makedirs`. `is_dir_like`, `newest_mtime` and `delete_prefix` handle that.
+- Objects cannot be renamed atomically or appended to. `write_text_atomic` relies on an
+  object upload being all-or-nothing (GCS: an object appears only when its upload is
+  complete); `open_for_append` writes one new object per writer session instead of
+  appending; `create_if_absent` is the only race-free commit primitive (see there).
+- Some libraries insist on a local path: `ensure_local_copy` copies into a temp dir.
+
+The pipeline side (Beam workers and launchers) uses Beam's `FileSystems` instead: see
+realm_tf/pipelines/filesystems.py.
+"""
+import contextlib
+import logging
+import os
+import re
+import tempfile
+import time
+import uuid
+from typing import Iterator, List, Optional
+
+import tensorflow as tf
+
+_SCHEME_RE = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+def scheme(path: str) -> str:
+  """'gs', 'ram', 's3', ... or '' for a local path (also for file://)."""
+  match = _SCHEME_RE.match(path)
+  if not match or match.group(1) == "file":
+    return ""
+  return match.group(1)
+
+
+def is_local(path: str) -> bool:
+  return not scheme(path)
+
+
+def _local_path(path: str) -> str:
+  return path[len("file://"):] if path.startswith("file://") else path
+
+
+def join(path: str, *parts: str) -> str:
+  """os.path.join that keeps `gs://bucket/` intact (it does; named for readability)."""
+  return os.path.join(path, *parts)
+
+
+def is_dir_like(path: str) -> bool:
+  """True for a directory, or for a prefix that at least one object lives under.
+
+  tf.io.gfile.isdir already answers for prefixes on GCS; the explicit listing below
+  covers file systems whose isdir only knows directories created with makedirs.
+  """
+  path = path.rstrip("/")
+  try:
+    if tf.io.gfile.isdir(path):
+      return True
+  except tf.errors.OpError:
+    pass
+  try:
+    return bool(tf.io.gfile.glob(path + "/*"))
+  except tf.errors.OpError:
+    return False
+
+
+def exists(path: str) -> bool:
+  """A file, a directory, or a prefix holding objects."""
+  return tf.io.gfile.exists(path) or is_dir_like(path)
+
+
+def list_files(root: str) -> List[str]:
+  """Every file under `root`, as sorted paths relative to it ('a/b.txt')."""
+  root = root.rstrip("/")
+  if not is_dir_like(root):
+    return []
+  files = []
+  for directory, _, names in tf.io.gfile.walk(root):
+    relative = os.path.relpath(directory.rstrip("/"), root) if directory.rstrip("/") != root else ""
+    for name in names:
+      files.append(os.path.join(relative, name) if relative else name)
+  return sorted(files)
+
+
+def newest_mtime(path: str) -> float:
+  """Newest modification time (seconds) of any object at or under `path`; 0 if unknown.
+
+  A GCS "directory" stat reports mtime 0 whatever its content, so a prefix's age is the
+  age of its newest object. File systems that keep no times (ram://) also give 0: callers
+  must treat 0 as "unknown", never as "old".
+  """
+  newest = 0.0
+  candidates = [path] if tf.io.gfile.exists(path) and not is_dir_like(path) else [
+      os.path.join(path, name) for name in list_files(path)]
+  for candidate in candidates:
+    try:
+      newest = max(newest, tf.io.gfile.stat(candidate).mtime_nsec / 1e9)
+    except tf.errors.NotFoundError:
+      continue  # deleted while we looked
+  return newest
+
+
+def delete_prefix(path: str) -> None:
+  """Deletes a directory / every object under a prefix; no error if nothing is there.
+
+  rmtree alone is not enough on object stores: it can miss objects under prefixes that
+  were never created as directories (ram://, GCS objects written by other tools), so
+  every listed file is deleted first.
+  """
+  path = path.rstrip("/")
+  if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+    tf.io.gfile.remove(path)
+    return
+  for name in list_files(path):
+    try:
+      tf.io.gfile.remove(os.path.join(path, name))
+    except tf.errors.NotFoundError:
+      pass
+  try:
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+  except tf.errors.NotFoundError:
+    pass
+
+
+def read_bytes(path: str) -> bytes:
+  with tf.io.gfile.GFile(path, "rb") as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  """The file's text; a clear FileNotFoundError naming the path if it is missing."""
+  try:
+    return read_bytes(path).decode("utf-8")
+  except tf.errors.NotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+
+
+def write_bytes_atomic(path: str, data: bytes) -> None:
+  """Readers see the old content or the new, never part of it.
+
+  Local disk: a temporary sibling renamed over the target (rename is atomic there).
+  Object stores: one upload, which becomes visible only once complete; a rename there
+  would be a copy plus delete and add nothing.
+  """
+  parent = os.path.dirname(path.rstrip("/"))
+  if parent:
+    tf.io.gfile.makedirs(parent)
+  if not is_local(path):
+    with tf.io.gfile.GFile(path, "wb") as f:
+      f.write(data)
+    return
+  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+  with tf.io.gfile.GFile(tmp, "wb") as f:
+    f.write(data)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+  write_bytes_atomic(path, text.encode("utf-8"))
+
+
+def create_if_absent(path: str, data: bytes) -> bool:
+  """Writes `data` to `path` only if nothing is there; True if this call created it.
+
+  The one primitive a commit needs to be race-free, implemented per file system:
+  - local disk: the data goes to a temporary file that is hard-linked to `path`; link(2)
+    fails if `path` exists, so exactly one of any number of racing writers wins, and the
+    file is complete from the moment it appears.
+  - gs://: an upload with the precondition ifGenerationMatch=0 (google-cloud-storage,
+    installed with apache-beam[gcp]); GCS refuses it if the object exists.
+  - others (ram://, ...): tf.io.gfile has no create-if-absent, so this checks, writes and
+    reads back. Two writers that both check before either writes can both believe they
+    won; the last write stays. Callers re-read what was committed (see versioned.py).
+  """
+  parent = os.path.dirname(path.rstrip("/"))
+  if parent:
+    tf.io.gfile.makedirs(parent)
+  if is_local(path):
+    local = _local_path(path)
+    tmp = f"{local}.tmp-{uuid.uuid4().hex}"
+    with tf.io.gfile.GFile(tmp, "wb") as f:
+      f.write(data)
+    try:
+      os.link(tmp, local)  # atomic create-if-absent with complete content
+      return True
+    except FileExistsError:
+      return False
+    finally:
+      os.remove(tmp)
+  if scheme(path) == "gs":
+    created = _gcs_create_if_absent(path, data)
+    if created is not None:
+      return created
+  if tf.io.gfile.exists(path):
+    return False
+  with tf.io.gfile.GFile(path, "wb") as f:
+    f.write(data)
+  return read_bytes(path) == data
+
+
+def _gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
+  """None when google-cloud-storage is not installed (then the generic path is used)."""
+  try:
+    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    logging.warning("google-cloud-storage is not installed: %s is committed without a "
+                    "create-if-absent precondition (pip install 'apache-beam[gcp]')", path)
+    return None
+  bucket, _, name = path[len("gs://"):].partition("/")
+  blob = gcs.Client().bucket(bucket).blob(name)
+  try:
+    blob.upload_from_string(data, if_generation_match=0)
+    return True
+  except exceptions.PreconditionFailed:
+    return False
+
+
+class _RotatedObjectWriter:
+  """A text log "appended" to on an object store: each session is its own object."""
+
+  def __init__(self, path: str):
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    self.path = f"{path}.{stamp}-{uuid.uuid4().hex[:8]}"
+    self._file = tf.io.gfile.GFile(self.path, "w")
+
+  def write(self, text: str) -> None:
+    self._file.write(text)
+
+  def flush(self) -> None:
+    self._file.flush()
+
+  def close(self) -> None:
+    self._file.close()
+
+
+@contextlib.contextmanager
+def open_for_append(path: str) -> Iterator:
+  """A text file to append log lines to.
+
+  Local disk appends to `path`. Object stores have no append (TF's GCS "append" downloads
+  and re-uploads the whole object on every flush), so each session writes a new object
+  `<path>.<UTC time>-<id>`; `read_log(path)` reads them back in order.
+  """
+  if is_local(path):
+    parent = os.path.dirname(path)
+    if parent:
+      tf.io.gfile.makedirs(parent)
+    with tf.io.gfile.GFile(path, "a") as f:
+      yield f
+    return
+  writer = _RotatedObjectWriter(path)
+  try:
+    yield writer
+  finally:
+    writer.close()
+
+
+def read_log(path: str) -> str:
+  """A log written with `open_for_append`: the file itself, then its rotated sessions."""
+  parts = []
+  if tf.io.gfile.exists(path):
+    parts.append(read_text(path))
+  for rotated in sorted(tf.io.gfile.glob(path + ".*")):
+    parts.append(read_text(rotated))
+  return "".join(parts)
+
+
+def ensure_local_copy(path: str, local_dir: Optional[str] = None) -> str:
+  """`path` itself if local, else a local copy (a file, or a directory tree).
+
+  For libraries that open files with Python's `open` (they cannot read gs://).
+  """
+  if is_local(path):
+    return _local_path(path)
+  local_dir = local_dir or tempfile.mkdtemp(prefix="realm_tf_copy_")
+  target = os.path.join(local_dir, os.path.basename(path.rstrip("/")))
+  if not is_dir_like(path):
+    tf.io.gfile.copy(path, target, overwrite=True)
+    return target
+  for name in list_files(path):
+    tf.io.gfile.makedirs(os.path.dirname(os.path.join(target, name)))
+    tf.io.gfile.copy(os.path.join(path, name), os.path.join(target, name), overwrite=True)
+  return target
