@@ -9,7 +9,9 @@ INSTALL_REQUIRES = [
     "tf-models-official==2.20.0",
     "tensorflow-serving-api==2.20.*",
     "scann==1.4.2",
-    "apache-beam==2.77.*",
+    # [gcp]: Beam's gs:// file system and DataflowRunner; google-cloud-storage also gives
+    # realm_tf.io.storage its create-if-absent commit on GCS.
+    "apache-beam[gcp]==2.77.*",
     "absl-py>=1.4",
     "pyyaml>=6.0",
     "safetensors>=0.4",
@@ -32,7 +34,9 @@ setuptools.setup(
     description="REALM retrieval-augmented language model pre-training in TensorFlow 2",
     python_requires=">=3.10,<3.13",
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam", "beam.*", "serving", "serving.*"]),
-    package_data={"realm_tf": ["demo/*.jsonl"]},
+    # The uncased WordPiece vocab travels with the package, so Dataflow workers
+    # (installed from --setup_file) tokenize without the MiniLM weights package.
+    package_data={"realm_tf": ["demo/*.jsonl", "text/vocab/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "gcp-storage-emulator>=2024.0"],

@@ -6,9 +6,9 @@ override tree against the dataclass fields first, so every error names the dotte
 the file (or command-line flag) it came from, then hand the checked dict to `override`.
 """
 import dataclasses
-import os
 from typing import Any, Iterable, Mapping, Optional, Type
 
+import tensorflow as tf
 import yaml
 
 from official.modeling.hyperparams import base_config
@@ -125,11 +125,12 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = (),
   """Defaults, then the YAML file at `path`, then `overrides`; raises ConfigError."""
   config = config_cls()
   if path:
-    if not os.path.exists(path):
+    # tf.io.gfile: a run's params.yaml is read from gs:// model dirs too.
+    if not tf.io.gfile.exists(path):
       raise ConfigError(f"{path}: config file not found")
-    with open(path, encoding="utf-8") as f:
+    with tf.io.gfile.GFile(path, "r") as f:
       try:
-        tree = yaml.safe_load(f) or {}
+        tree = yaml.safe_load(f.read()) or {}
       except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     config.override(_check(config_cls, tree, "", path), is_strict=True)

@@ -152,6 +152,10 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
   if parent:
     tf.io.gfile.makedirs(parent)
   if not is_local(path):
+    if scheme(path) == "ram" and tf.io.gfile.exists(path):
+      # TF's ram:// file system appends when a file is reopened for writing (GCS and
+      # local disk replace it), so the old object goes first there.
+      tf.io.gfile.remove(path)
     with tf.io.gfile.GFile(path, "wb") as f:
       f.write(data)
     return
@@ -226,8 +230,9 @@ class _RotatedObjectWriter:
   """A text log "appended" to on an object store: each session is its own object."""
 
   def __init__(self, path: str):
-    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    self.path = f"{path}.{stamp}-{uuid.uuid4().hex[:8]}"
+    now_ns = time.time_ns()  # sortable to the microsecond: sessions read back in order
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now_ns / 1e9))
+    self.path = f"{path}.{stamp}.{now_ns // 1000 % 1_000_000:06d}-{uuid.uuid4().hex[:8]}"
     self._file = tf.io.gfile.GFile(self.path, "w")
 
   def write(self, text: str) -> None:
@@ -265,8 +270,10 @@ def open_for_append(path: str) -> Iterator:
 def read_log(path: str) -> str:
   """A log written with `open_for_append`: the file itself, then its rotated sessions."""
   parts = []
-  if tf.io.gfile.exists(path):
+  try:
     parts.append(read_text(path))
+  except FileNotFoundError:
+    pass  # only rotated sessions (object stores)
   for rotated in sorted(tf.io.gfile.glob(path + ".*")):
     parts.append(read_text(rotated))
   return "".join(parts)

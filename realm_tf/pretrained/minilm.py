@@ -34,5 +34,15 @@ def minilm_safetensors_file() -> str:
 
 
 def minilm_vocab_file() -> str:
-  """The uncased BERT WordPiece vocabulary (30,522 entries) shipped with MiniLM."""
+  """The uncased BERT WordPiece vocabulary (30,522 entries) that MiniLM uses.
+
+  A copy ships as package data of realm_tf (realm_tf/text/vocab/, Google BERT's uncased
+  vocab, identical to the MiniLM package's vocab.txt), so Beam workers installed from
+  setup.py have it without the MiniLM package (which setup.py cannot require: it would
+  pull torch). Falls back to the MiniLM package's file.
+  """
+  packaged = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "text", "vocab", "bert_uncased_vocab.txt")
+  if os.path.isfile(packaged):  # a file inside the installed package, never a user path
+    return packaged
   return os.path.join(minilm_dir(), "vocab.txt")

@@ -1,52 +1,51 @@
-"""Publishing the tagger: SavedModel plus manifest, written under a temporary name and
-renamed into place, so a reader (a Beam job, TF Serving) never sees half an export."""
-import json
+"""Publishing the tagger: a committed version of `export_dir` (realm_tf.io.versioned).
+
+  <export_dir>/<version>.manifest.json   the commit: training manifest + files, CRC32C
+  <export_dir>/<version>.<writer id>/    the SavedModel
+
+Readers (SavedTagger, the Beam tagging step, TF Serving via a copy) pass `export_dir` and
+get its newest committed version through `resolve_tagger_dir`, so a half-written export is
+never loaded, on local disk or GCS alike. The version is the export time in seconds, so a
+retrained tagger published to the same directory supersedes the previous one.
+"""
+import logging
 import os
-import shutil
-import uuid
+import time
 
 import tensorflow as tf
 
+from realm_tf.io import versioned
 from realm_tf.tagger import signature
 from realm_tf.tagger.serving import SpanTagger
 
-
-def publish_directory(staging_dir: str, export_dir: str) -> None:
-  """Renames a finished staging directory to export_dir, replacing an older export.
-
-  A rename is atomic on one file system. Replacing is two renames (old aside, new in), so
-  at no moment does export_dir hold a mixture of two exports.
-  """
-  previous = None
-  if os.path.exists(export_dir):
-    previous = f"{export_dir}.old-{uuid.uuid4().hex[:8]}"
-    os.rename(export_dir, previous)
-  os.rename(staging_dir, export_dir)
-  if previous:
-    shutil.rmtree(previous)
+KEEP_VERSIONS = 2
 
 
 def export_tagger(tagger: SpanTagger, export_dir: str, manifest: dict) -> str:
-  """Saves `tagger` with its serving signature and `manifest.json` at export_dir."""
-  export_dir = os.path.abspath(export_dir)
-  os.makedirs(os.path.dirname(export_dir), exist_ok=True)
-  staging = f"{export_dir}.tmp-{uuid.uuid4().hex[:8]}"
-  try:
-    tf.saved_model.save(tagger, staging, signatures={
+  """Saves `tagger` with its serving signature as a new committed version of export_dir;
+  returns the committed SavedModel directory."""
+  with versioned.VersionWriter(export_dir, int(time.time())) as writer:
+    tf.saved_model.save(tagger, writer.path, signatures={
         signature.SIGNATURE_KEY: tagger.serve.get_concrete_function()})
-    with open(os.path.join(staging, signature.MANIFEST_FILE), "w", encoding="utf-8") as f:
-      json.dump(manifest, f, indent=2, sort_keys=True)
-      f.write("\n")
-    publish_directory(staging, export_dir)
-  finally:
-    if os.path.exists(staging):
-      shutil.rmtree(staging)
-  return export_dir
+    committed = writer.commit(manifest)
+  deleted = versioned.garbage_collect(export_dir, keep=KEEP_VERSIONS)
+  if deleted:
+    logging.info("Deleted older tagger exports %s", deleted)
+  return committed.path
+
+
+def resolve_tagger_dir(tagger_dir: str) -> versioned.Version:
+  """The newest committed tagger export under `tagger_dir` (or that export itself)."""
+  try:
+    return versioned.read_version(tagger_dir)
+  except versioned.VersionError:
+    pass
+  latest = versioned.latest_version(tagger_dir)
+  if latest is None:
+    raise FileNotFoundError(f"{tagger_dir}: no committed tagger export (no "
+                            f"*{versioned.MANIFEST_SUFFIX}; is it a tagger export?)")
+  return latest
 
 
 def read_manifest(tagger_dir: str) -> dict:
-  path = os.path.join(tagger_dir, signature.MANIFEST_FILE)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no tagger manifest (is {tagger_dir} a tagger export?)")
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+  return resolve_tagger_dir(tagger_dir).manifest

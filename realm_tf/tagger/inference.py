@@ -39,11 +39,16 @@ class SavedTagger:
   """An exported tagger directory, called through its serving signature."""
 
   def __init__(self, tagger_dir: str, group_size: int = DEFAULT_GROUP_SIZE):
+    # pylint: disable-next=g-import-not-at-top  (export imports serving; keep this light)
+    from realm_tf.tagger.export import resolve_tagger_dir
+    from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
     self.tagger_dir = tagger_dir
     self.group_size = group_size
+    # The newest committed export, its files checked against the manifest's sizes.
+    self.version = versioned.verify_version(resolve_tagger_dir(tagger_dir))
     try:
       # Keep the loaded object: its signature function does not own the variables.
-      self._loaded = tf.saved_model.load(tagger_dir)
+      self._loaded = tf.saved_model.load(self.version.path)
     except (OSError, ValueError, tf.errors.OpError) as e:
       raise ValueError(f"{tagger_dir}: not a loadable tagger SavedModel: {e}") from e
     if signature.SIGNATURE_KEY not in self._loaded.signatures:

@@ -44,7 +44,7 @@ def conll_files(conll_dir: str) -> dict[str, str]:
   """The three CoNLL-2003 files of a directory, checked to exist."""
   files = {"train": TRAIN_FILE, "dev": DEV_FILE, "test": TEST_FILE}
   paths = {split: os.path.join(conll_dir, name) for split, name in files.items()}
-  missing = [p for p in paths.values() if not os.path.exists(p)]
+  missing = [p for p in paths.values() if not tf.io.gfile.exists(p)]
   if missing:
     raise FileNotFoundError(f"{conll_dir}: CoNLL-2003 files missing: {missing}")
   return paths
@@ -123,7 +123,7 @@ def build_manifest(config: TaggerConfig, run: TrainingRun, scores: Mapping[str, 
       "scores": dict(scores),
       "training": dataclasses.asdict(run),
       "config": config.as_dict(),
-      "inputs": {name: {"path": os.path.abspath(path), "sha256": sha256_of(path)}
+      "inputs": {name: {"path": path, "sha256": sha256_of(path)}
                  for name, path in inputs.items()},
       "vocab_sha256": sha256_of(tokenizer.vocab_file),
   }
