@@ -1,14 +1,18 @@
 """Typed experiment configs, loaded from YAML and overridable from the command line."""
 from realm_tf.configs.experiment import (
+    ConfigValueError,
     DataConfig,
-    IctConfig,
     EncoderConfig,
     ExperimentConfig,
-    FinetuneConfig,
+    IctTaskConfig,
     IndexConfig,
-    PretrainConfig,
+    ModelConfig,
+    OpenQATaskConfig,
+    PretrainTaskConfig,
     ReaderConfig,
     RetrieverConfig,
+    RuntimeConfig,
+    TaskSelection,
     TokenizerConfig,
     TrainerConfig,
     WarmStartConfig,
@@ -16,7 +20,8 @@ from realm_tf.configs.experiment import (
 from realm_tf.configs.loading import ConfigError, load_config, parse_overrides
 
 __all__ = [
-    "ConfigError", "DataConfig", "IctConfig", "EncoderConfig", "ExperimentConfig", "FinetuneConfig", "IndexConfig",
-    "PretrainConfig", "ReaderConfig", "RetrieverConfig", "TokenizerConfig", "TrainerConfig",
-    "WarmStartConfig", "load_config", "parse_overrides",
+    "ConfigError", "ConfigValueError", "DataConfig", "EncoderConfig", "ExperimentConfig",
+    "IctTaskConfig", "IndexConfig", "ModelConfig", "OpenQATaskConfig", "PretrainTaskConfig",
+    "ReaderConfig", "RetrieverConfig", "RuntimeConfig", "TaskSelection", "TokenizerConfig",
+    "TrainerConfig", "WarmStartConfig", "load_config", "parse_overrides",
 ]

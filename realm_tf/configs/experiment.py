@@ -1,12 +1,52 @@
-"""Experiment config dataclasses.
+"""Experiment config dataclasses: task + model + index + trainer + runtime.
 
-They follow tf-models-official's `hyperparams.Config`: typed dataclass fields, nested
-sections, strict YAML/dict overrides. Defaults are the paper's settings (BERT-base, TPU);
-`configs/*.yaml` override them for smaller machines.
+They follow tf-models-official's `official/core/config_definitions`: typed dataclass fields
+(`hyperparams.Config`), the trainer and runtime sections subclass tf-models' own
+`TrainerConfig` and `RuntimeConfig` (so its `base_trainer.Trainer` and orbit runner read them
+unchanged), and the task is a one-of (`hyperparams.OneOfConfig`) over the three training
+modes, each holding its own data paths and options. A run's `params.yaml` is this whole
+tree, so it fully describes the run. Enum-like fields are checked by `validate()` when the
+config loads (realm_tf.configs.loading), not when a run reaches them.
+
+Defaults are the paper's settings (BERT-base, TPU); `configs/*.yaml` override them for
+smaller machines.
 """
 import dataclasses
+from typing import Optional
 
-from official.modeling.hyperparams import base_config
+from official.core import config_definitions as cfg
+from official.modeling.hyperparams import base_config, oneof
+
+# Enumerations checked when a config loads.
+POOLINGS = ("pooled", "cls", "mean")
+PROJECTION_INITIALIZERS = ("truncated_normal", "orthogonal")
+ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
+WARM_START_SOURCES = ("", "minilm", "google_bert")
+MASKINGS = ("salient_spans", "random_tokens", "random_spans")
+INDEX_BACKENDS = ("exact", "scann")
+EMBEDDING_DTYPES = ("float32", "bfloat16")
+INIT_SOURCES = ("warm_start", "ict", "realm")
+RETRIEVALS = ("dense", "bm25")
+STRATEGIES = ("", "tpu", "mirrored", "multi_worker_mirrored", "one_device", "off")
+MIXED_PRECISION = ("", "float32", "bfloat16", "float16")
+TASK_TYPES = ("ict", "pretrain", "openqa")
+
+
+class ConfigValueError(ValueError):
+  """A config value outside what the field allows (named by its dotted key)."""
+
+
+def _one_of(value, allowed, key: str):
+  if value not in allowed:
+    raise ConfigValueError(f"{key} must be one of {list(allowed)}, got {value!r}")
+
+
+def _positive(value, key: str):
+  if value is None or value <= 0:
+    raise ConfigValueError(f"{key} must be positive, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- model
 
 
 @dataclasses.dataclass
@@ -67,108 +107,239 @@ class ReaderConfig(base_config.Config):
 
 
 @dataclasses.dataclass
-class DataConfig(base_config.Config):
-  """Where the corpus pipeline's outputs are (`python -m beam.preprocess`).
+class ModelConfig(base_config.Config):
+  """The networks every task builds from (shared, so checkpoints carry across tasks)."""
+  encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
+  warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
+  tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
+  retriever: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
+  reader: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
 
-  corpus_dir holds blocks-* (the knowledge corpus Z), pretraining-* and ict-* TFRecords.
-  Patterns (one, or several joined by commas), when set, override the files taken from
-  corpus_dir, e.g. X from Wikipedia and CC-News while Z is Wikipedia.
+
+# ----------------------------------------------------------------------------- index
+
+
+@dataclasses.dataclass
+class IndexConfig(base_config.Config):
+  """The knowledge corpus Z and its MIPS index (shared by pre-training, Open-QA, builder).
+
+  blocks: the corpus pipeline's blocks (a `beam.preprocess` output dir, a blocks-* file
+  pattern, or several joined by commas).
+  backend: 'exact' keeps the block embeddings on the accelerators, sharded across replicas
+  (per-shard matmul + top-k, then a global top-k), as the REALM authors did on TPU; it
+  compiles with XLA. 'scann' searches on the host CPU with the export's ScaNN shards (for
+  corpora that do not fit in accelerator memory, or CPU-only runs): only query embeddings,
+  ids and scores cross between host and device, and the step cannot be XLA-compiled.
   """
-  corpus_dir: str = ""
   blocks: str = ""
-  pretraining_examples: str = ""
-  ict_examples: str = ""
-  eval_examples: str = ""
-  shuffle_buffer: int = 10000
+  backend: str = "exact"
+  # Shards written by the embedding job (files; independent of the number of replicas).
+  num_shards: int = 1
+  keep_versions: int = 3
+  # Index directory; empty means <model_dir>/index.
+  index_dir: str = ""
+  # scann only: re-score ScaNN's candidates exactly with the stored embeddings.
+  rescore: bool = False
+  # The accelerator copy of the block embeddings (bfloat16 halves its memory).
+  embedding_dtype: str = "float32"
+  # How often the trainer looks for a newer committed index.
+  poll_seconds: float = 5.0
+  # Longest wait for a first index (e.g. one `beam.embed_corpus` is still building).
+  first_index_timeout_seconds: float = 3600.0
+
+
+# ----------------------------------------------------------------------------- tasks
 
 
 @dataclasses.dataclass
-class IctConfig(base_config.Config):
-  """Inverse Cloze Task warm start of the retriever (Lee et al., 2019)."""
-  # Reported for reference: the keep/remove draw is made by the corpus pipeline
-  # (--ict_keep_query_prob), so the examples already carry it.
-  query_kept_probability: float = 0.1
+class DataConfig(cfg.DataConfig):
+  """tf-models' DataConfig (input_path, global_batch_size, shuffle_buffer_size, seed, ...),
+  plus a cap on how many records are read (0: all)."""
+  max_examples: int = 0
 
 
 @dataclasses.dataclass
-class PretrainConfig(base_config.Config):
-  """REALM pre-training: salient span masking over the top-k plus the null document."""
+class IctTaskConfig(cfg.TaskConfig):
+  """Inverse Cloze Task warm start of the retriever (Lee et al., 2019).
+
+  train_data.input_path: ICT examples (`ict-*` of beam.preprocess). The keep/remove draw of
+  the query sentence (kept in its block with probability 0.1) is made by the corpus
+  pipeline (--ict_keep_query_prob), so the examples already carry it.
+  """
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=4096, shuffle_buffer_size=10000, is_training=True))
+  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=4096, is_training=False, drop_remainder=True))
+
+
+@dataclasses.dataclass
+class PretrainTaskConfig(cfg.TaskConfig):
+  """REALM pre-training: salient span masking over the top-k plus the null document.
+
+  train_data.input_path: pre-training examples (`pretraining-*`, e.g. Wikipedia and CC-News
+  joined by commas). init_checkpoint: an ICT run (model_dir or checkpoint) whose retriever
+  pre-training starts from.
+  """
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=512, shuffle_buffer_size=10000, is_training=True))
+  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=512, is_training=False, drop_remainder=True))
   num_candidates: int = 8  # k, the null document included
   include_null_document: bool = True
   max_predictions_per_seq: int = 20
   masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
+  # Every N steps the trainer hands a retriever snapshot to the index builder (0: never).
   refresh_every_steps: int = 500
-  # An ICT model_dir (or checkpoint) whose retriever pre-training starts from.
-  retriever_checkpoint: str = ""
-  # Extra neighbours fetched so that k-1 remain after dropping same-document blocks.
-  exclusion_margin: int = 16
-  # How often the input pipeline looks for a newer index / query-encoder snapshot.
-  index_poll_seconds: float = 5.0
-  # Longest wait for the first index before training gives up.
-  first_index_timeout_seconds: float = 3600.0
+  # Run `beam.index_builder` as a child process of the trainer (else: on other machines
+  # sharing model_dir, or an index built once by `beam.embed_corpus` stays fixed).
+  start_index_builder: bool = False
 
 
 @dataclasses.dataclass
-class FinetuneConfig(base_config.Config):
-  """Open-QA fine-tuning over a fixed document index."""
+class OpenQATaskConfig(cfg.TaskConfig):
+  """Open-QA fine-tuning and evaluation over the (fixed or refreshed) index.
+
+  train_data.input_path / validation_data.input_path: question files in the NQ-Open JSON
+  lines layout {"question", "answer": [...]}; answer_regex for CuratedTREC-style patterns.
+  init_from: 'warm_start' (both networks from model.warm_start), 'ict' (the retriever of
+  the ICT run at init_checkpoint, the reader from warm_start) or 'realm' (retriever and
+  reader BERT of the REALM pre-training run at init_checkpoint).
+  """
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=32, is_training=True))
+  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=32, is_training=False, drop_remainder=False))
+  answer_regex: bool = False
   num_candidates: int = 5  # k: blocks retrieved and read per question
   query_seq_length: int = 64
   reader_seq_length: int = 320
   # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
   refresh_index: bool = False
   refresh_every_steps: int = 500
-  # Initial weights: 'warm_start' (both networks from warm_start), 'ict' (the retriever of
-  # the ICT run at init_checkpoint, reader from warm_start) or 'realm' (retriever and
-  # reader BERT of the REALM pre-training run at init_checkpoint).
   init_from: str = "warm_start"
-  init_checkpoint: str = ""
-  # 'dense' (MIPS over the fixed index) or 'bm25' (the sparse baseline, same reader).
+  # 'dense' (MIPS over the index) or 'bm25' (the sparse baseline, same reader).
   retrieval: str = "dense"
   # Answer strings (as written and SQuAD-normalised) looked for per question.
   max_answers: int = 8
-  eval_batch_size: int = 32
 
 
 @dataclasses.dataclass
-class TrainerConfig(base_config.Config):
-  """Optimisation and bookkeeping."""
-  batch_size: int = 512
+class TaskSelection(oneof.OneOfConfig):
+  """Which training mode: `type` picks one of the task configs below."""
+  type: Optional[str] = "pretrain"
+  ict: IctTaskConfig = dataclasses.field(default_factory=IctTaskConfig)
+  pretrain: PretrainTaskConfig = dataclasses.field(default_factory=PretrainTaskConfig)
+  openqa: OpenQATaskConfig = dataclasses.field(default_factory=OpenQATaskConfig)
+
+
+# ----------------------------------------------------------------------------- trainer
+
+
+@dataclasses.dataclass
+class TrainerConfig(cfg.TrainerConfig):
+  """tf-models' trainer section (train_steps, steps_per_loop, checkpoint_interval,
+  summary_interval, validation_interval, validation_steps, max_to_keep, ...) plus BERT's
+  optimiser in three numbers: AdamW, linear warm-up, linear decay to zero at train_steps.
+
+  The optimiser is built from these fields (realm_tf.tasks.base) rather than from
+  tf-models' `optimizer_config`, so the decay always ends at train_steps; setting
+  `optimizer_config` is rejected by validate() so there is one way to configure it.
+  """
   train_steps: int = 200000
+  steps_per_loop: int = 100
+  summary_interval: int = 100
+  checkpoint_interval: int = 1000
+  validation_interval: int = 5000
+  validation_steps: int = 20
+  max_to_keep: int = 3
   learning_rate: float = 3e-5
   warmup_steps: int = 10000
   weight_decay: float = 0.01
-  checkpoint_every_steps: int = 1000
-  summary_every_steps: int = 100
-  eval_every_steps: int = 5000
-  eval_steps: int = 20
-  max_checkpoints: int = 3
   seed: int = 0
 
 
 @dataclasses.dataclass
-class IndexConfig(base_config.Config):
-  """MIPS index over the block embeddings."""
-  backend: str = "scann"  # or 'exact'
-  num_shards: int = 1
-  keep_versions: int = 3
-  # Index directory; empty means <model_dir>/index.
-  index_dir: str = ""
-  rescore: bool = False
+class RuntimeConfig(cfg.RuntimeConfig):
+  """tf-models' runtime section. realm_tf reads: distribution_strategy ('' chooses from the
+  machine: --tpu → TPU, TF_CONFIG → multi-worker, GPUs → mirrored, else one device),
+  tpu, enable_xla (compile every task's train and eval step with jit_compile=True; TPUs
+  compile regardless), mixed_precision_dtype ('bfloat16' on TPU, 'float16' on GPU)."""
+  distribution_strategy: str = ""
+  enable_xla: bool = True
+  mixed_precision_dtype: Optional[str] = ""
+
+
+# ----------------------------------------------------------------------------- experiment
 
 
 @dataclasses.dataclass
-class ExperimentConfig(base_config.Config):
-  """Everything one REALM run needs."""
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
-  warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
-  tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
-  retriever: RetrieverConfig = dataclasses.field(default_factory=RetrieverConfig)
-  reader: ReaderConfig = dataclasses.field(default_factory=ReaderConfig)
-  ict: IctConfig = dataclasses.field(default_factory=IctConfig)
-  pretrain: PretrainConfig = dataclasses.field(default_factory=PretrainConfig)
-  finetune: FinetuneConfig = dataclasses.field(default_factory=FinetuneConfig)
-  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+class ExperimentConfig(cfg.ExperimentConfig):
+  """Everything one realm_tf run needs; `params.yaml` in a model_dir is this tree."""
+  task: TaskSelection = dataclasses.field(default_factory=TaskSelection)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
-  # 'tpu', 'mirrored', 'multi_worker_mirrored', 'one_device' or '' (choose from the machine).
-  distribution_strategy: str = ""
+  trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+  runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+  def validate(self):
+    """Checks enum-like and range fields; ConfigValueError names the dotted key."""
+    super().validate()
+    m = self.model
+    _one_of(self.task.type, TASK_TYPES, "task.type")
+    _one_of(m.encoder.hidden_activation, ACTIVATIONS, "model.encoder.hidden_activation")
+    _one_of(m.warm_start.source, WARM_START_SOURCES, "model.warm_start.source")
+    if m.warm_start.source == "google_bert" and not m.warm_start.path:
+      raise ConfigValueError("model.warm_start.source=google_bert needs model.warm_start.path "
+                             "(a checkpoint prefix such as .../bert_model.ckpt)")
+    _one_of(m.retriever.pooling, POOLINGS, "model.retriever.pooling")
+    _one_of(m.retriever.projection_initializer, PROJECTION_INITIALIZERS,
+            "model.retriever.projection_initializer")
+    _one_of(self.index.backend, INDEX_BACKENDS, "index.backend")
+    _one_of(self.index.embedding_dtype, EMBEDDING_DTYPES, "index.embedding_dtype")
+    _one_of(self.runtime.distribution_strategy, STRATEGIES, "runtime.distribution_strategy")
+    _one_of(self.runtime.mixed_precision_dtype or "", MIXED_PRECISION,
+            "runtime.mixed_precision_dtype")
+    if self.index.backend == "scann" and self.runtime.enable_xla:
+      raise ConfigValueError(
+          "index.backend=scann searches with ScaNN on the host CPU inside the step, which "
+          "XLA cannot compile: set runtime.enable_xla=false (or use index.backend=exact)")
+    if self.index.backend == "scann" and self.runtime.distribution_strategy == "tpu":
+      raise ConfigValueError("index.backend=scann runs on the host CPU: TPU runs need "
+                             "index.backend=exact (block embeddings sharded over the cores)")
+    default_optimizer = cfg.TrainerConfig().optimizer_config.as_dict()
+    if self.trainer.optimizer_config.as_dict() != default_optimizer:
+      raise ConfigValueError("trainer.optimizer_config is not used: set trainer."
+                             "learning_rate, warmup_steps and weight_decay instead")
+    for key in ("train_steps", "steps_per_loop", "checkpoint_interval", "max_to_keep"):
+      _positive(getattr(self.trainer, key), f"trainer.{key}")
+    for key in ("ict", "pretrain", "openqa"):
+      task = getattr(self.task, key)
+      _positive(task.train_data.global_batch_size, f"task.{key}.train_data.global_batch_size")
+    p = self.task.pretrain
+    _one_of(p.masking, MASKINGS, "task.pretrain.masking")
+    if p.num_candidates < 1 + int(p.include_null_document):
+      raise ConfigValueError(f"task.pretrain.num_candidates {p.num_candidates} leaves no "
+                             f"retrieved block")
+    o = self.task.openqa
+    _one_of(o.init_from, INIT_SOURCES, "task.openqa.init_from")
+    _one_of(o.retrieval, RETRIEVALS, "task.openqa.retrieval")
+    if o.init_from != "warm_start" and not o.init_checkpoint:
+      raise ConfigValueError(f"task.openqa.init_from={o.init_from} needs "
+                             f"task.openqa.init_checkpoint")
+    if o.retrieval == "bm25" and o.refresh_index:
+      raise ConfigValueError("task.openqa.refresh_index needs dense retrieval "
+                             "(BM25 has no index)")
+    if o.query_seq_length > o.reader_seq_length - 3:
+      raise ConfigValueError(f"task.openqa.query_seq_length {o.query_seq_length} leaves no "
+                             f"room for a block in reader_seq_length {o.reader_seq_length}")
+    _positive(o.num_candidates, "task.openqa.num_candidates")
+    _positive(o.max_answers, "task.openqa.max_answers")
+    if m.reader.seq_length < m.retriever.query_seq_length + 2:
+      raise ConfigValueError(f"model.reader.seq_length {m.reader.seq_length} cannot hold a "
+                             f"query of model.retriever.query_seq_length "
+                             f"{m.retriever.query_seq_length} plus a block")
+
+  @property
+  def task_config(self):
+    """The selected task's config (e.g. PretrainTaskConfig for task.type=pretrain)."""
+    return self.task.get()

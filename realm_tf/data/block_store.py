@@ -11,7 +11,12 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.corpus import schema
-from realm_tf.data.files import files
+from realm_tf.data.files import BLOCKS, corpus_files, files
+
+
+def blocks_pattern(path: str) -> str:
+  """The blocks files of a corpus dir, or `path` when it is already a pattern."""
+  return corpus_files(path, BLOCKS)
 
 
 def _decoded(values) -> list[str]:

@@ -1,23 +1,21 @@
-"""Where the corpus pipeline's TFRecords are, from the `data` config section."""
+"""Where the corpus pipeline's TFRecords are: a `beam.preprocess` output dir or patterns."""
 import os
 
 import tensorflow as tf
 
-from realm_tf.configs.experiment import DataConfig
-
-# File prefixes written by `python -m beam.preprocess` (beam/preprocess.py).
+# File prefixes written by `python -m beam.preprocess`.
 BLOCKS, PRETRAINING, ICT = "blocks", "pretraining", "ict"
 
 
-def pattern(config: DataConfig, kind: str) -> str:
-  """The files of one kind: an explicit pattern, else `<corpus_dir>/<kind>-*`."""
-  explicit = {BLOCKS: config.blocks, PRETRAINING: config.pretraining_examples,
-              ICT: config.ict_examples}[kind]
-  if explicit:
-    return explicit
-  if not config.corpus_dir:
-    raise ValueError(f"data.corpus_dir (or an explicit pattern) is needed for {kind} files")
-  return os.path.join(config.corpus_dir, f"{kind}-*")
+def corpus_files(path: str, kind: str) -> str:
+  """The files of one kind: `path` itself when it is a file pattern (or several joined by
+  commas), else `<path>/<kind>-*` for a corpus directory."""
+  if not path:
+    raise ValueError(f"no path given for the {kind} files (a beam.preprocess output dir or "
+                     f"a file pattern)")
+  if "," not in path and tf.io.gfile.isdir(path):
+    return os.path.join(path, f"{kind}-*")
+  return path
 
 
 def files(file_pattern: str) -> list[str]:
@@ -25,6 +23,9 @@ def files(file_pattern: str) -> list[str]:
   examples), sorted for determinism; an error naming any pattern that matches nothing."""
   matched = []
   for part in (p.strip() for p in file_pattern.split(",") if p.strip()):
+    if tf.io.gfile.isdir(part):
+      raise FileNotFoundError(f"{part} is a directory: give a file pattern such as "
+                              f"{os.path.join(part, 'blocks-*')}")
     found = sorted(tf.io.gfile.glob(part))
     if not found:
       raise FileNotFoundError(f"no files match {part}")

@@ -1,4 +1,10 @@
-"""Inverse Cloze Task batches: pseudo-queries and their evidence blocks."""
+"""Inverse Cloze Task batches: pseudo-queries and their evidence blocks.
+
+Features (a tf.data nest of numeric tensors only; B = per-replica batch):
+  {"query": BERT inputs [B, Lq], "block": BERT inputs [B, Lc], "block_id": [B] int64}
+"""
+from typing import Optional
+
 import tensorflow as tf
 
 from realm_tf.corpus import schema
@@ -8,27 +14,28 @@ from realm_tf.text.tokenization import Tokenizer
 
 def ict_dataset(file_pattern: str, tokenizer: Tokenizer, batch_size: int,
                 query_seq_length: int, block_seq_length: int, seed: int = 0,
-                shuffle_buffer: int = 10000, repeat: bool = True,
-                start_batch: int = 0) -> tf.data.Dataset:
-  """Batches of {query_* [B, Lq], block_* [B, Lc], block_id [B]}.
-
-  The corpus pipeline already removed each query from its block with probability 0.9.
-  `start_batch` skips that many batches of the deterministic order (resuming).
-  """
+                shuffle_buffer: int = 10000, repeat: bool = True, skip_batches: int = 0,
+                input_context: Optional[tf.distribute.InputContext] = None,
+                max_examples: int = 0) -> tf.data.Dataset:
+  """Batches of ICT features; the corpus pipeline already removed each query from its block
+  with probability 0.9. Records are sharded by input pipeline first, then repeated,
+  shuffled in a fixed order per seed and batched; `skip_batches` resumes that order."""
   dataset = tf.data.TFRecordDataset(files(file_pattern))
+  if input_context is not None and input_context.num_input_pipelines > 1:
+    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  if max_examples:
+    dataset = dataset.take(max_examples)
   if repeat:
     dataset = dataset.repeat()
   if shuffle_buffer:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-  dataset = dataset.batch(batch_size, drop_remainder=True).skip(start_batch)
+  dataset = dataset.batch(batch_size, drop_remainder=True).skip(skip_batches)
 
   def pack(serialized):
     record = schema.ICT.parse(serialized)
     query = tokenizer.encode(record["query"], query_seq_length)
     block = tokenizer.encode(record["title"], block_seq_length, pair_texts=record["text"])
-    features = {f"query_{k}": v for k, v in query.as_dict().items()}
-    features.update({f"block_{k}": v for k, v in block.as_dict().items()})
-    features["block_id"] = record["block_id"]
-    return features
+    return dict(query=query.as_dict(), block=block.as_dict(), block_id=record["block_id"])
 
-  return dataset.map(pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+  return dataset.map(pack, num_parallel_calls=tf.data.AUTOTUNE,
+                     deterministic=True).prefetch(tf.data.AUTOTUNE)

@@ -34,19 +34,19 @@ def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
 
 
 def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
-  encoder = build_encoder(config.encoder, name=f"{name}_encoder")
-  warm_start(encoder, config.warm_start)
-  return Embedder(encoder, config.retriever.projection_size,
-                  pooling=config.retriever.pooling,
-                  projection_initializer=config.retriever.projection_initializer,
-                  initializer_range=config.encoder.initializer_range, name=name)
+  encoder = build_encoder(config.model.encoder, name=f"{name}_encoder")
+  warm_start(encoder, config.model.warm_start)
+  return Embedder(encoder, config.model.retriever.projection_size,
+                  pooling=config.model.retriever.pooling,
+                  projection_initializer=config.model.retriever.projection_initializer,
+                  initializer_range=config.model.encoder.initializer_range, name=name)
 
 
 def build_retriever(config: ExperimentConfig) -> Retriever:
   """Query and document towers, both warm-started (shared when the config says so)."""
   query = build_embedder(config, "query_embedder")
   document = None
-  if not config.retriever.share_towers:
+  if not config.model.retriever.share_towers:
     document = build_embedder(config, "document_embedder")
     # Separate towers start identical (same BERT, same projection) and drift apart only
     # through training; independently drawn projections would make the inner product of
@@ -59,16 +59,16 @@ def build_retriever(config: ExperimentConfig) -> Retriever:
 
 def _build_embedder_variables(embedder: Embedder, config: ExperimentConfig):
   if not embedder.projection.built:
-    embedder.projection.build([None, config.encoder.hidden_size])
+    embedder.projection.build([None, config.model.encoder.hidden_size])
 
 
 def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugmentedEncoder:
-  encoder = build_encoder(config.encoder, name="reader_encoder")
+  encoder = build_encoder(config.model.encoder, name="reader_encoder")
   model = KnowledgeAugmentedEncoder(
-      encoder, activation=ACTIVATIONS[config.encoder.hidden_activation],
-      initializer_range=config.encoder.initializer_range, name="knowledge_augmented_encoder")
-  _build_masked_lm(model, config.encoder.hidden_size)
-  warm_start(encoder, config.warm_start, masked_lm=model.masked_lm)
+      encoder, activation=ACTIVATIONS[config.model.encoder.hidden_activation],
+      initializer_range=config.model.encoder.initializer_range, name="knowledge_augmented_encoder")
+  _build_masked_lm(model, config.model.encoder.hidden_size)
+  warm_start(encoder, config.model.warm_start, masked_lm=model.masked_lm)
   return model
 
 
@@ -77,11 +77,11 @@ def _build_masked_lm(model: KnowledgeAugmentedEncoder, hidden_size: int):
 
 
 def build_reader(config: ExperimentConfig) -> Reader:
-  encoder = build_encoder(config.encoder, name="reader_encoder")
-  warm_start(encoder, config.warm_start)
-  return Reader(encoder, max_span_width=config.reader.max_span_width,
-                span_hidden_size=config.reader.span_hidden_size,
-                initializer_range=config.encoder.initializer_range, name="reader")
+  encoder = build_encoder(config.model.encoder, name="reader_encoder")
+  warm_start(encoder, config.model.warm_start)
+  return Reader(encoder, max_span_width=config.model.reader.max_span_width,
+                span_hidden_size=config.model.reader.span_hidden_size,
+                initializer_range=config.model.encoder.initializer_range, name="reader")
 
 
 def build_realm_pretrainer(config: ExperimentConfig,

@@ -7,11 +7,12 @@ CuratedTREC patterns are first expanded into the strings they match in the corpu
 are tokenized once, on the host, into [A, W] arrays; a batch carries them beside the packed
 question, and retrieval, packing and span location happen in the step.
 
-Batch features (B questions, A answer strings, W = the reader's max span width):
-  example_index [B] int64            row of the question in the host-side list
-  query_input_word_ids/mask/type_ids [B, Lq]
-  answer_ids [B, A, W] int32, answer_lengths [B, A] int32 (0: padding)
-  bm25_block_ids [B, Kb] int64, bm25_scores [B, Kb] float32   (BM25 retrieval only)
+Batch features, a tf.data nest of numbers (B questions, A answer strings, W = the reader's
+max span width):
+  example_index [B] int64                 row of the question in the host-side list
+  query    BERT inputs [B, Lq]
+  answers  ids [B, A, W] int32, lengths [B, A] int32 (0: padding)
+  bm25     block_ids [B, Kb] int64, scores [B, Kb] float32   (BM25 retrieval only)
 """
 import dataclasses
 import json
@@ -135,18 +136,20 @@ def build_qa_set(examples: list[QAExample], tokenizer: Tokenizer, corpus_texts: 
 
 
 def qa_dataset(qa_set: QASet, tokenizer: Tokenizer, query_seq_length: int, batch_size: int,
-               training: bool, seed: int = 0, start_batch: int = 0,
+               training: bool, seed: int = 0, skip_batches: int = 0,
                input_context: Optional[tf.distribute.InputContext] = None) -> tf.data.Dataset:
   """Batches of the features listed in the module docstring.
 
-  Training: repeated, shuffled in a fixed order per seed, fixed-size batches, resumable at
-  `start_batch`. Evaluation: every question once, in order, the last batch partial.
+  Training: sharded by input pipeline, repeated, shuffled in a fixed order per seed,
+  fixed-size batches, resumable by skipping `skip_batches`. Evaluation: every question
+  once, in order, the last batch partial. The question strings are tokenized inside the
+  dataset function; only numbers leave it.
   """
   columns = dict(example_index=np.arange(len(qa_set), dtype=np.int64),
                  question=np.array([e.question for e in qa_set.examples], object),
-                 answer_ids=qa_set.answer_ids, answer_lengths=qa_set.answer_lengths)
+                 answers=dict(ids=qa_set.answer_ids, lengths=qa_set.answer_lengths))
   if qa_set.bm25_block_ids is not None:
-    columns.update(bm25_block_ids=qa_set.bm25_block_ids, bm25_scores=qa_set.bm25_scores)
+    columns["bm25"] = dict(block_ids=qa_set.bm25_block_ids, scores=qa_set.bm25_scores)
   dataset = tf.data.Dataset.from_tensor_slices(columns)
   if input_context is not None and input_context.num_input_pipelines > 1:
     dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
@@ -154,12 +157,12 @@ def qa_dataset(qa_set: QASet, tokenizer: Tokenizer, query_seq_length: int, batch
     dataset = dataset.repeat().shuffle(max(len(qa_set), 1), seed=seed,
                                        reshuffle_each_iteration=True)
   dataset = dataset.batch(batch_size, drop_remainder=training)
-  if training and start_batch:
-    dataset = dataset.skip(start_batch)
+  if training and skip_batches:
+    dataset = dataset.skip(skip_batches)
 
   def pack(batch):
-    query = tokenizer.encode(batch.pop("question"), query_seq_length)
-    batch.update({f"query_{k}": v for k, v in query.as_dict().items()})
+    batch = dict(batch)
+    batch["query"] = tokenizer.encode(batch.pop("question"), query_seq_length).as_dict()
     return batch
 
   return dataset.map(pack, num_parallel_calls=tf.data.AUTOTUNE,

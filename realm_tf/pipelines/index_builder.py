@@ -8,7 +8,6 @@ Runs beside the trainer (another process, or other machines sharing model_dir on
 """
 import dataclasses
 import logging
-import os
 import time
 from typing import Optional, Sequence
 
@@ -33,8 +32,8 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
                batch_size: int = 64, large_model: bool = False,
                model_copies: int = 0) -> Optional[str]:
   """Embeds the newest snapshot if the index is behind it; returns the new index path."""
-  from realm_tf.training import snapshots  # pylint: disable=g-import-not-at-top
-  snapshot = versioned.latest_version(snapshots.block_encoder_dir(model_dir))
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
   index = versioned.latest_version(index_dir)
   if snapshot is None or (index is not None and index.version >= snapshot.version):
     return None
@@ -50,15 +49,15 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   """Builds indexes until training is done; returns the number of builds."""
   # pylint: disable=g-import-not-at-top
   from realm_tf.configs import load_config
-  from realm_tf.data import files as data_files
-  from realm_tf.training import snapshots
+  from realm_tf.data.block_store import blocks_pattern
+  from realm_tf.io import layout
   # pylint: enable=g-import-not-at-top
-  run_config = load_config(os.path.join(config.model_dir, "params.yaml"))
-  blocks = config.blocks or data_files.pattern(run_config.data, data_files.BLOCKS)
-  index_dir = snapshots.index_dir(config.model_dir, run_config.index.index_dir)
+  run_config = load_config(layout.params_path(config.model_dir))
+  blocks = blocks_pattern(config.blocks or run_config.index.blocks)
+  index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
   num_shards = config.num_shards or run_config.index.num_shards
   builds = 0
-  while not snapshots.training_done(config.model_dir):
+  while not layout.training_done(config.model_dir):
     try:
       built = build_once(config.model_dir, blocks, index_dir, num_shards,
                          run_config.index.backend, run_config.index.keep_versions,

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from realm_tf.training.snapshots import append_metrics
+from realm_tf.io.layout import append_metrics
 
 
 def _scalar(value):

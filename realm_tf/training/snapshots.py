@@ -4,6 +4,7 @@
   <model_dir>/export/block_encoder/<step>/   BlockEncoder SavedModel (index builder)
   <model_dir>/index/<step>/                  index built from that block encoder
   <model_dir>/TRAINING_DONE                  tells the index builder to stop
+(paths from realm_tf.io.layout)
 
 Writing a SavedModel of BERT takes seconds to minutes; the step loop must not wait for it.
 A snapshot therefore copies the live weights into a shadow retriever (a fast in-memory
@@ -11,53 +12,36 @@ assign, so the snapshot is consistent) and saves the shadow on a background thre
 previous save is still running, that snapshot is skipped: the builder would have skipped
 it anyway, as it always embeds the newest snapshot only.
 """
-import json
 import logging
-import os
 import threading
 import time
 from typing import Callable, Optional
 
-import tensorflow as tf
-
 from realm_tf.export.encoders import BlockEncoder, QueryEncoder, export_encoder
-from realm_tf.io import versioned
-
-TRAINING_DONE = "TRAINING_DONE"
-
-
-def query_encoder_dir(model_dir: str) -> str:
-  return os.path.join(model_dir, "export", "query_encoder")
-
-
-def block_encoder_dir(model_dir: str) -> str:
-  return os.path.join(model_dir, "export", "block_encoder")
-
-
-def index_dir(model_dir: str, configured: str = "") -> str:
-  return configured or os.path.join(model_dir, "index")
+from realm_tf.io import layout, versioned
 
 
 def export_retriever(model_dir: str, step: int, retriever, tokenizer, config,
                      keep: int = 5) -> dict:
   """Exports both towers as version `step` (query encoder first: the index follows the
   block encoder, and the input pipeline may then pair a new index with its query side)."""
-  extra = dict(config=config.retriever.as_dict())
+  retriever_config = config.model.retriever
+  extra = dict(config=retriever_config.as_dict())
   paths = dict(
       query_encoder=export_encoder(
-          QueryEncoder(retriever.query_embedder, tokenizer, config.retriever.query_seq_length),
-          query_encoder_dir(model_dir), step, extra),
+          QueryEncoder(retriever.query_embedder, tokenizer, retriever_config.query_seq_length),
+          layout.query_encoder_dir(model_dir), step, extra),
       block_encoder=export_encoder(
           BlockEncoder(retriever.document_embedder, tokenizer,
-                       config.retriever.block_seq_length),
-          block_encoder_dir(model_dir), step, extra))
-  for root in (query_encoder_dir(model_dir), block_encoder_dir(model_dir)):
+                       retriever_config.block_seq_length),
+          layout.block_encoder_dir(model_dir), step, extra))
+  for root in (layout.query_encoder_dir(model_dir), layout.block_encoder_dir(model_dir)):
     versioned.garbage_collect(root, keep=keep)
   return paths
 
 
 def latest_snapshot_step(model_dir: str) -> Optional[int]:
-  latest = versioned.latest_version(block_encoder_dir(model_dir))
+  latest = versioned.latest_version(layout.block_encoder_dir(model_dir))
   return None if latest is None else latest.version
 
 
@@ -113,24 +97,3 @@ class SnapshotExporter:
   def wait(self):
     if self._thread is not None:
       self._thread.join()
-
-
-def mark_training_done(model_dir: str, step: int):
-  versioned.write_json_atomic(os.path.join(model_dir, TRAINING_DONE),
-                              dict(step=int(step), time=time.time()))
-
-
-def training_done(model_dir: str) -> bool:
-  return tf.io.gfile.exists(os.path.join(model_dir, TRAINING_DONE))
-
-
-def clear_training_done(model_dir: str):
-  path = os.path.join(model_dir, TRAINING_DONE)
-  if tf.io.gfile.exists(path):
-    tf.io.gfile.remove(path)
-
-
-def append_metrics(model_dir: str, record: dict):
-  """One JSON line per train loop: the run's history, for tests and benchmarks."""
-  with tf.io.gfile.GFile(os.path.join(model_dir, "metrics.jsonl"), "a") as f:
-    f.write(json.dumps(record, sort_keys=True) + "\n")

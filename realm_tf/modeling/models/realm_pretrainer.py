@@ -1,34 +1,34 @@
 """REALM pre-training model: retriever scores + knowledge-augmented encoder."""
+from typing import NamedTuple, Optional
+
 import tensorflow as tf
 import tf_keras
 
 from realm_tf.modeling.models.knowledge_augmented_encoder import KnowledgeAugmentedEncoder
 from realm_tf.modeling.models.retriever import Retriever
 
-
 # Relevance logit of a padding candidate: p(z|x) is zero to float precision.
-_PADDING_LOGIT = -1e9
+PADDING_LOGIT = -1e9
 
 
-def _sub(features: dict, prefix: str) -> dict:
-  return {key: features[f"{prefix}_{key}"]
-          for key in ("input_word_ids", "input_mask", "input_type_ids")}
+class RealmPretrainerOutputs(NamedTuple):
+  retrieval_logits: tf.Tensor  # [B, K] (padding candidates at about -1e9)
+  token_log_probs: tf.Tensor  # [B, K, M] log p(y_m | z_k, x)
+  mlm_predictions: tf.Tensor  # [B, M] argmax of the marginal p(y_m | x)
 
 
 class RealmPretrainer(tf_keras.Model):
-  """Rescoring of retrieved candidates with live parameters, plus the MLM likelihoods.
+  """Scores retrieved candidates with live parameters and computes the MLM likelihoods.
 
-  The candidates (the null document among them) come from MIPS in the input pipeline; here
-  both towers re-embed them so that the gradient of log p(y|x) reaches the retriever.
+  The candidates (the null document among them) come from MIPS over the stale index; here
+  the document tower re-embeds them so that the gradient of log p(y|x) reaches both towers.
 
-  Features (prefixes name which network reads them):
-    query_*      [B, Lq]     x for the query tower
-    candidate_*  [B, K, Lc]  the retrieved blocks for the document tower
-    reader_*     [B, K, Lr]  join_bert(x, z_body) for the knowledge-augmented encoder
-    masked_lm_positions, masked_lm_ids [B, M]
-    candidate_mask [B, K]    optional: 0 for padding candidates (too few non-trivial hits)
-  Outputs: retrieval_logits [B, K] (padding candidates at about -1e9), token_log_probs
-  [B, K, M], and mlm_predictions [B, M], the argmax of the marginal p(y_m|x).
+  Features (a nest; names say which network reads them):
+    query       BERT inputs [B, Lq]      x for the query tower
+    candidates  BERT inputs [B, K, Lc]   the retrieved blocks for the document tower
+    reader      BERT inputs [B, K, Lr]   join_bert(x, z_body) for the encoder
+    masked_lm   positions, ids [B, M]
+    candidate_mask [B, K]                optional: 0 for padding candidates
   """
 
   def __init__(self, retriever: Retriever, encoder: KnowledgeAugmentedEncoder, **kwargs):
@@ -36,20 +36,24 @@ class RealmPretrainer(tf_keras.Model):
     self.retriever = retriever
     self.knowledge_augmented_encoder = encoder
 
-  def call(self, features: dict, training=None) -> dict[str, tf.Tensor]:
-    retrieval_logits = self.retriever(
-        dict(query=_sub(features, "query"), candidates=_sub(features, "candidate")),
-        training=training)
-    reader_inputs = dict(_sub(features, "reader"),
-                         masked_lm_positions=features["masked_lm_positions"],
-                         masked_lm_ids=features["masked_lm_ids"])
+  def call(self, features: dict, query_embeddings: Optional[tf.Tensor] = None,
+           training=None) -> RealmPretrainerOutputs:
+    """query_embeddings [B, P]: pass the ones the step already computed for the search."""
+    if query_embeddings is None:
+      query_embeddings = self.retriever.embed_queries(features["query"], training=training)
+    documents = self.retriever.embed_documents(features["candidates"],
+                                               training=training)  # [B, K, P]
+    retrieval_logits = tf.cast(Retriever.relevance(
+        query_embeddings, tf.cast(documents, query_embeddings.dtype)), tf.float32)  # [B, K]
+    reader_inputs = dict(features["reader"],
+                         masked_lm_positions=features["masked_lm"]["positions"],
+                         masked_lm_ids=features["masked_lm"]["ids"])
     outputs = self.knowledge_augmented_encoder(reader_inputs, training=training)
-    retrieval_logits = tf.cast(retrieval_logits, tf.float32)
     if "candidate_mask" in features:
       retrieval_logits = tf.where(tf.cast(features["candidate_mask"], tf.bool),
-                                  retrieval_logits, _PADDING_LOGIT)
+                                  retrieval_logits, PADDING_LOGIT)
     log_pz = tf.nn.log_softmax(retrieval_logits, axis=-1)[:, :, None, None]  # [B, K, 1, 1]
     marginal = tf.reduce_logsumexp(log_pz + outputs["log_probs"], axis=1)  # [B, M, V]
-    return dict(retrieval_logits=retrieval_logits,
-                token_log_probs=outputs["token_log_probs"],
-                mlm_predictions=tf.argmax(marginal, axis=-1, output_type=tf.int32))
+    return RealmPretrainerOutputs(
+        retrieval_logits=retrieval_logits, token_log_probs=outputs["token_log_probs"],
+        mlm_predictions=tf.argmax(marginal, axis=-1, output_type=tf.int32))

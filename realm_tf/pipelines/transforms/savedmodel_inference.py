@@ -9,6 +9,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+# The encoders tokenize in-graph with tensorflow_text ops (FastBertNormalize, ...), which
+# must be registered in the worker process before the SavedModel is loaded.
+import tensorflow_text  # noqa: F401  pylint: disable=unused-import
 from apache_beam.ml.inference.base import PredictionResult
 from apache_beam.ml.inference.tensorflow_inference import TFModelHandlerTensor
 

@@ -1,0 +1,135 @@
+"""The one place that says where things live in a run's model_dir.
+
+  <model_dir>/
+    params.yaml                      the run's whole ExperimentConfig (read by the builder)
+    corpus/                          blocks made from a JSON lines index.blocks, if given
+    checkpoints/ckpt-<step>          tf.train.CheckpointManager
+    train/, validation/              TensorBoard summaries (tf-models' runner layout)
+    metrics.jsonl                    one JSON line per train loop / evaluation
+    export/query_encoder/<step>/     retriever snapshots handed to the index builder
+    export/block_encoder/<step>/
+    index/<step>/                    index exports built from those snapshots
+    eval/<name>-<step>.{json,jsonl}  evaluation metrics and per-question predictions
+    index_builder.log                the child index builder's log (when the trainer owns it)
+    TRAINING_DONE                    written once train_steps is reached: stops the builder
+
+Every path is built with os.path.join and read through tf.io.gfile, so model_dir may be on
+GCS (gs://...) as well as on local disk.
+"""
+import json
+import os
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+PARAMS = "params.yaml"
+TRAINING_DONE = "TRAINING_DONE"
+METRICS = "metrics.jsonl"
+
+
+def params_path(model_dir: str) -> str:
+  return os.path.join(model_dir, PARAMS)
+
+
+def corpus_dir(model_dir: str) -> str:
+  """Blocks made from a JSON lines corpus given to the run (index.blocks: x.jsonl)."""
+  return os.path.join(model_dir, "corpus")
+
+
+def checkpoint_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "checkpoints")
+
+
+def metrics_path(model_dir: str) -> str:
+  return os.path.join(model_dir, METRICS)
+
+
+def query_encoder_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "export", "query_encoder")
+
+
+def block_encoder_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "export", "block_encoder")
+
+
+def index_dir(model_dir: str, configured: str = "") -> str:
+  """The run's index directory: index.index_dir when set, else <model_dir>/index."""
+  return configured or os.path.join(model_dir, "index")
+
+
+def eval_dir(model_dir: str) -> str:
+  return os.path.join(model_dir, "eval")
+
+
+def builder_log_path(model_dir: str) -> str:
+  return os.path.join(model_dir, "index_builder.log")
+
+
+def training_done_path(model_dir: str) -> str:
+  return os.path.join(model_dir, TRAINING_DONE)
+
+
+def mark_training_done(model_dir: str, step: int):
+  """Tells index builders (on any machine sharing model_dir) that training has finished."""
+  with tf.io.gfile.GFile(training_done_path(model_dir), "w") as f:
+    json.dump(dict(step=int(step), time=time.time()), f)
+
+
+def training_done(model_dir: str) -> bool:
+  return tf.io.gfile.exists(training_done_path(model_dir))
+
+
+def clear_training_done(model_dir: str):
+  path = training_done_path(model_dir)
+  if tf.io.gfile.exists(path):
+    tf.io.gfile.remove(path)
+
+
+def append_metrics(model_dir: str, record: dict):
+  """One JSON line per train loop: the run's history, for tests and benchmarks.
+
+  Object stores have no append: the file is rewritten whole. It stays small (one line per
+  loop of steps_per_loop steps), so this is cheap.
+  """
+  path = metrics_path(model_dir)
+  previous = ""
+  if tf.io.gfile.exists(path):
+    with tf.io.gfile.GFile(path) as f:
+      previous = f.read()
+  with tf.io.gfile.GFile(path, "w") as f:
+    f.write(previous + json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_metrics(model_dir: str) -> list[dict]:
+  path = metrics_path(model_dir)
+  if not tf.io.gfile.exists(path):
+    return []
+  with tf.io.gfile.GFile(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def latest_checkpoint(path: str) -> str:
+  """`path` if it is a checkpoint prefix, else the newest checkpoint of a run (its model_dir
+  or checkpoints/ dir); FileNotFoundError naming `path` if there is none."""
+  found: Optional[str] = None
+  if tf.io.gfile.isdir(path):
+    found = (tf.train.latest_checkpoint(checkpoint_dir(path))
+             or tf.train.latest_checkpoint(path))
+  elif tf.io.gfile.exists(path + ".index"):
+    found = path
+  if not found:
+    raise FileNotFoundError(f"{path}: no checkpoint")
+  return found
+
+
+def checkpoint_step(model_dir: str) -> int:
+  """The global step of a run's newest checkpoint (0 when there is none).
+
+  Read before the input pipeline is built, so that a resumed run can skip exactly the
+  batches it already consumed.
+  """
+  latest = tf.train.latest_checkpoint(checkpoint_dir(model_dir))
+  if not latest:
+    return 0
+  return int(tf.train.load_variable(latest, "global_step/.ATTRIBUTES/VARIABLE_VALUE"))

@@ -1,0 +1,332 @@
+"""The knowledge index a training or evaluation step retrieves from, on the accelerators.
+
+One module serves pre-training, Open-QA fine-tuning and evaluation (and the exports): it
+holds, for every block z of the corpus Z,
+  - its embedding under the (stale) document tower of the newest committed index export,
+  - its pre-tokenized document-tower input `[CLS] title [SEP] body [SEP]` (word and type
+    ids), and its body wordpieces for the reader,
+as non-trainable variables **sharded across the replicas** of the strategy: replica r holds
+rows [r*S, (r+1)*S), S = ceil(N / R). This is what the REALM authors did on TPU: exact MIPS
+where each core scores its shard (a matmul and a top-k), the candidates of all cores are
+gathered, and a global top-k picks the winners. Tokens and embeddings of the winners are
+then fetched from whichever shard holds them with one all-reduce (each replica contributes
+the rows it owns, zeros elsewhere). Every op has a static shape, so the step compiles with
+XLA.
+
+Memory: embeddings N x P in index.embedding_dtype plus N x (Lc + Lb) int32 of tokens, split
+over R replicas. At the paper's scale (13M blocks, P = 128, bfloat16) the embeddings take
+13M x 128 x 2 B = 3.3 GB over all cores (e.g. 0.4 GB per core of a v3-8); the token tables
+(Lc = 288, Lb = 286: 30 GB) want a pod slice, or the 'scann' backend with a smaller table.
+
+The shards are `SyncOnRead` variables: each replica reads and writes only its own copy, so a
+newer index is swapped in place by one assignment per replica (`swap`), with no retracing.
+
+backend 'scann' (for corpora that do not fit, or CPU-only runs): the search runs on the host
+with the export's ScaNN shards, called through `tf.py_function`; only the query embeddings
+go to the host and only ids and scores come back. The searcher is a Python reference that
+`swap` replaces, so a compiled step keeps working; XLA cannot compile the host call
+(the config validator says so).
+"""
+import logging
+import os
+import threading
+from typing import NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.data.block_store import BlockStore
+from realm_tf.io import versioned
+from realm_tf.retrieval.exact import exact_top_k
+from realm_tf.retrieval.index_export import load_npy, shard_name
+from realm_tf.text.tokenization import Tokenizer
+
+BACKENDS = ("exact", "scann")
+_NEG_INF = -1e30  # a score no real inner product reaches; finite so top_k stays ordered
+
+
+class Retrieved(NamedTuple):
+  """Top-k blocks per query, best first."""
+  rows: tf.Tensor  # [B, k] int32 global rows of the index (ascending block id order)
+  block_ids: tf.Tensor  # [B, k] int64
+  scores: tf.Tensor  # [B, k] float32 inner products with the indexed embeddings
+
+
+class BlockInputs(NamedTuple):
+  """What the towers and the reader need of retrieved blocks."""
+  document: dict  # BERT inputs [B, K, Lc] for the document tower
+  body_ids: tf.Tensor  # [B, K, Lb] int32 body wordpieces (zero-padded)
+  body_lengths: tf.Tensor  # [B, K] int32
+  embeddings: tf.Tensor  # [B, K, P] float32 indexed (stale) embeddings
+
+
+def tokenize_blocks(store: BlockStore, tokenizer: Tokenizer, block_seq_length: int,
+                    body_length: int, batch_size: int = 2048) -> dict[str, np.ndarray]:
+  """Host-side, once: the document-tower inputs and reader bodies of every block."""
+  n = len(store)
+  texts, titles = store.text_strings, store.title_strings
+  tables = dict(word_ids=np.zeros([n, block_seq_length], np.int32),
+                type_ids=np.zeros([n, block_seq_length], np.int32),
+                body_ids=np.zeros([n, body_length], np.int32),
+                body_lengths=np.zeros([n], np.int32))
+  for start in range(0, n, batch_size):
+    end = min(n, start + batch_size)
+    pieces = tokenizer.tokenize(tf.constant(texts[start:end]))  # [b, (T)]
+    tables["body_lengths"][start:end] = np.minimum(pieces.row_lengths().numpy(), body_length)
+    tables["body_ids"][start:end] = pieces.to_tensor(shape=[end - start, body_length]).numpy()
+    packed = tokenizer.encode(tf.constant(titles[start:end]), block_seq_length,
+                              pair_texts=tf.constant(texts[start:end]))
+    tables["word_ids"][start:end] = packed.input_word_ids.numpy()
+    tables["type_ids"][start:end] = packed.input_type_ids.numpy()
+  return tables
+
+
+def row_ordered_embeddings(export: versioned.Version, block_ids: np.ndarray) -> np.ndarray:
+  """[N, P] float32: the export's embeddings in the order of `block_ids` (ascending); an
+  error naming the export if it and the corpus disagree on which blocks exist."""
+  ids, vectors = [], []
+  shards = export.manifest["shards"]
+  for info in shards:
+    if not info["num_blocks"]:
+      continue
+    path = os.path.join(export.path, shard_name(info["shard"], len(shards)))
+    ids.append(load_npy(os.path.join(path, "block_ids.npy")))
+    vectors.append(load_npy(os.path.join(path, "embeddings.npy")).astype(np.float32))
+  if not ids:
+    raise ValueError(f"index {export.path} holds no blocks")
+  ids, vectors = np.concatenate(ids), np.concatenate(vectors)
+  order = np.argsort(ids, kind="stable")
+  ids, vectors = ids[order], vectors[order]
+  if ids.shape != block_ids.shape or np.any(ids != block_ids):
+    raise ValueError(f"index {export.path} covers {len(ids)} blocks that are not the "
+                     f"corpus's {len(block_ids)}: rebuild it from these blocks")
+  return vectors
+
+
+def _replica_context():
+  """(context, number of replicas, this replica's id) in a replica or default context."""
+  context = tf.distribute.get_replica_context()
+  if context is None:
+    raise RuntimeError("KnowledgeIndex.search/gather run in a replica context "
+                       "(inside strategy.run, or outside any strategy)")
+  return context, context.num_replicas_in_sync, context.replica_id_in_sync_group
+
+
+class KnowledgeIndex(tf.Module):
+  """Sharded exact MIPS (or host ScaNN) plus block tables; see the module docstring."""
+
+  def __init__(self, store: BlockStore, tokenizer: Tokenizer, block_seq_length: int,
+               body_length: int, dimension: int, strategy: Optional[tf.distribute.Strategy]
+               = None, backend: str = "exact", embedding_dtype: str = "float32",
+               rescore: bool = False, name: str = "knowledge_index"):
+    super().__init__(name=name)
+    if backend not in BACKENDS:
+      raise ValueError(f"index backend must be one of {BACKENDS}, got {backend!r}")
+    self.store = store
+    self.strategy = strategy or tf.distribute.get_strategy()
+    self.backend = backend
+    self.rescore = rescore
+    self.dimension = dimension
+    self.num_blocks = len(store)
+    self.num_replicas = self.strategy.num_replicas_in_sync
+    self.shard_size = -(-self.num_blocks // self.num_replicas)  # S = ceil(N / R)
+    self.version: Optional[int] = None
+    self.export: Optional[versioned.Version] = None
+    self.num_swaps = 0
+    self._host_searcher = None  # backend 'scann': the current host-side searcher
+    self._lock = threading.Lock()
+    tables = tokenize_blocks(store, tokenizer, block_seq_length, body_length)
+    dtype = tf.bfloat16 if embedding_dtype == "bfloat16" else tf.float32
+    s = self.shard_size
+    with self.strategy.scope():
+      def sharded(shape, var_dtype, var_name):
+        return tf.Variable(tf.zeros([s, *shape], var_dtype), trainable=False, name=var_name,
+                           synchronization=tf.VariableSynchronization.ON_READ,
+                           aggregation=tf.VariableAggregation.NONE)
+      self.embeddings = sharded([dimension], dtype, "embeddings")  # [S, P] per replica
+      self.valid = sharded([], tf.bool, "valid")  # [S]: False on padding rows
+      self.word_ids = sharded([block_seq_length], tf.int32, "word_ids")  # [S, Lc]
+      self.type_ids = sharded([block_seq_length], tf.int32, "type_ids")  # [S, Lc]
+      self.body_ids = sharded([body_length], tf.int32, "body_ids")  # [S, Lb]
+      self.body_lengths = sharded([], tf.int32, "body_lengths")  # [S]
+      # Row → block id for every row (replicated: 8 bytes a block), and its inverse by
+      # searchsorted (block ids are ascending in row order).
+      self.block_ids = tf.Variable(store.block_ids, trainable=False, name="block_ids")
+    self._assign_sharded(dict(valid=np.ones([self.num_blocks], bool),
+                              word_ids=tables["word_ids"], type_ids=tables["type_ids"],
+                              body_ids=tables["body_ids"],
+                              body_lengths=tables["body_lengths"]))
+
+  # --------------------------------------------------------------------------- host side
+
+  def _shard(self, values: np.ndarray, replica: int) -> np.ndarray:
+    """Rows of `values` ([N, ...]) that replica `replica` holds, zero-padded to S."""
+    s = self.shard_size
+    part = values[replica * s:(replica + 1) * s]
+    if len(part) < s:
+      part = np.concatenate([part, np.zeros([s - len(part), *values.shape[1:]],
+                                            values.dtype)])
+    return part
+
+  def _assign_sharded(self, columns: dict[str, np.ndarray]):
+    """Assigns each replica its shard of every column (in place: no retracing)."""
+    for key, values in columns.items():
+      variable = getattr(self, key)
+      distributed = self.strategy.experimental_distribute_values_from_function(
+          lambda context, v=values, var=variable: tf.constant(
+              self._shard(v, context.replica_id_in_sync_group), var.dtype))
+      self.strategy.run(lambda value, var=variable: var.assign(value), args=(distributed,))
+
+  def swap(self, export: versioned.Version) -> None:
+    """Loads a committed index export in place of the current one.
+
+    The embeddings are checked against the corpus (same block ids) and assigned shard by
+    shard; with 'scann' the host searcher reference is replaced. Compiled steps keep
+    running: no variable or graph changes identity.
+    """
+    vectors = row_ordered_embeddings(export, self.store.block_ids)
+    if vectors.shape[1] != self.dimension:
+      raise ValueError(f"index {export.path} has {vectors.shape[1]}-d embeddings, the "
+                       f"retriever {self.dimension}-d")
+    searcher = None
+    if self.backend == "scann":
+      from realm_tf.retrieval.loading import load_searcher  # pylint: disable=g-import-not-at-top
+      searcher = load_searcher(export, "scann", self.rescore)
+    with self._lock:
+      self._assign_sharded(dict(embeddings=vectors))
+      self._host_searcher = searcher
+      self.version = export.version
+      self.export = export
+      self.num_swaps += 1
+    logging.info("Knowledge index: version %d (%d blocks, %s) swapped in", export.version,
+                 self.num_blocks, export.path)
+
+  def maybe_swap(self, index_dir: str) -> bool:
+    """Swaps in the newest committed export under `index_dir` if it is newer; a broken
+    export is logged and skipped (the current one keeps serving)."""
+    latest = versioned.latest_version(index_dir)
+    if latest is None or (self.version is not None and latest.version <= self.version):
+      return False
+    try:
+      self.swap(latest)
+    except Exception as e:  # pylint: disable=broad-except
+      logging.error("Index %s could not be loaded, keeping version %s: %s", latest.path,
+                    self.version, e)
+      return False
+    return True
+
+  @property
+  def encoder_step(self) -> int:
+    """The training step of the block encoder behind the current index (-1: none)."""
+    if self.export is None:
+      return -1
+    return int(self.export.manifest.get("encoder", {}).get("step", self.export.version))
+
+  @property
+  def snapshot_time(self) -> float:
+    """When the encoder snapshot behind the current index was committed."""
+    if self.export is None:
+      return 0.0
+    encoder = self.export.manifest.get("encoder", {})
+    return float(encoder.get("committed_at") or self.export.manifest.get("committed_at", 0.0))
+
+  # --------------------------------------------------------------------------- in the step
+
+  def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
+    """Global rows of block ids (any shape); ids must be in the index."""
+    flat = tf.reshape(tf.cast(block_ids, tf.int64), [1, -1])  # [1, n]
+    rows = tf.searchsorted(self.block_ids[None, :], flat)  # [1, n]
+    rows = tf.minimum(rows, self.num_blocks - 1)
+    return tf.reshape(tf.cast(rows, tf.int32), tf.shape(block_ids))
+
+  def search(self, queries: tf.Tensor, k: int,
+             exclude_block_ids: Optional[tf.Tensor] = None) -> Retrieved:
+    """The k blocks with the largest inner product with each query [B, P].
+
+    exclude_block_ids [B] (optional): a block each query must not retrieve (REALM's "no
+    trivial retrievals": the block the masked sentence came from).
+    """
+    if k > self.num_blocks - (exclude_block_ids is not None):
+      raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
+    fetch = k + (1 if exclude_block_ids is not None else 0)
+    queries = tf.cast(tf.stop_gradient(queries), tf.float32)
+    if self.backend == "scann":
+      rows, scores = self._host_search(queries, fetch)
+    else:
+      rows, scores = self._sharded_exact_search(queries, fetch)
+    block_ids = tf.gather(self.block_ids, rows)  # [B, fetch]
+    if exclude_block_ids is not None:
+      trivial = tf.equal(block_ids, tf.cast(exclude_block_ids, tf.int64)[:, None])
+      scores = tf.where(trivial, _NEG_INF, scores)
+      top = tf.math.top_k(scores, k=k)  # [B, k]: drops the trivial block (or the last)
+      rows = tf.gather(rows, top.indices, batch_dims=1)
+      block_ids = tf.gather(block_ids, top.indices, batch_dims=1)
+      scores = top.values
+    return Retrieved(rows, block_ids, scores)
+
+  def _sharded_exact_search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-shard exact top-k of every replica's queries, then a global top-k."""
+    context, num_replicas, replica = _replica_context()
+    batch = tf.shape(queries)[0]
+    all_queries = (context.all_gather(queries, axis=0)
+                   if num_replicas > 1 else queries)  # [B*R, P]
+    local_k = min(k, self.shard_size)
+    scores, local_rows = exact_top_k(all_queries, self.embeddings, local_k)  # [B*R, k']
+    scores = tf.where(tf.gather(self.valid, local_rows), scores, _NEG_INF)
+    rows = local_rows + tf.cast(replica, tf.int32) * self.shard_size  # global rows
+    if num_replicas > 1:
+      # [R, B*R, k'] candidates of every shard → this replica's queries [B, R*k'].
+      all_scores = context.all_gather(scores[None], axis=0)
+      all_rows = context.all_gather(rows[None], axis=0)
+      mine = tf.cast(replica, tf.int32) * batch + tf.range(batch)  # [B]
+      scores = tf.reshape(tf.transpose(tf.gather(all_scores, mine, axis=1), [1, 0, 2]),
+                          [batch, num_replicas * local_k])  # [B, R*k']
+      rows = tf.reshape(tf.transpose(tf.gather(all_rows, mine, axis=1), [1, 0, 2]),
+                        [batch, num_replicas * local_k])
+    top = tf.math.top_k(scores, k=k)  # [B, k]
+    return tf.gather(rows, top.indices, batch_dims=1), top.values
+
+  def _host_search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """ScaNN on the host: query embeddings go out, ids and scores come back."""
+
+    def search(host_queries):
+      searcher = self._host_searcher
+      if searcher is None:
+        raise RuntimeError("knowledge index: no index swapped in yet")
+      found = searcher.search(host_queries, k)
+      return found.block_ids, found.scores
+
+    block_ids, scores = tf.py_function(search, [queries], [tf.int64, tf.float32],
+                                       name="host_scann_search")
+    block_ids.set_shape([queries.shape[0], k])
+    scores.set_shape([queries.shape[0], k])
+    return self.rows(block_ids), scores
+
+  def gather(self, rows: tf.Tensor) -> BlockInputs:
+    """Tokens and indexed embeddings of global `rows` [B, K], from whichever shard owns
+    them: each replica fills in its own rows (zeros elsewhere) and one all-reduce sums."""
+    context, num_replicas, replica = _replica_context()
+    batch = tf.shape(rows)[0]
+    all_rows = context.all_gather(rows, axis=0) if num_replicas > 1 else rows  # [B*R, K]
+    local = all_rows - tf.cast(replica, tf.int32) * self.shard_size
+    owned = (local >= 0) & (local < self.shard_size)  # [B*R, K]
+    local = tf.clip_by_value(local, 0, self.shard_size - 1)
+
+    def take(table):
+      values = tf.gather(table, local)  # [B*R, K, ...]
+      mask = tf.reshape(owned, tf.concat([tf.shape(owned),
+                                          tf.ones([values.shape.rank - 2], tf.int32)], 0))
+      return tf.where(mask, values, tf.zeros_like(values))
+
+    parts = dict(word_ids=take(self.word_ids), type_ids=take(self.type_ids),
+                 body_ids=take(self.body_ids), body_lengths=take(self.body_lengths),
+                 embeddings=tf.cast(take(self.embeddings), tf.float32))
+    if num_replicas > 1:
+      mine = tf.cast(replica, tf.int32) * batch + tf.range(batch)
+      parts = {key: tf.gather(context.all_reduce(tf.distribute.ReduceOp.SUM, value), mine)
+               for key, value in parts.items()}
+    word_ids = parts["word_ids"]
+    document = dict(input_word_ids=word_ids, input_mask=tf.cast(word_ids > 0, tf.int32),
+                    input_type_ids=parts["type_ids"])
+    return BlockInputs(document, parts["body_ids"], parts["body_lengths"],
+                       parts["embeddings"])

@@ -1,0 +1,190 @@
+"""What every realm_tf training mode shares, in the shape of tf-models' `base_task.Task`.
+
+A task builds its model, its inputs, its metrics and its train/validation steps; the one
+generic driver (realm_tf.training.train_lib) runs any task with tf-models' `Trainer` and an
+orbit `Controller`. What realm_tf adds to tf-models' Task:
+  - the whole ExperimentConfig (model, index, trainer, runtime sections are shared by tasks),
+    the run's model_dir and the step a resumed run starts from (so inputs skip exactly the
+    global batches already consumed);
+  - `compute_gradients`: the forward pass, loss and gradients of one replica's batch as one
+    function compiled with `jit_compile=runtime.enable_xla`; the optimizer update stays
+    outside it (its cross-replica merge cannot sit inside an XLA cluster);
+  - host-side hooks the driver calls between train loops (`train_actions`, `host_logs`,
+    `on_train_end`), e.g. a newer index swapped in, retriever snapshots handed to the
+    index builder.
+"""
+import logging
+import math
+from typing import Any, Callable, Optional, Sequence
+
+import tensorflow as tf
+import tf_keras
+from official.core import base_task
+from official.modeling import optimization, performance
+
+from realm_tf.configs.experiment import ExperimentConfig, TrainerConfig
+from realm_tf.text.tokenization import Tokenizer
+
+
+def build_optimizer(trainer: TrainerConfig, runtime=None):
+  """AdamW with linear warm-up and linear decay to zero at train_steps (BERT's schedule),
+  through tf-models' OptimizerFactory; loss scaling for float16 as tf-models configures it."""
+  steps = trainer.train_steps
+  config = optimization.OptimizationConfig({
+      "optimizer": {"type": "adamw", "adamw": {
+          "weight_decay_rate": trainer.weight_decay,
+          "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"],
+          "global_clipnorm": 1.0}},
+      "learning_rate": {"type": "polynomial", "polynomial": {
+          "initial_learning_rate": trainer.learning_rate, "decay_steps": steps,
+          "end_learning_rate": 0.0}},
+      "warmup": {"type": "linear", "linear": {
+          "warmup_steps": min(trainer.warmup_steps, max(1, steps // 2))}},
+  })
+  factory = optimization.OptimizerFactory(config)
+  optimizer = factory.build_optimizer(factory.build_learning_rate())
+  if runtime is not None:
+    optimizer = performance.configure_optimizer(
+        optimizer, use_float16=runtime.mixed_precision_dtype == "float16",
+        loss_scale=runtime.loss_scale)
+  return optimizer
+
+
+def input_skip(start_step: int, input_context: Optional[tf.distribute.InputContext]) -> int:
+  """Per-replica batches one input pipeline must skip to resume after `start_step` global
+  steps: each step takes one batch per replica, and a pipeline feeds R / P replicas."""
+  if input_context is None:
+    return start_step
+  per_pipeline = input_context.num_replicas_in_sync // max(1, input_context.num_input_pipelines)
+  return start_step * max(1, per_pipeline)
+
+
+def shard_for(dataset: tf.data.Dataset,
+              input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
+  """One input pipeline's share of the records (multi-host TPU pods, multi-worker GPUs)."""
+  if input_context is not None and input_context.num_input_pipelines > 1:
+    return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  return dataset
+
+
+def per_replica_batch(global_batch_size: int,
+                      input_context: Optional[tf.distribute.InputContext]) -> int:
+  if input_context is None:
+    return global_batch_size
+  return input_context.get_per_replica_batch_size(global_batch_size)
+
+
+def apply_gradients(optimizer, grads_and_vars):
+  """Drops variables a step does not use (e.g. BERT's pooler under 'cls' pooling)."""
+  optimizer.apply_gradients([(g, v) for g, v in grads_and_vars if g is not None])
+
+
+def mean_metric(name: str) -> tf_keras.metrics.Mean:
+  return tf_keras.metrics.Mean(name, dtype=tf.float32)
+
+
+class RealmTask(base_task.Task):
+  """Base of the ict / pretrain / openqa tasks (see the module docstring)."""
+
+  # Names of the Mean metrics the task reports; build_metrics makes one of each.
+  metric_names: Sequence[str] = ("loss",)
+
+  def __init__(self, params, experiment: ExperimentConfig, model_dir: str = "",
+               start_step: int = 0, name: Optional[str] = None):
+    super().__init__(params, logging_dir=model_dir, name=name)
+    self.experiment = experiment
+    self.model_dir = model_dir
+    self.start_step = start_step
+    self._tokenizer: Optional[Tokenizer] = None
+    self._compiled: dict[str, Callable] = {}
+
+  @property
+  def tokenizer(self) -> Tokenizer:
+    if self._tokenizer is None:
+      t = self.experiment.model.tokenizer
+      self._tokenizer = Tokenizer(t.vocab_file or None, t.lower_case)
+    return self._tokenizer
+
+  @property
+  def jit_compile(self) -> bool:
+    return bool(self.experiment.runtime.enable_xla)
+
+  def create_task_optimizer(self):
+    return build_optimizer(self.experiment.trainer, self.experiment.runtime)
+
+  def build_metrics(self, training: bool = True):
+    del training
+    return [mean_metric(name) for name in self.metric_names]
+
+  def compiled(self, name: str, fn: Callable) -> Callable:
+    """`fn` as a tf.function compiled with XLA when runtime.enable_xla (one per name)."""
+    if name not in self._compiled:
+      self._compiled[name] = tf.function(fn, jit_compile=self.jit_compile)
+    return self._compiled[name]
+
+  @staticmethod
+  def update_metrics(metrics, values: dict[str, Any], weights: Optional[dict] = None):
+    """Updates the Means named in `values` (weights per name, optional)."""
+    weights = weights or {}
+    for metric in metrics or []:
+      if metric.name in values:
+        metric.update_state(values[metric.name], sample_weight=weights.get(metric.name))
+
+  def gradient_step(self, model, optimizer, loss_and_outputs: Callable, inputs):
+    """One replica's update: loss, gradients (compiled), then the optimizer (not compiled).
+
+    `loss_and_outputs(inputs, training)` returns (this replica's share of the global mean
+    loss, outputs dict). Mixed float16 scales the loss as tf-models' LossScaleOptimizer
+    expects.
+    """
+    variables = model.trainable_variables
+    scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+
+    def forward_backward(features):
+      with tf.GradientTape() as tape:
+        loss, outputs = loss_and_outputs(features, True)
+        objective = optimizer.get_scaled_loss(loss) if scaled else loss
+      grads = tape.gradient(objective, variables)  # None for variables the step never used
+      return loss, outputs, grads
+
+    loss, outputs, grads = self.compiled("forward_backward", forward_backward)(inputs)
+    if scaled:
+      grads = optimizer.get_unscaled_gradients(grads)
+    apply_gradients(optimizer, zip(grads, variables))
+    return loss, outputs
+
+  # ------------------------------------------------------------------ driver hooks (host)
+
+  def train_actions(self, trainer) -> list[Callable[[dict], None]]:
+    """orbit train actions to run after each train loop (host side)."""
+    del trainer
+    return []
+
+  def host_logs(self, global_step: int) -> dict[str, float]:
+    """Extra per-loop scalars computed on the host (index staleness, ...)."""
+    del global_step
+    return {}
+
+  def on_train_begin(self, model, global_step: int):
+    """Host work before the first step (e.g. load the first index)."""
+    del model, global_step
+
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    """Host work after the last step (e.g. tell the index builder training is done)."""
+    del model, global_step, reached_train_steps
+
+  def steps_per_loop_divisors(self) -> list[int]:
+    """Intervals (in steps) a train loop must not straddle (e.g. the snapshot interval)."""
+    return []
+
+
+def steps_per_loop(trainer: TrainerConfig, *intervals: int) -> int:
+  """The largest loop length that divides every interval the driver acts on."""
+  values = [trainer.steps_per_loop, trainer.summary_interval, trainer.checkpoint_interval,
+            *intervals]
+  return math.gcd(*[v for v in values if v and v > 0]) or 1
+
+
+def log_restore(what: str, path: str):
+  logging.info("%s restored from %s", what, path)
+

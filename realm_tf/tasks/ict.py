@@ -1,0 +1,70 @@
+"""The Inverse Cloze Task (Lee et al., 2019): the warm start of REALM's retriever.
+
+Each pseudo-query (a sentence) must pick its own evidence block among all the blocks of the
+global batch (in-batch negatives gathered across replicas, losses.ict_loss). The task ends
+by exporting the retriever towers, which pre-training and the index builder start from.
+"""
+import logging
+
+import tensorflow as tf
+
+from realm_tf.data import ict_inputs
+from realm_tf.io import layout
+from realm_tf.modeling import factory, losses
+from realm_tf.tasks import base
+from realm_tf.training import snapshots
+
+
+class IctTask(base.RealmTask):
+  """build_model → Retriever; inputs {'query', 'block', 'block_id'}; loss = ICT softmax."""
+
+  metric_names = ("loss", "accuracy")
+
+  def build_model(self):
+    return factory.build_retriever(self.experiment)
+
+  def build_inputs(self, params, input_context=None):
+    r = self.experiment.model.retriever
+    training = bool(params.is_training)
+    return ict_inputs.ict_dataset(
+        params.input_path, self.tokenizer,
+        base.per_replica_batch(params.global_batch_size, input_context),
+        r.query_seq_length, r.block_seq_length, seed=self.experiment.trainer.seed,
+        shuffle_buffer=params.shuffle_buffer_size if training else 0, repeat=training,
+        skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
+        input_context=input_context, max_examples=params.max_examples)
+
+  def _loss(self, retriever, features, training):
+    q = retriever.embed_queries(features["query"], training=training)  # [B, P]
+    d = retriever.embed_documents(features["block"], training=training)  # [B, P]
+    out = losses.ict_loss(q, d, features["block_id"])
+    loss = losses.global_mean(out["loss_sum"], out["count"])
+    return loss, out
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    _, out = self.gradient_step(model, optimizer, lambda f, t: self._loss(model, f, t), inputs)
+    return self._logs(out, metrics)
+
+  def validation_step(self, inputs, model, metrics=None):
+    _, out = self.compiled("validation", lambda f: self._loss(model, f, False))(inputs)
+    return self._logs(out, metrics)
+
+  def _logs(self, out, metrics):
+    loss = out["loss_sum"] / out["count"]
+    accuracy = out["correct"] / out["count"]
+    self.update_metrics(metrics, dict(loss=loss, accuracy=accuracy),
+                        dict(loss=out["count"], accuracy=out["count"]))
+    return {self.loss: loss}
+
+  def initialize(self, model):
+    """ICT starts from model.warm_start (done by build_model); init_checkpoint, when set,
+    restores a previous ICT run's retriever."""
+    if self.task_config.init_checkpoint:
+      path = layout.latest_checkpoint(self.task_config.init_checkpoint)
+      tf.train.Checkpoint(model=model).read(path).expect_partial()
+      base.log_restore("Retriever", path)
+
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    paths = snapshots.export_retriever(self.model_dir, global_step, model, self.tokenizer,
+                                       self.experiment)
+    logging.info("ICT at step %d: retriever exported to %s", global_step, paths)

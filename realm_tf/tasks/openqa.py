@@ -1,0 +1,274 @@
+"""Open-QA fine-tuning and evaluation (ORQA / REALM section 4).
+
+One step, per replica (B questions, R retrieved, K <= R read, S spans, A answers):
+  query tower(question) → MIPS over the index (or BM25 top-k from the features) → rows [B, R]
+  KnowledgeIndex.gather → bodies; [CLS] x [SEP] z_body [SEP] → reader → span logits [B, K, S]
+  answer spans located in what was read (spans.locate_answer_spans) → losses.openqa_loss
+The document index stays fixed unless refresh_index (then the document tower trains too
+and the index builder re-embeds the corpus beside the trainer, as in pre-training).
+
+Validation returns per-question outputs; `aggregate_logs` collects them on the host and
+`reduce_aggregated_logs` scores them (exact match, recall@k, reader oracle) and writes the
+per-question predictions (openqa.evaluation).
+"""
+import logging
+import os
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.data import block_store
+from realm_tf.io import layout
+from realm_tf.modeling import factory, losses
+from realm_tf.openqa import evaluation, inputs, spans
+from realm_tf.openqa.bm25 import BM25Retriever
+from realm_tf.openqa.model import OpenQAModel
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+from realm_tf.tasks import base
+from realm_tf.training import refresh
+
+
+def best_spans(span_logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """The best (block, span) over all K blocks jointly: indices [B], [B] and logits [B]."""
+  num_spans = tf.shape(span_logits)[2]
+  flat = tf.reshape(span_logits, [tf.shape(span_logits)[0], -1])  # [B, K*S]
+  best = tf.argmax(flat, axis=1, output_type=tf.int32)
+  return best // num_spans, best % num_spans, tf.reduce_max(flat, axis=1)
+
+
+def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
+  """The retriever and the reader's BERT from a REALM pre-training checkpoint.
+
+  The pre-training checkpoint is `Checkpoint(model=RealmPretrainer, ...)`; these proxies
+  name the same object-graph edges (model/retriever, model/knowledge_augmented_encoder/
+  encoder), so the weights load straight into the fine-tuning networks without building the
+  pretrainer. Every fine-tuning variable of those networks must be found in the checkpoint.
+  """
+  path = layout.latest_checkpoint(path)
+  parts = dict(knowledge_augmented_encoder=tf.train.Checkpoint(encoder=model.reader.encoder))
+  if model.retriever is not None:
+    parts["retriever"] = model.retriever
+  status = tf.train.Checkpoint(model=tf.train.Checkpoint(**parts)).read(path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  logging.info("Retriever and reader BERT restored from REALM pre-training %s", path)
+  return path
+
+
+class OpenQATask(base.RealmTask):
+  """build_model → OpenQAModel; inputs {'example_index', 'query', 'answers'[, 'bm25']}."""
+
+  metric_names = ("loss", "retriever_loss", "reader_loss", "answer_retrieved",
+                  "span_accuracy")
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.index: Optional[KnowledgeIndex] = None
+    self.refresher: Optional[refresh.IndexRefresher] = None
+    self._qa_sets: dict[str, inputs.QASet] = {}
+    self._bm25: Optional[BM25Retriever] = None
+    self.predictions: list[dict] = []  # the last evaluation's per-question records
+    self.evaluation_name = "validation"
+
+  @property
+  def dense(self) -> bool:
+    return self.task_config.retrieval == "dense"
+
+  @property
+  def is_continuation(self) -> np.ndarray:
+    return spans.continuation_table(self.tokenizer.vocab)
+
+  def build_model(self):
+    c = self.task_config
+    retriever = factory.build_retriever(self.experiment) if self.dense else None
+    reader = factory.build_reader(self.experiment)
+    return OpenQAModel(reader, retriever, reader_seq_length=c.reader_seq_length,
+                       sep_id=self.tokenizer.sep_id, train_document_encoder=c.refresh_index,
+                       name="openqa_model")
+
+  def build_index(self, strategy) -> KnowledgeIndex:
+    m, i = self.experiment.model, self.experiment.index
+    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+    self.index = KnowledgeIndex(
+        store, self.tokenizer, m.retriever.block_seq_length,
+        body_length=self.task_config.reader_seq_length - 3,
+        dimension=m.retriever.projection_size, strategy=strategy, backend=i.backend,
+        embedding_dtype=i.embedding_dtype, rescore=i.rescore)
+    return self.index
+
+  def qa_set(self, path: str, limit: int = 0) -> inputs.QASet:
+    """Questions with their answer strings tokenized (and BM25 top-k), built once."""
+    if path not in self._qa_sets:
+      c = self.task_config
+      store = self.index.store
+      if not self.dense and self._bm25 is None:
+        self._bm25 = BM25Retriever(store)
+      examples = inputs.read_questions(path, c.answer_regex, limit)
+      self._qa_sets[path] = inputs.build_qa_set(
+          examples, self.tokenizer, store.text_strings if c.answer_regex else [],
+          c.answer_regex, c.max_answers, self.experiment.model.reader.max_span_width,
+          self._bm25, max(max(evaluation.RECALL_AT), c.num_candidates))
+    return self._qa_sets[path]
+
+  def build_inputs(self, params, input_context=None):
+    if self.index is None:
+      raise RuntimeError("OpenQATask.build_index must run before build_inputs")
+    training = bool(params.is_training)
+    return inputs.qa_dataset(
+        self.qa_set(params.input_path, params.max_examples), self.tokenizer,
+        self.task_config.query_seq_length,
+        base.per_replica_batch(params.global_batch_size, input_context), training=training,
+        seed=self.experiment.trainer.seed,
+        skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
+        input_context=input_context)
+
+  # ------------------------------------------------------------------------- the step
+
+  def num_retrieved(self, training: bool) -> int:
+    k = self.task_config.num_candidates
+    wanted = k if training else max(max(evaluation.RECALL_AT), k)
+    return min(wanted, self.index.num_blocks)
+
+  def forward(self, model, features, training):
+    k = self.task_config.num_candidates
+    out = model(features, index=self.index, num_retrieved=self.num_retrieved(training),
+                num_read=k, training=training)
+    correct = spans.locate_answer_spans(
+        out.reader_inputs, out.span_starts, out.span_ends, features["answers"]["ids"],
+        features["answers"]["lengths"], tf.constant(self.is_continuation))  # [B, K, S]
+    terms = losses.openqa_loss(out.retrieval_logits[:, :k], out.span_logits, correct)
+    batch = tf.cast(tf.shape(terms["loss"])[0], tf.float32)
+    loss = losses.global_mean(tf.reduce_sum(terms["loss"]), batch)
+    return loss, dict(out=out, correct=correct, terms=terms)
+
+  def _update(self, metrics, result):
+    out, correct, terms = result["out"], result["correct"], result["terms"]
+    block, span, _ = best_spans(out.span_logits)
+    picked = tf.gather_nd(correct, tf.stack([tf.range(tf.shape(block)[0]), block, span], 1))
+    self.update_metrics(
+        metrics, dict(loss=terms["loss"], retriever_loss=terms["retriever_loss"],
+                      reader_loss=terms["reader_loss"], answer_retrieved=terms["has_answer"],
+                      span_accuracy=tf.cast(picked, tf.float32)),
+        dict(retriever_loss=terms["has_answer"], reader_loss=terms["has_answer"]))
+    return tf.reduce_mean(terms["loss"])
+
+  def train_step(self, inputs_, model, optimizer, metrics=None):
+    _, result = self.gradient_step(model, optimizer,
+                                   lambda f, t: self.forward(model, f, t), inputs_)
+    return {self.loss: self._update(metrics, result)}
+
+  def validation_step(self, inputs_, model, metrics=None):
+    def evaluate(features):
+      _, result = self.forward(model, features, False)
+      out = result["out"]
+      block, span, best_score = best_spans(out.span_logits)
+      body_start = out.reader_inputs["body_start"]  # [B]
+      per_question = dict(
+          example_index=features["example_index"], rows=out.rows,
+          retrieval_logits=out.retrieval_logits, best_block=block,
+          best_start=tf.gather(out.span_starts, span) - body_start,
+          best_end=tf.gather(out.span_ends, span) - body_start,
+          best_score=best_score, oracle=tf.reduce_any(result["correct"], axis=[1, 2]),
+          located=tf.reduce_any(features["answers"]["lengths"] > 0, axis=1))
+      return result, per_question
+
+    result, per_question = self.compiled("validation", evaluate)(inputs_)
+    loss = self._update(metrics, result)
+    return dict(per_question, **{self.loss: loss})
+
+  def aggregate_logs(self, state=None, step_outputs=None):
+    state = state if state is not None else []
+    local = {k: v for k, v in step_outputs.items() if k != self.loss}
+    num_parts = len(local["example_index"])
+    for i in range(num_parts):  # one entry per replica (experimental_local_results)
+      state.append({k: np.asarray(v[i]) for k, v in local.items()})
+    return state
+
+  def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    gathered = {k: np.concatenate([s[k] for s in aggregated_logs])
+                for k in aggregated_logs[0]}
+    path = self.task_config.validation_data.input_path
+    metrics, self.predictions = evaluation.score(
+        self.qa_set(path, self.task_config.validation_data.max_examples).examples,
+        self.index.store, gathered, self.tokenizer, self.task_config.answer_regex,
+        self.task_config.num_candidates)
+    step = int(global_step.numpy()) if global_step is not None else 0
+    if self.model_dir:
+      files = save_evaluation(self.model_dir, self.evaluation_name, step, metrics,
+                              self.predictions)
+      logging.info("[openqa] evaluation at step %d: EM %.4f recall@5 %.4f (%s)", step,
+                   metrics["exact_match"], metrics["recall@5"], files["metrics"])
+    return metrics
+
+  # ------------------------------------------------------------------------- host side
+
+  def initialize(self, model):
+    c = self.task_config
+    if c.init_from == "ict" and model.retriever is not None:
+      path = layout.latest_checkpoint(c.init_checkpoint)
+      tf.train.Checkpoint(model=model.retriever).read(path).expect_partial()
+      base.log_restore("Retriever (ICT)", path)
+    elif c.init_from == "realm":
+      restore_from_pretraining(model, c.init_checkpoint)
+
+  def start_index(self, model, global_step: int, train: bool):
+    """Loads the first index (dense retrieval); with refresh_index, follows newer ones.
+
+    Without a committed index, the current retriever is exported as snapshot `global_step`
+    and one index is built from it by a child index builder (the same `beam.index_builder`
+    that refreshes indexes during pre-training).
+    """
+    if not self.dense:
+      return
+    i, c = self.experiment.index, self.task_config
+    index_dir = layout.index_dir(self.model_dir, i.index_dir)
+    refreshing = train and c.refresh_index
+    from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+    needs_build = versioned.latest_version(index_dir) is None
+    self.refresher = refresh.IndexRefresher(
+        self.model_dir, self.index, refresh.RefreshSettings(
+            index_dir=index_dir, refresh_every_steps=c.refresh_every_steps if refreshing else 0,
+            train_steps=self.experiment.trainer.train_steps,
+            first_index_timeout_seconds=i.first_index_timeout_seconds,
+            poll_seconds=i.poll_seconds, start_builder=refreshing or needs_build,
+            builder_args=() if refreshing else ("--max_builds", "1")),
+        retriever=model.retriever,
+        build_shadow=lambda: factory.build_retriever(self.experiment.replace(
+            model=dict(warm_start=dict(source="")))),
+        tokenizer=self.tokenizer, config=self.experiment)
+    self.refresher.start(global_step)
+
+  def on_train_begin(self, model, global_step: int):
+    self.start_index(model, global_step, train=True)
+
+  def train_actions(self, trainer):
+    if self.refresher is None or not self.task_config.refresh_index:
+      return []
+    return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
+
+  def host_logs(self, global_step: int) -> dict[str, float]:
+    return self.refresher.logs(global_step) if self.refresher else {}
+
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    if self.refresher is not None:
+      self.refresher.stop(global_step, reached_train_steps)
+
+  def steps_per_loop_divisors(self):
+    return [self.task_config.refresh_every_steps] if self.task_config.refresh_index else []
+
+
+def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
+                    predictions: list[dict]) -> dict:
+  """<model_dir>/eval/<name>-<step>.json (metrics) and .predictions.jsonl, plus one line in
+  metrics.jsonl."""
+  import json  # pylint: disable=g-import-not-at-top
+  directory = layout.eval_dir(model_dir)
+  tf.io.gfile.makedirs(directory)
+  base_name = os.path.join(directory, f"{name}-{step}")
+  files = dict(metrics=base_name + ".json", predictions=base_name + ".predictions.jsonl")
+  evaluation.write_predictions(files["predictions"], predictions)
+  with tf.io.gfile.GFile(files["metrics"], "w") as f:
+    json.dump(dict(metrics, step=step), f, indent=2, sort_keys=True)
+  layout.append_metrics(model_dir, dict(metrics, step=step, mode=f"eval:{name}"))
+  return files

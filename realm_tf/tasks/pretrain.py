@@ -1,0 +1,184 @@
+"""REALM pre-training: masked salient spans, predicted through retrieved documents.
+
+One step, per replica (B queries, K = k retrieved + the null document, M masked tokens):
+  query tower(x)                           → q [B, P]          (live; gradient flows)
+  KnowledgeIndex.search(q, k, exclude x's own block)           (stale index, sharded MIPS)
+  KnowledgeIndex.gather(rows)              → block inputs [B, k, Lc], bodies [B, k, Lb]
+  null document prepended                  → [B, K, ...]
+  document tower(candidates)               → relevance logits q·d [B, K]  (live)
+  pack [CLS] x [SEP] z_body [SEP]          → reader inputs [B, K, Lr]
+  knowledge-augmented encoder              → log p(y_m | z, x) [B, K, M]
+  loss = −Σ_m log Σ_z p(z|x) p(y_m|z,x) / (global number of masked tokens)
+Everything between the input batch and the loss is in the compiled step; only numbers
+cross between host and device.
+"""
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.data import block_store, pretraining_inputs
+from realm_tf.io import layout
+from realm_tf.modeling import factory, losses
+from realm_tf.openqa.spans import pack_reader_inputs
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+from realm_tf.tasks import base
+from realm_tf.training import refresh
+
+
+def null_block_inputs(tokenizer, seq_length: int) -> dict[str, np.ndarray]:
+  """The null document `[CLS] [SEP] [SEP]` as [Lc] arrays (embedded like any block)."""
+  null = tokenizer.null_block(1, seq_length)
+  return {k: v.numpy()[0] for k, v in null.as_dict().items()}
+
+
+def prepend_null(blocks, null: dict, batch_size):
+  """[B, k, ...] retrieved blocks → [B, k+1, ...] with the null document first."""
+  def with_null(value, null_row):
+    row = tf.broadcast_to(tf.constant(null_row, value.dtype),
+                          tf.concat([[batch_size, 1], tf.shape(value)[2:]], 0))
+    return tf.concat([row, value], axis=1)
+  document = {k: with_null(v, null[k]) for k, v in blocks.document.items()}
+  body_ids = with_null(blocks.body_ids, np.zeros(blocks.body_ids.shape[-1], np.int32))
+  body_lengths = with_null(blocks.body_lengths, np.int32(0))
+  return document, body_ids, body_lengths
+
+
+class PretrainTask(base.RealmTask):
+  """build_model → RealmPretrainer; inputs {'query', 'masked_lm', 'block_id'}."""
+
+  metric_names = ("loss", "mlm_accuracy", "retrieval_utility", "null_document_probability",
+                  "trivial_block_retrieved")
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.index: KnowledgeIndex = None
+    self.refresher: refresh.IndexRefresher = None
+
+  @property
+  def num_retrieved(self) -> int:
+    return self.task_config.num_candidates - int(self.task_config.include_null_document)
+
+  def build_model(self):
+    return factory.build_realm_pretrainer(self.experiment)
+
+  def build_inputs(self, params, input_context=None):
+    training = bool(params.is_training)
+    return pretraining_inputs.pretraining_dataset(
+        params.input_path, self.tokenizer, self.experiment.model.retriever.query_seq_length,
+        self.task_config.masking, self.task_config.max_predictions_per_seq,
+        base.per_replica_batch(params.global_batch_size, input_context),
+        seed=self.experiment.trainer.seed,
+        skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
+        repeat=training, shuffle_buffer=params.shuffle_buffer_size if training else 0,
+        input_context=input_context, max_examples=params.max_examples)
+
+  def build_index(self, strategy) -> KnowledgeIndex:
+    """The corpus Z as the step retrieves it (variables sharded over `strategy`)."""
+    m, i = self.experiment.model, self.experiment.index
+    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+    self.index = KnowledgeIndex(
+        store, self.tokenizer, m.retriever.block_seq_length,
+        body_length=m.reader.seq_length - 3, dimension=m.retriever.projection_size,
+        strategy=strategy, backend=i.backend, embedding_dtype=i.embedding_dtype,
+        rescore=i.rescore)
+    self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)
+    return self.index
+
+  # ------------------------------------------------------------------------- the step
+
+  def forward(self, model, features, training):
+    """(this replica's share of the global mean loss, outputs) for one batch."""
+    query = features["query"]
+    batch = tf.shape(query["input_word_ids"])[0]
+    q = model.retriever.embed_queries(query, training=training)  # [B, P]
+    retrieved = self.index.search(q, self.num_retrieved,
+                                  exclude_block_ids=features["block_id"])  # [B, k]
+    blocks = self.index.gather(retrieved.rows)
+    if self.task_config.include_null_document:
+      document, body_ids, body_lengths = prepend_null(blocks, self._null, batch)
+    else:
+      document, body_ids, body_lengths = blocks.document, blocks.body_ids, blocks.body_lengths
+    reader = pack_reader_inputs(query["input_word_ids"], query["input_mask"], body_ids,
+                                body_lengths, self.experiment.model.reader.seq_length,
+                                self.tokenizer.sep_id)
+    reader.pop("body_start")
+    out = model(dict(candidates=document, reader=reader, masked_lm=features["masked_lm"]),
+                query_embeddings=q, training=training)
+    weights = features["masked_lm"]["weights"]  # [B, M]
+    loss_sum, weight_sum = losses.masked_lm_marginal_loss(
+        out.retrieval_logits, out.token_log_probs, weights)
+    loss = losses.global_mean(loss_sum, weight_sum)
+    return loss, dict(retrieval_logits=out.retrieval_logits,
+                      token_log_probs=out.token_log_probs,
+                      mlm_predictions=out.mlm_predictions, loss_sum=loss_sum,
+                      weight_sum=weight_sum, block_ids=retrieved.block_ids)
+
+  def train_step(self, inputs, model, optimizer, metrics=None):
+    _, out = self.gradient_step(model, optimizer,
+                                lambda f, t: self.forward(model, f, t), inputs)
+    return self._logs(inputs, out, metrics)
+
+  def validation_step(self, inputs, model, metrics=None):
+    _, out = self.compiled("validation", lambda f: self.forward(model, f, False))(inputs)
+    return self._logs(inputs, out, metrics)
+
+  def _logs(self, features, out, metrics):
+    weights = features["masked_lm"]["weights"]
+    weight_sum = out["weight_sum"]
+    loss = out["loss_sum"] / tf.maximum(weight_sum, 1.0)
+    correct = tf.cast(tf.equal(out["mlm_predictions"], features["masked_lm"]["ids"]),
+                      tf.float32)
+    null = 0 if self.task_config.include_null_document else None
+    values = dict(
+        loss=loss,
+        mlm_accuracy=tf.reduce_sum(correct * weights) / tf.maximum(weight_sum, 1.0),
+        null_document_probability=(tf.nn.softmax(out["retrieval_logits"], -1)[:, 0]
+                                   if null is not None else tf.zeros([1])),
+        # 0 unless exclusion is broken: the source block must never be among the candidates.
+        trivial_block_retrieved=tf.cast(tf.reduce_any(tf.equal(
+            out["block_ids"], features["block_id"][:, None]), axis=1), tf.float32))
+    if null is not None:
+      values["retrieval_utility"] = losses.retrieval_utility(
+          out["token_log_probs"], weights, out["retrieval_logits"], null_index=0)
+    self.update_metrics(metrics, values, dict(loss=weight_sum, mlm_accuracy=weight_sum))
+    return {self.loss: loss}
+
+  # ------------------------------------------------------------------------- host side
+
+  def initialize(self, model):
+    """A fresh run's retriever starts from the ICT run at init_checkpoint (if set); the
+    encoders were already warm-started by build_model."""
+    if self.task_config.init_checkpoint:
+      path = layout.latest_checkpoint(self.task_config.init_checkpoint)
+      tf.train.Checkpoint(model=model.retriever).read(path).expect_partial()
+      base.log_restore("Retriever (ICT)", path)
+
+  def on_train_begin(self, model, global_step: int):
+    i = self.experiment.index
+    self.refresher = refresh.IndexRefresher(
+        self.model_dir, self.index, refresh.RefreshSettings(
+            index_dir=layout.index_dir(self.model_dir, i.index_dir),
+            refresh_every_steps=self.task_config.refresh_every_steps,
+            train_steps=self.experiment.trainer.train_steps,
+            first_index_timeout_seconds=i.first_index_timeout_seconds,
+            poll_seconds=i.poll_seconds, start_builder=self.task_config.start_index_builder),
+        retriever=model.retriever,
+        build_shadow=lambda: factory.build_retriever(self.experiment.replace(
+            model=dict(warm_start=dict(source="")))),
+        tokenizer=self.tokenizer, config=self.experiment)
+    self.refresher.start(global_step)
+
+  def train_actions(self, trainer):
+    return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
+
+  def host_logs(self, global_step: int) -> dict[str, float]:
+    return self.refresher.logs(global_step) if self.refresher else {}
+
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    if self.refresher is not None:
+      self.refresher.stop(global_step, reached_train_steps)
+      logging.info("Pre-training index refresh: %s", self.refresher.summary())
+
+  def steps_per_loop_divisors(self):
+    return [self.task_config.refresh_every_steps]

@@ -1,0 +1,171 @@
+"""The trainer's side of the asynchronous index refresh, shared by every task that retrieves.
+
+  trainer ── every refresh_every_steps: retriever snapshot ──► export/{query,block}_encoder/<step>
+     ▲                                                               │
+     │  newest committed index swapped into the KnowledgeIndex       ▼ index builder (child
+     └──────────────── index/<step>/ ◄──── re-embeds the corpus ─────  process or other machines)
+
+The file system is the only channel (realm_tf.io.layout names the paths). `IndexRefresher`
+owns the host-side half: it waits (boundedly) for a first index, polls for newer ones
+between train loops and swaps them in place, hands snapshots to the builder without
+blocking the step loop, optionally runs the builder as a child process, reports staleness,
+and writes TRAINING_DONE only when the schedule's last step is reached (a run cut short by
+an error or --stop_at_step leaves builders on other machines running for its resumption).
+"""
+import dataclasses
+import logging
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Optional, Sequence
+
+import tensorflow as tf
+
+from realm_tf.io import layout, versioned
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+from realm_tf.training import snapshots
+
+
+class IndexBuilderProcess:
+  """`python -m beam.index_builder` as a child process owned by the trainer.
+
+  Spawned (not imported: the library never imports the `beam` entry points). Its output
+  goes to model_dir/index_builder.log through tf.io.gfile, copied by a pipe reader thread,
+  so model_dir may be on an object store.
+  """
+
+  def __init__(self, model_dir: str, extra_args: Sequence[str] = ()):
+    self.model_dir = model_dir
+    self.log_path = layout.builder_log_path(model_dir)
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "beam.index_builder", "--model_dir", model_dir, *extra_args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    self._lines: list[bytes] = []
+    self._reader = threading.Thread(target=self._copy_output, daemon=True,
+                                    name="index-builder-log")
+    self._reader.start()
+    logging.info("Index builder started (pid %d), log in %s", self.process.pid,
+                 self.log_path)
+
+  def _copy_output(self):
+    for line in self.process.stdout:
+      self._lines.append(line)
+      if len(self._lines) % 20 == 0:
+        self._flush()
+    self._flush()
+
+  def _flush(self):
+    try:
+      with tf.io.gfile.GFile(self.log_path, "wb") as f:
+        f.write(b"".join(self._lines))
+    except tf.errors.OpError as e:  # the log must never stop training
+      logging.warning("Could not write %s: %s", self.log_path, e)
+
+  def stop(self, timeout: float = 120.0):
+    try:
+      self.process.wait(timeout)
+    except subprocess.TimeoutExpired:
+      logging.warning("Index builder still running after %.0fs: terminating it", timeout)
+      self.process.terminate()
+      self.process.wait(30)
+    self._reader.join(10)
+
+
+@dataclasses.dataclass
+class RefreshSettings:
+  index_dir: str
+  refresh_every_steps: int  # 0: never hand over snapshots (a fixed index)
+  train_steps: int
+  first_index_timeout_seconds: float
+  poll_seconds: float
+  start_builder: bool = False
+  builder_args: Sequence[str] = ()
+
+
+class IndexRefresher:
+  """Host-side refresh of a KnowledgeIndex during training (see the module docstring)."""
+
+  def __init__(self, model_dir: str, index: KnowledgeIndex, settings: RefreshSettings,
+               retriever=None, build_shadow: Optional[Callable[[], object]] = None,
+               tokenizer=None, config=None):
+    self.model_dir = model_dir
+    self.index = index
+    self.settings = settings
+    self.exporter = None
+    if retriever is not None:
+      self.exporter = snapshots.SnapshotExporter(model_dir, retriever, build_shadow,
+                                                 tokenizer, config)
+    self.builder: Optional[IndexBuilderProcess] = None
+    self._last_poll = 0.0
+
+  def start(self, global_step: int):
+    """Makes sure a first index is loaded before the first step.
+
+    An index already committed under index_dir (built by `beam.embed_corpus` before
+    training, or by an earlier run) is used as is. Otherwise the current retriever is
+    exported as snapshot `global_step` for the builder, and the trainer waits for its
+    index for at most first_index_timeout_seconds.
+    """
+    layout.clear_training_done(self.model_dir)
+    if self.settings.start_builder:
+      self.builder = IndexBuilderProcess(self.model_dir, self.settings.builder_args)
+    if versioned.latest_version(self.settings.index_dir) is None:
+      if self.exporter is None:
+        raise FileNotFoundError(f"{self.settings.index_dir}: no committed index, and this "
+                                f"run exports no snapshot to build one from")
+      if snapshots.latest_snapshot_step(self.model_dir) is None:
+        self.exporter.snapshot(global_step, wait=True)
+      if self.builder is None:
+        logging.info("No index under %s yet: waiting for an index builder (run "
+                     "`python -m beam.index_builder --model_dir %s`, or set "
+                     "start_index_builder)", self.settings.index_dir, self.model_dir)
+    deadline = time.time() + self.settings.first_index_timeout_seconds
+    while not self.index.maybe_swap(self.settings.index_dir):
+      if time.time() > deadline:
+        self.stop(global_step, reached_train_steps=False)
+        raise TimeoutError(
+            f"{self.settings.index_dir}: no loadable index within "
+            f"{self.settings.first_index_timeout_seconds:.0f}s (index.first_index_timeout_"
+            f"seconds); build one with `python -m beam.embed_corpus` or run the index builder")
+      time.sleep(min(self.settings.poll_seconds, 1.0))
+
+  def after_loop(self, global_step: int):
+    """Between train loops: hand over a snapshot when due, swap in a newer index."""
+    every = self.settings.refresh_every_steps
+    if (self.exporter is not None and every > 0 and global_step % every == 0
+        and global_step < self.settings.train_steps):
+      self.exporter.snapshot(global_step)
+    now = time.time()
+    if now - self._last_poll >= self.settings.poll_seconds:
+      self._last_poll = now
+      self.index.maybe_swap(self.settings.index_dir)
+
+  def logs(self, global_step: int) -> dict[str, float]:
+    return dict(index_version=float(self.index.version if self.index.version is not None
+                                    else -1),
+                index_staleness_steps=float(global_step - self.index.encoder_step),
+                index_staleness_seconds=float(time.time() - self.index.snapshot_time),
+                index_refreshes=float(self.index.num_swaps - 1))
+
+  def stop(self, global_step: int, reached_train_steps: bool):
+    if self.exporter is not None:
+      self.exporter.wait()
+    if reached_train_steps:
+      layout.mark_training_done(self.model_dir, global_step)
+    if self.builder is not None:
+      # Only a finished run stops its own builder; an index finished after the last step
+      # would serve nothing, so the wait is short.
+      if reached_train_steps:
+        self.builder.stop(timeout=30.0)
+      else:
+        self.builder.process.terminate()
+        self.builder.stop(timeout=30.0)
+
+  def summary(self) -> dict:
+    out = dict(index_refreshes=self.index.num_swaps - 1, final_index_version=self.index.version)
+    if self.exporter is not None:
+      out.update(snapshots_exported=list(self.exporter.exported),
+                 snapshots_skipped=list(self.exporter.skipped),
+                 snapshot_errors=list(self.exporter.errors))
+    return out

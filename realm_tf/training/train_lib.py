@@ -1,0 +1,210 @@
+"""One driver for every task: tf-models' Trainer and orbit runner around a RealmTask.
+
+  params.yaml ─ task = registry[task.type] ─ model, optimizer (under strategy.scope())
+             ─ index (pre-training / Open-QA: corpus Z sharded over the replicas)
+             ─ datasets (numeric nests only; resumed runs skip exactly the consumed batches)
+             ─ tf-models base_trainer.Trainer + OrbitExperimentRunner:
+                 CheckpointManager(init_fn=task.initialize), orbit.Controller, tf-models'
+                 recovery / preemption actions, the task's host actions, a progress line
+             ─ task.on_train_begin (first index) ─ train [and evaluate] ─ task.on_train_end
+
+Everything a run is lives in its ExperimentConfig, saved as <model_dir>/params.yaml before
+the first step; the command line only chooses the config, overrides and where to stop.
+"""
+import logging
+import time
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+import yaml
+from official.core import base_trainer, train_lib as tfm_train_lib
+from official.modeling import performance
+
+from realm_tf import tasks
+from realm_tf.configs.experiment import ExperimentConfig
+from realm_tf.io import layout
+from realm_tf.openqa.corpus import JSONL_SUFFIXES, prepare_blocks
+from realm_tf.tasks.base import RealmTask, steps_per_loop
+from realm_tf.training.progress import ProgressReporter
+
+
+def save_params(config: ExperimentConfig, model_dir: str):
+  """<model_dir>/params.yaml: what the run is (read back by the index builder and
+  evaluation). Written through a temporary object so a reader never sees half of it."""
+  tf.io.gfile.makedirs(model_dir)
+  path = layout.params_path(model_dir)
+  tmp = path + ".tmp"
+  with tf.io.gfile.GFile(tmp, "w") as f:
+    yaml.safe_dump(config.as_dict(), f, sort_keys=True)
+  tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def set_precision(config: ExperimentConfig):
+  dtype = config.runtime.mixed_precision_dtype or "float32"
+  performance.set_mixed_precision_policy(tf.dtypes.as_dtype(dtype))
+
+
+class RealmTrainer(base_trainer.Trainer):
+  """tf-models' Trainer plus the task's host-side scalars (index staleness, ...) in every
+  train loop's logs. Datasets are built by the driver and passed in (the config's task is a
+  one-of, so tf-models' check for config.task.train_data does not apply)."""
+
+  def _validate_params(self, config, check_train_data=True, check_validation_data=True):
+    del check_train_data, check_validation_data
+    if not hasattr(config, "trainer") or not hasattr(config, "task"):
+      raise AttributeError("the experiment config needs trainer and task sections")
+
+  def train_loop_end(self):
+    logs = super().train_loop_end()
+    logs.update(self.task.host_logs(int(self.global_step.numpy())))
+    return logs
+
+
+class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
+  """tf-models' runner with checkpoints in <model_dir>/checkpoints (realm_tf.io.layout)."""
+
+  def _maybe_build_checkpoint_manager(self):
+    return tf.train.CheckpointManager(
+        self.trainer.checkpoint, directory=layout.checkpoint_dir(self.model_dir),
+        max_to_keep=self.params.trainer.max_to_keep, step_counter=self.trainer.global_step,
+        checkpoint_interval=self.params.trainer.checkpoint_interval,
+        init_fn=self.trainer.initialize)
+
+
+def distribute(strategy, task: RealmTask, data_config):
+  """The task's dataset for `data_config`, one pipeline per host; only numbers reach the
+  devices (the nest is checked: a string or variant component is an error)."""
+  dataset = strategy.distribute_datasets_from_function(
+      lambda context: task.build_inputs(data_config, context))
+  check_numeric(dataset.element_spec, data_config.input_path)
+  return dataset
+
+
+def check_numeric(element_spec, source: str):
+  for spec in tf.nest.flatten(element_spec):
+    if not (spec.dtype.is_floating or spec.dtype.is_integer or spec.dtype.is_bool):
+      raise TypeError(f"{source}: the input pipeline sends a {spec.dtype.name} tensor to the "
+                      f"devices ({spec}); TPUs take numbers only")
+
+
+class Run:
+  """A built experiment: task, trainer, runner (controller), ready to train or evaluate."""
+
+  def __init__(self, experiment: ExperimentConfig, model_dir: str,
+               strategy: Optional[tf.distribute.Strategy] = None, train: bool = True,
+               evaluate: bool = True):
+    self.experiment = experiment
+    self.model_dir = model_dir
+    self.strategy = strategy or tf.distribute.get_strategy()
+    tf_keras.utils.set_random_seed(experiment.trainer.seed)
+    set_precision(experiment)
+    self.start_step = layout.checkpoint_step(model_dir) if train else 0
+    self.task = tasks.get_task(experiment, model_dir, self.start_step)
+    task_config = experiment.task_config
+    with self.strategy.scope():
+      model = self.task.build_model()
+      optimizer = self.task.create_task_optimizer()
+    if hasattr(self.task, "build_index"):
+      self.task.build_index(self.strategy)
+    train_dataset = distribute(self.strategy, self.task, task_config.train_data) \
+        if train else None
+    evaluate = evaluate and bool(task_config.validation_data.input_path)
+    validation_dataset = distribute(self.strategy, self.task, task_config.validation_data) \
+        if evaluate else None
+    loop = steps_per_loop(experiment.trainer, *self.task.steps_per_loop_divisors(),
+                          experiment.trainer.validation_interval if evaluate else 0)
+    self.params = experiment.replace(trainer=dict(steps_per_loop=loop))
+    with self.strategy.scope():
+      self.trainer = RealmTrainer(self.params, self.task, model, optimizer, train=train,
+                                  evaluate=evaluate, train_dataset=train_dataset,
+                                  validation_dataset=validation_dataset)
+    actions = []
+    if train:
+      actions = self.task.train_actions(self.trainer) + [ProgressReporter(
+          model_dir, self.trainer.global_step, experiment.trainer.train_steps,
+          task_config.train_data.global_batch_size, experiment.task.type)]
+    self.evaluate_enabled = evaluate
+    self.runner = RealmExperimentRunner(
+        self.strategy, self.task, "train_and_eval" if train else "eval", self.params,
+        model_dir, trainer=self.trainer, train_actions=actions)
+
+  @property
+  def model(self):
+    return self.trainer.model
+
+  @property
+  def global_step(self) -> int:
+    return int(self.trainer.global_step.numpy())
+
+  def train(self, stop_at_step: Optional[int] = None) -> dict:
+    """Trains to trainer.train_steps (or only to `stop_at_step` of that schedule: a job
+    slice on a preemptible machine; the next run resumes from the checkpoint)."""
+    t = self.experiment.trainer
+    steps = t.train_steps if stop_at_step is None else min(t.train_steps, stop_at_step)
+    start = time.time()
+    self.task.on_train_begin(self.model, self.global_step)
+    reached = False
+    try:
+      controller = self.runner.controller
+      with self.strategy.scope():
+        if self.evaluate_enabled:
+          controller.train_and_evaluate(train_steps=steps, eval_steps=t.validation_steps,
+                                        eval_interval=t.validation_interval)
+        else:
+          controller.train(steps=steps)
+      reached = self.global_step >= t.train_steps
+    finally:
+      # TRAINING_DONE (which stops index builders) only when the schedule is complete.
+      self.task.on_train_end(self.model, self.global_step, reached)
+    result = dict(task=self.experiment.task.type, step=self.global_step,
+                  start_step=self.start_step, reached_train_steps=reached,
+                  checkpoint=self.runner.checkpoint_manager.latest_checkpoint,
+                  train_seconds=time.time() - start)
+    history = layout.read_metrics(self.model_dir)
+    if history:
+      result["last_train_loop"] = history[-1]
+    if hasattr(self.task, "refresher") and self.task.refresher is not None:
+      result.update(self.task.refresher.summary())
+    return result
+
+  def evaluate(self, steps: int = -1) -> dict:
+    """One pass of the task's validation (all of it when steps=-1)."""
+    with self.strategy.scope():
+      logs = self.runner.controller.evaluate(steps=steps)
+    return {k: _scalar(v) for k, v in (logs or {}).items()}
+
+
+def _scalar(value):
+  try:
+    return np.asarray(value).item()
+  except (TypeError, ValueError):
+    return value
+
+
+def resolve_corpus(experiment: ExperimentConfig, model_dir: str) -> ExperimentConfig:
+  """index.blocks given as {title, text} JSON lines is run through the corpus pipeline once
+  (into <model_dir>/corpus); the run then names the resulting blocks, so params.yaml tells
+  the index builder and evaluation exactly which blocks were indexed."""
+  blocks = experiment.index.blocks
+  if blocks.endswith(JSONL_SUFFIXES):
+    blocks = prepare_blocks(blocks, layout.corpus_dir(model_dir),
+                            experiment.model.retriever.block_seq_length)
+    experiment = experiment.replace(index=dict(blocks=blocks))
+  return experiment
+
+
+def run_experiment(experiment: ExperimentConfig, model_dir: str,
+                   strategy: Optional[tf.distribute.Strategy] = None,
+                   stop_at_step: Optional[int] = None) -> dict:
+  """`python -m realm_tf.train`: saves params.yaml, then trains the configured task."""
+  experiment = resolve_corpus(experiment, model_dir)
+  save_params(experiment, model_dir)
+  run = Run(experiment, model_dir, strategy)
+  logging.info("Task %s from step %d (%d replicas)", experiment.task.type, run.start_step,
+               run.strategy.num_replicas_in_sync)
+  return run.train(stop_at_step)
+
+
+__all__ = ["Run", "RealmTrainer", "check_numeric", "run_experiment", "save_params"]
