@@ -1,0 +1,235 @@
+"""`--model_config_file` and `--batching_parameters_file`, in tensorflow_model_server's formats.
+
+Both are text protos. The model config is parsed with the official
+`tensorflow_serving.config.model_server_config_pb2.ModelServerConfig`. `BatchingParameters`
+(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) is not shipped in the
+tensorflow-serving-api wheel, so when the official module is missing the message is built
+here from its published field numbers with protobuf's descriptor API: a file that works
+with a real tensorflow_model_server parses here identically, and unknown fields are an
+error, as they are there.
+"""
+import dataclasses
+import os
+from typing import Optional
+
+from google.protobuf import descriptor_pb2
+from google.protobuf import descriptor_pool
+from google.protobuf import message_factory
+from google.protobuf import text_format
+from google.protobuf import wrappers_pb2
+import tensorflow as tf
+from tensorflow_serving.config import model_server_config_pb2
+
+from serving import paths
+
+DEFAULT_MODEL_PLATFORM = "tensorflow"
+
+
+class ConfigError(ValueError):
+  """A config file (or reload request) that cannot be served; the message names it."""
+
+
+# ---------------------------------------------------------------------------------------
+# Model server config.
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionPolicy:
+  """Which of the versions on disk to serve (ServableVersionPolicy)."""
+  kind: str  # "latest" | "specific" | "all"
+  num_versions: int = 1
+  versions: tuple = ()
+
+  def select(self, candidates) -> set:
+    ordered = sorted(candidates)
+    if self.kind == "latest":
+      return set(ordered[-self.num_versions:]) if ordered else set()
+    if self.kind == "specific":
+      return set(self.versions) & set(ordered)
+    return set(ordered)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpecConfig:
+  """One validated ModelConfig: what the model manager serves."""
+  name: str
+  base_path: str  # resolved
+  policy: VersionPolicy
+  version_labels: tuple  # ((label, version), …)
+
+
+def _policy(config: model_server_config_pb2.ModelConfig, source: str) -> VersionPolicy:
+  policy = config.model_version_policy
+  choice = policy.WhichOneof("policy_choice")
+  if choice in (None, "latest"):
+    num = policy.latest.num_versions if choice == "latest" else 0
+    return VersionPolicy("latest", num_versions=num or 1)  # TF Serving: 0 means 1
+  if choice == "specific":
+    versions = tuple(sorted(set(policy.specific.versions)))
+    if not versions:
+      raise ConfigError(f"{source}: model {config.name!r}: specific policy lists no versions")
+    if min(versions) < 0:
+      raise ConfigError(f"{source}: model {config.name!r}: negative version in specific policy")
+    return VersionPolicy("specific", versions=versions)
+  return VersionPolicy("all")
+
+
+def validate_model_server_config(config: model_server_config_pb2.ModelServerConfig,
+                                 source: str, allowed_roots) -> list:
+  """ModelSpecConfigs for every model of `config`, or a ConfigError naming `source`."""
+  if config.WhichOneof("config") == "custom_model_config":
+    raise ConfigError(f"{source}: custom_model_config is not supported; use model_config_list")
+  specs, names = [], set()
+  for index, model in enumerate(config.model_config_list.config):
+    where = f"{source}: model_config_list.config[{index}]"
+    if not model.name:
+      raise ConfigError(f"{where}: name is empty")
+    if "/" in model.name or model.name in (".", ".."):
+      raise ConfigError(f"{where}: name {model.name!r} may not contain '/'")
+    if model.name in names:
+      raise ConfigError(f"{where}: model {model.name!r} is configured twice")
+    names.add(model.name)
+    if model.model_platform not in ("", DEFAULT_MODEL_PLATFORM):
+      raise ConfigError(f"{where}: model_platform {model.model_platform!r} is not supported "
+                        f"(only {DEFAULT_MODEL_PLATFORM!r})")
+    try:
+      base_path = paths.resolve_base_path(model.base_path, allowed_roots, where)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+    labels = []
+    for label, version in sorted(model.version_labels.items()):
+      if not label or version < 0:
+        raise ConfigError(f"{where}: bad version label {label!r} → {version}")
+      labels.append((label, int(version)))
+    specs.append(ModelSpecConfig(model.name, base_path, _policy(model, where), tuple(labels)))
+  return specs
+
+
+def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
+  """Parses a --model_config_file (text proto); errors name the file."""
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      text = f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise ConfigError(f"--model_config_file {path}: cannot read: {e}") from None
+  config = model_server_config_pb2.ModelServerConfig()
+  try:
+    text_format.Parse(text, config)
+  except text_format.ParseError as e:
+    raise ConfigError(f"--model_config_file {path}: not a ModelServerConfig text proto: "
+                      f"{e}") from None
+  return config
+
+
+def single_model_config(name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
+  """The config --model_name/--model_base_path stand for (latest version only)."""
+  config = model_server_config_pb2.ModelServerConfig()
+  model = config.model_config_list.config.add()
+  model.name, model.base_path = name, base_path
+  model.model_platform = DEFAULT_MODEL_PLATFORM
+  return config
+
+
+def default_allowed_roots(specs) -> list:
+  """Without --model_root, models may live beside the ones configured at start."""
+  return sorted({os.path.dirname(spec.base_path.rstrip("/")) or spec.base_path
+                 for spec in specs})
+
+
+# ---------------------------------------------------------------------------------------
+# Batching parameters.
+
+
+def _build_batching_parameters_class():
+  try:
+    from tensorflow_serving.servables.tensorflow import session_bundle_config_pb2  # pylint: disable=g-import-not-at-top
+    return session_bundle_config_pb2.BatchingParameters
+  except ImportError:
+    pass
+  field = descriptor_pb2.FieldDescriptorProto
+  file_proto = descriptor_pb2.FileDescriptorProto(
+      name="tensorflow_serving/servables/tensorflow/session_bundle_config.proto",
+      package="tensorflow.serving", syntax="proto3",
+      dependency=["google/protobuf/wrappers.proto"])
+  message = file_proto.message_type.add(name="BatchingParameters")
+  wrapped = [("max_batch_size", 1, "Int64Value"), ("batch_timeout_micros", 2, "Int64Value"),
+             ("max_enqueued_batches", 3, "Int64Value"), ("num_batch_threads", 4, "Int64Value"),
+             ("thread_pool_name", 5, "StringValue")]
+  for name, number, wrapper in wrapped:
+    message.field.add(name=name, number=number, label=field.LABEL_OPTIONAL,
+                      type=field.TYPE_MESSAGE, type_name=f".google.protobuf.{wrapper}")
+  message.field.add(name="allowed_batch_sizes", number=6, label=field.LABEL_REPEATED,
+                    type=field.TYPE_INT64)
+  message.field.add(name="pad_variable_length_inputs", number=7,
+                    label=field.LABEL_OPTIONAL, type=field.TYPE_BOOL)
+  # A private pool: never collides with an official definition loaded later.
+  pool = descriptor_pool.DescriptorPool()
+  pool.Add(descriptor_pb2.FileDescriptorProto.FromString(wrappers_pb2.DESCRIPTOR.serialized_pb))
+  pool.Add(file_proto)
+  return message_factory.GetMessageClass(
+      pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+
+
+BatchingParameters = _build_batching_parameters_class()
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions:
+  """Validated batching parameters; defaults are TF Serving's BasicBatchScheduler's."""
+  max_batch_size: int = 1000
+  batch_timeout_micros: int = 0
+  max_enqueued_batches: int = 10
+  num_batch_threads: int = dataclasses.field(default_factory=lambda: os.cpu_count() or 1)
+  thread_pool_name: str = "batch_threads"
+  allowed_batch_sizes: tuple = ()
+
+  def __post_init__(self):
+    if self.max_batch_size < 1:
+      raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+    if self.batch_timeout_micros < 0:
+      raise ConfigError(f"batch_timeout_micros must be >= 0, got {self.batch_timeout_micros}")
+    if self.max_enqueued_batches < 1:
+      raise ConfigError(f"max_enqueued_batches must be >= 1, got {self.max_enqueued_batches}")
+    if self.num_batch_threads < 1:
+      raise ConfigError(f"num_batch_threads must be >= 1, got {self.num_batch_threads}")
+    sizes = list(self.allowed_batch_sizes)
+    if sizes:
+      if sizes != sorted(set(sizes)) or sizes[0] < 1:
+        raise ConfigError(f"allowed_batch_sizes must be increasing positive sizes, got {sizes}")
+      if sizes[-1] != self.max_batch_size:
+        raise ConfigError(f"the last allowed_batch_sizes entry ({sizes[-1]}) must equal "
+                          f"max_batch_size ({self.max_batch_size})")
+
+
+def batching_options_from_proto(params, source: str) -> BatchingOptions:
+  if params.pad_variable_length_inputs:
+    raise ConfigError(f"{source}: pad_variable_length_inputs is not supported by this "
+                      f"server (requests are only merged when their non-batch shapes match)")
+  values = {}
+  for name in ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches",
+               "num_batch_threads", "thread_pool_name"):
+    if params.HasField(name):
+      values[name] = getattr(params, name).value
+  values["allowed_batch_sizes"] = tuple(params.allowed_batch_sizes)
+  try:
+    return BatchingOptions(**values)
+  except ConfigError as e:
+    raise ConfigError(f"{source}: {e}") from None
+
+
+def read_batching_parameters(path: Optional[str]) -> BatchingOptions:
+  """Parses a --batching_parameters_file (text proto); none means the defaults."""
+  if not path:
+    return BatchingOptions()
+  source = f"--batching_parameters_file {path}"
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      text = f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise ConfigError(f"{source}: cannot read: {e}") from None
+  params = BatchingParameters()
+  try:
+    text_format.Parse(text, params)
+  except text_format.ParseError as e:
+    raise ConfigError(f"{source}: not a BatchingParameters text proto: {e}") from None
+  return batching_options_from_proto(params, source)

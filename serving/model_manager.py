@@ -1,0 +1,271 @@
+"""Which versions of which models serve: polling, loading, warm-up, retirement.
+
+Each model's base path is polled (every --file_system_poll_wait_seconds, on a background
+thread, never on a request's). The version policy picks the versions to serve among those
+on disk. A new version is loaded and warmed up while the old one keeps serving, becomes
+AVAILABLE, and only then is the old one retired: new requests stop reaching it at once,
+requests already running on it finish, and it is END (and dropped) after the last one.
+A version that fails to load or warm up is END with its error and is left out of the
+policy until its saved_model file changes, so it never displaces a serving version.
+
+States follow TF Serving's ModelVersionStatus: START → LOADING → AVAILABLE → UNLOADING →
+END (END with an error status when loading failed).
+"""
+import dataclasses
+import logging
+import threading
+from typing import Callable, Optional
+
+import grpc
+
+from serving import errors
+from serving import paths
+from serving import warmup
+from serving.config import ModelSpecConfig
+from serving.servable import ServableVersion, State
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class VersionStatus:
+  version: int
+  state: State
+  error: Optional[errors.ServingError]
+
+
+@dataclasses.dataclass
+class _Model:
+  spec: ModelSpecConfig
+  available: dict = dataclasses.field(default_factory=dict)  # version → ServableVersion
+  records: dict = dataclasses.field(default_factory=dict)  # version → latest ServableVersion
+  failed: dict = dataclasses.field(default_factory=dict)  # version → stamp that failed
+
+
+class ModelManager:
+  """Serves the models of a config; thread-safe."""
+
+  def __init__(self, max_batch_size: int, max_decoded_bytes: int,
+               on_change: Optional[Callable[[str, bool], None]] = None):
+    self._max_batch_size = max_batch_size
+    self._max_decoded_bytes = max_decoded_bytes
+    self._on_change = on_change or (lambda name, serving: None)
+    self._lock = threading.Lock()  # guards _models and every _Model's maps
+    self._poll_lock = threading.Lock()  # one loading pass at a time
+    self._models = {}
+    self._stop = threading.Event()
+    self._thread = None
+    self._retirements = []
+
+  # ------------------------------------------------------------------ configuration
+
+  def set_config(self, specs) -> None:
+    """Adopts a new list of ModelSpecConfigs and loads what it asks for before returning."""
+    with self._poll_lock:
+      with self._lock:
+        wanted = {spec.name: spec for spec in specs}
+        removed = [self._models.pop(name) for name in list(self._models) if name not in wanted]
+        for name, spec in wanted.items():
+          model = self._models.get(name)
+          if model is None:
+            self._models[name] = _Model(spec)
+          elif model.spec != spec:
+            if model.spec.base_path != spec.base_path:
+              model.failed.clear()
+            model.spec = spec
+      for model in removed:
+        for servable in list(model.available.values()):
+          self._retire(model, servable)
+        self._on_change(model.spec.name, False)
+      self._poll_all()
+
+  def model_names(self) -> list:
+    with self._lock:
+      return sorted(self._models)
+
+  # ------------------------------------------------------------------ polling
+
+  def poll(self) -> None:
+    """One pass over every model's base path."""
+    with self._poll_lock:
+      self._poll_all()
+
+  def start_polling(self, interval_seconds: float) -> None:
+    if interval_seconds <= 0 or self._thread is not None:
+      return  # TF Serving: a poll wait of 0 loads once, at start
+
+    def loop():
+      while not self._stop.wait(interval_seconds):
+        try:
+          self.poll()
+        except Exception:  # pylint: disable=broad-except
+          log.exception("model poll failed; retrying in %.1f s", interval_seconds)
+
+    self._thread = threading.Thread(target=loop, name="model-poller", daemon=True)
+    self._thread.start()
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread is not None:
+      self._thread.join()
+      self._thread = None
+
+  def _poll_all(self) -> None:
+    with self._lock:
+      models = list(self._models.values())
+    for model in models:
+      try:
+        self._poll_model(model)
+      except Exception:  # pylint: disable=broad-except
+        log.exception("model %r: polling %s failed", model.spec.name, model.spec.base_path)
+
+  def _poll_model(self, model: _Model) -> None:
+    spec = model.spec
+    listing = paths.list_versions(spec.base_path)
+    for version, reason in listing.refused.items():
+      record = model.records.get(version)
+      if record is None or record.error is None or record.error.message != reason:
+        self._record_failure(model, version, f"{spec.base_path}/{version}",
+                             errors.failed_precondition(reason))
+
+    def servable_candidates():
+      return {v for v, d in listing.versions.items() if model.failed.get(v) != d.stamp}
+
+    desired = spec.policy.select(servable_candidates())
+    for version in sorted(desired - set(model.available), reverse=True):
+      self._load(model, listing.versions[version])
+
+    desired = spec.policy.select(servable_candidates())  # without the ones that just failed
+    with self._lock:
+      if self._models.get(spec.name) is not model:
+        return  # removed by a reload meanwhile
+      replacement_ready = any(v in model.available for v in desired)
+      retiring = [servable for v, servable in model.available.items()
+                  if v not in desired and (replacement_ready or v not in listing.versions)]
+      for version in [v for v, r in model.records.items()
+                      if r.state == State.END and v not in listing.versions
+                      and v not in listing.refused]:
+        del model.records[version]  # forget versions that are gone from disk
+    for servable in retiring:
+      self._retire(model, servable)
+
+  # ------------------------------------------------------------------ lifecycle
+
+  def _record_failure(self, model: _Model, version: int, path: str,
+                      error: errors.ServingError) -> None:
+    servable = ServableVersion(model.spec.name, version, path)
+    servable.error = error
+    servable.release()
+    with self._lock:
+      model.records.setdefault(version, servable)
+      if model.records[version].state == State.END:
+        model.records[version] = servable
+    log.error("model %r version %d cannot be served: %s", model.spec.name, version, error)
+
+  def _load(self, model: _Model, version_dir: paths.VersionDir) -> None:
+    name, version = model.spec.name, version_dir.version
+    servable = ServableVersion(name, version, version_dir.path)
+    servable.state = State.LOADING
+    with self._lock:
+      model.records[version] = servable
+    log.info("model %r: loading version %d from %s", name, version, version_dir.path)
+    try:
+      paths.check_tree_inside(version_dir.path, model.spec.base_path)
+      servable.load()
+      replayed = warmup.replay(servable, self._max_batch_size, self._max_decoded_bytes)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e if isinstance(e, errors.ServingError) else errors.ServingError(
+          grpc.StatusCode.INVALID_ARGUMENT, f"{version_dir.path}: {type(e).__name__}: {e}")
+      servable.error = error
+      servable.release()
+      model.failed[version] = version_dir.stamp
+      log.error("model %r version %d failed to load; the serving versions stay: %s",
+                name, version, error.message)
+      return
+    with self._lock:
+      if self._models.get(name) is not model:
+        servable.release()
+        return
+      servable.state = State.AVAILABLE
+      model.available[version] = servable
+    log.info("model %r version %d is AVAILABLE (%d warm-up requests replayed)",
+             name, version, replayed)
+    self._on_change(name, True)
+
+  def _retire(self, model: _Model, servable: ServableVersion) -> None:
+    """Stops new requests reaching `servable`; it is END once the running ones finish."""
+    with self._lock:
+      if model.available.get(servable.version) is servable:
+        del model.available[servable.version]
+      servable.begin_unloading()
+      still_serving = bool(model.available)
+    log.info("model %r: retiring version %d (%d requests in flight)", servable.model_name,
+             servable.version, servable.in_flight)
+
+    def finish():
+      servable.wait_idle()
+      servable.release()
+      log.info("model %r version %d is END", servable.model_name, servable.version)
+
+    thread = threading.Thread(target=finish, daemon=True,
+                              name=f"retire-{servable.model_name}-{servable.version}")
+    thread.start()
+    self._retirements = [t for t in self._retirements if t.is_alive()] + [thread]
+    if not still_serving:
+      self._on_change(servable.model_name, False)
+
+  def wait_for_retirements(self, timeout: Optional[float] = None) -> None:
+    for thread in list(self._retirements):
+      thread.join(timeout)
+
+  # ------------------------------------------------------------------ requests
+
+  def acquire(self, name: str, version: Optional[int] = None,
+              label: Optional[str] = None) -> ServableVersion:
+    """The servable a request asks for, entered (the caller must call `exit()` on it).
+
+    No version or label: the latest (highest) AVAILABLE version, as in TF Serving.
+    """
+    if not name:
+      raise errors.invalid_argument("model_spec.name is empty")
+    with self._lock:
+      model = self._models.get(name)
+      if model is None:
+        raise errors.not_found(f"model {name!r} is not served here")
+      if label:
+        labels = dict(model.spec.version_labels)
+        if label not in labels:
+          raise errors.not_found(f"model {name!r} has no version label {label!r}")
+        version = labels[label]
+      if version is None:
+        if not model.available:
+          raise errors.not_found(f"model {name!r} has no available version")
+        servable = model.available[max(model.available)]
+      else:
+        servable = model.available.get(version)
+        if servable is None:
+          raise errors.not_found(
+              f"model {name!r} version {version} is not available "
+              f"(available: {sorted(model.available)})")
+      if not servable.try_enter():
+        raise errors.not_found(f"model {name!r} version {servable.version} is unloading")
+      return servable
+
+  def status(self, name: str, version: Optional[int] = None) -> list:
+    """VersionStatus of every version of `name` the manager knows (or of one)."""
+    with self._lock:
+      model = self._models.get(name)
+      if model is None:
+        raise errors.not_found(f"model {name!r} is not served here")
+      records = dict(model.records)
+    if version is not None:
+      if version not in records:
+        raise errors.not_found(f"model {name!r} has no version {version}")
+      records = {version: records[version]}
+    return [VersionStatus(v, records[v].state, records[v].error) for v in sorted(records)]
+
+  def spec(self, name: str) -> ModelSpecConfig:
+    with self._lock:
+      if name not in self._models:
+        raise errors.not_found(f"model {name!r} is not served here")
+      return self._models[name].spec

@@ -1,0 +1,153 @@
+"""One loaded version of a model: its signatures, its state, and who is still using it.
+
+A request holds the version it started on (`try_enter` … `exit`) until its computation
+ends, so the manager can retire a version (UNLOADING) without failing that request and
+mark it END only once the last one is done.
+"""
+import dataclasses
+import enum
+import os
+import threading
+from typing import Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf import text_format
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import get_model_status_pb2
+
+from serving import errors
+
+SERVE_TAG = tf.saved_model.SERVING
+DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
+_INIT_OP_SIGNATURE = "__saved_model_init_op"
+
+State = enum.IntEnum("State", {name: value for name, value in
+                               get_model_status_pb2.ModelVersionStatus.State.items()})
+
+
+def _spec_from_tensor_info(info: meta_graph_pb2.TensorInfo) -> tf.TensorSpec:
+  shape = (None if info.tensor_shape.unknown_rank else
+           [d.size if d.size >= 0 else None for d in info.tensor_shape.dim])
+  return tf.TensorSpec(shape, tf.dtypes.as_dtype(info.dtype))
+
+
+@dataclasses.dataclass
+class Signature:
+  """A signature's callable and its specs (inputs from structured_input_signature)."""
+  name: str
+  function: object  # a ConcreteFunction taking keyword tensors, returning a dict
+  input_specs: dict  # name → tf.TensorSpec
+  output_specs: dict  # name → tf.TensorSpec
+
+  @property
+  def batchable(self) -> bool:
+    """Requests can be merged along dimension 0 only if every input and output has it."""
+    specs = list(self.input_specs.values()) + list(self.output_specs.values())
+    return bool(self.input_specs) and all(
+        spec.shape.rank is not None and spec.shape.rank >= 1 and spec.shape[0] is None
+        for spec in specs)
+
+  def run(self, inputs: Mapping[str, np.ndarray]) -> dict:
+    """Calls the model on already validated inputs; {name: ndarray}."""
+    tensors = {name: tf.constant(array, dtype=self.input_specs[name].dtype)
+               for name, array in inputs.items()}
+    outputs = self.function(**tensors)
+    return {name: value.numpy() for name, value in outputs.items()}
+
+
+def read_signature_defs(path: str) -> dict:
+  """The `serve` MetaGraph's SignatureDefs, read from saved_model.pb(txt) as TF Serving does."""
+  proto = saved_model_pb2.SavedModel()
+  pb, pbtxt = os.path.join(path, "saved_model.pb"), os.path.join(path, "saved_model.pbtxt")
+  if tf.io.gfile.exists(pb):
+    with tf.io.gfile.GFile(pb, "rb") as f:
+      proto.ParseFromString(f.read())
+  else:
+    with tf.io.gfile.GFile(pbtxt) as f:
+      text_format.Parse(f.read(), proto)
+  for meta_graph in proto.meta_graphs:
+    if SERVE_TAG in meta_graph.meta_info_def.tags:
+      return {key: value for key, value in meta_graph.signature_def.items()
+              if key != _INIT_OP_SIGNATURE}
+  raise ValueError(f"{path}: no MetaGraph tagged {SERVE_TAG!r}")
+
+
+class ServableVersion:
+  """A model version: loaded SavedModel, signatures, lifecycle state and in-flight count."""
+
+  def __init__(self, model_name: str, version: int, path: str):
+    self.model_name = model_name
+    self.version = version
+    self.path = path
+    self.signature_defs = {}  # name → SignatureDef proto (for GetModelMetadata)
+    self.signatures = {}  # name → Signature
+    self._loaded = None
+    self._cond = threading.Condition()
+    self._in_flight = 0
+    self.state = State.START
+    self.error: Optional[errors.ServingError] = None
+
+  def __repr__(self) -> str:
+    return f"ServableVersion({self.model_name!r}, {self.version}, {self.state.name})"
+
+  def load(self):
+    """Loads the SavedModel and its signatures (runs on the loader thread, not a request's)."""
+    self.signature_defs = read_signature_defs(self.path)
+    self._loaded = tf.saved_model.load(self.path, tags=[SERVE_TAG])
+    for name, signature_def in self.signature_defs.items():
+      if name not in self._loaded.signatures:
+        raise ValueError(f"{self.path}: signature {name!r} is in saved_model.pb but did not load")
+      function = self._loaded.signatures[name]
+      args, kwargs = function.structured_input_signature
+      if args:
+        raise ValueError(f"{self.path}: signature {name!r} takes positional inputs")
+      self.signatures[name] = Signature(
+          name=name, function=function, input_specs=dict(kwargs),
+          output_specs={key: _spec_from_tensor_info(info)
+                        for key, info in signature_def.outputs.items()})
+
+  def signature(self, name: str) -> Signature:
+    name = name or DEFAULT_SIGNATURE
+    if name not in self.signatures:
+      # TF Serving answers FAILED_PRECONDITION for an unknown signature key.
+      raise errors.failed_precondition(
+          f"serving signature key {name!r} not found in model {self.model_name!r} version "
+          f"{self.version}; it has {sorted(self.signatures)}")
+    return self.signatures[name]
+
+  # Lifecycle: the manager changes `state` under its own lock; requests enter and exit.
+
+  def try_enter(self) -> bool:
+    with self._cond:
+      if self.state != State.AVAILABLE:
+        return False
+      self._in_flight += 1
+      return True
+
+  def exit(self):
+    with self._cond:
+      self._in_flight -= 1
+      if self._in_flight == 0:
+        self._cond.notify_all()
+
+  @property
+  def in_flight(self) -> int:
+    with self._cond:
+      return self._in_flight
+
+  def begin_unloading(self):
+    with self._cond:
+      self.state = State.UNLOADING
+
+  def wait_idle(self, timeout: Optional[float] = None) -> bool:
+    with self._cond:
+      return self._cond.wait_for(lambda: self._in_flight == 0, timeout)
+
+  def release(self):
+    """END: drops the model so its memory can be freed."""
+    with self._cond:
+      self.state = State.END
+      self._loaded = None
+      self.signatures = {}
