@@ -10,7 +10,7 @@ import tf_keras
 
 from realm_tf.configs.experiment import ExperimentConfig, WarmStartConfig
 from realm_tf.modeling.models import KnowledgeAugmentedEncoder, Reader, RealmPretrainer, Retriever
-from realm_tf.modeling.networks import Embedder, build_encoder
+from realm_tf.modeling.networks import Embedder, build_encoder, dummy_bert_inputs
 from realm_tf.modeling.networks.encoder import ACTIVATIONS
 from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
 
@@ -79,9 +79,13 @@ def _build_masked_lm(model: KnowledgeAugmentedEncoder, hidden_size: int):
 def build_reader(config: ExperimentConfig) -> Reader:
   encoder = build_encoder(config.model.encoder, name="reader_encoder")
   warm_start(encoder, config.model.warm_start)
-  return Reader(encoder, max_span_width=config.model.reader.max_span_width,
-                span_hidden_size=config.model.reader.span_hidden_size,
-                initializer_range=config.model.encoder.initializer_range, name="reader")
+  reader = Reader(encoder, max_span_width=config.model.reader.max_span_width,
+                  span_hidden_size=config.model.reader.span_hidden_size,
+                  initializer_range=config.model.encoder.initializer_range, name="reader")
+  # Build every variable now (the span head is otherwise built on the first call, inside
+  # the first traced train step, which would then create optimizer slots on a retrace).
+  reader({k: v[:, None] for k, v in dummy_bert_inputs(1, 4).items()})
+  return reader
 
 
 def build_realm_pretrainer(config: ExperimentConfig,

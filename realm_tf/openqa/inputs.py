@@ -162,7 +162,10 @@ def qa_dataset(qa_set: QASet, tokenizer: Tokenizer, query_seq_length: int, batch
 
   def pack(batch):
     batch = dict(batch)
-    batch["query"] = tokenizer.encode(batch.pop("question"), query_seq_length).as_dict()
+    query = tokenizer.encode(batch.pop("question"), query_seq_length).as_dict()
+    for value in query.values():  # the batch size stays static ([B, Lq])
+      value.set_shape(batch["example_index"].shape.concatenate([query_seq_length]))
+    batch["query"] = query
     return batch
 
   return dataset.map(pack, num_parallel_calls=tf.data.AUTOTUNE,

@@ -56,6 +56,15 @@ def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   return path
 
 
+class _Records:
+  """Holds the last evaluation's per-question records out of tf.Module's attribute
+  tracking (a Task is a tf.Module), which would wrap the lists and dicts so that json
+  cannot write them."""
+
+  def __init__(self):
+    self.records: list[dict] = []
+
+
 class OpenQATask(base.RealmTask):
   """build_model → OpenQAModel; inputs {'example_index', 'query', 'answers'[, 'bm25']}."""
 
@@ -68,8 +77,13 @@ class OpenQATask(base.RealmTask):
     self.refresher: Optional[refresh.IndexRefresher] = None
     self._qa_sets: dict[str, inputs.QASet] = {}
     self._bm25: Optional[BM25Retriever] = None
-    self.predictions: list[dict] = []  # the last evaluation's per-question records
+    self._records = _Records()
     self.evaluation_name = "validation"
+
+  @property
+  def predictions(self) -> list[dict]:
+    """The last evaluation's per-question records (see openqa.evaluation.score)."""
+    return self._records.records
 
   @property
   def dense(self) -> bool:
@@ -189,7 +203,7 @@ class OpenQATask(base.RealmTask):
     gathered = {k: np.concatenate([s[k] for s in aggregated_logs])
                 for k in aggregated_logs[0]}
     path = self.task_config.validation_data.input_path
-    metrics, self.predictions = evaluation.score(
+    metrics, self._records.records = evaluation.score(
         self.qa_set(path, self.task_config.validation_data.max_examples).examples,
         self.index.store, gathered, self.tokenizer, self.task_config.answer_regex,
         self.task_config.num_candidates)

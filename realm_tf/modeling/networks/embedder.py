@@ -50,4 +50,8 @@ class Embedder(tf_keras.Model):
   def call(self, inputs: dict[str, tf.Tensor], training=None) -> tf.Tensor:
     flat, leading = flatten_bert_inputs(inputs)
     embeddings = self.projection(self.pool(flat, training=training))  # [N, P]
-    return tf.reshape(embeddings, tf.concat([leading, [-1]], axis=0))  # [..., P]
+    embeddings = tf.reshape(embeddings, tf.concat([leading, [-1]], axis=0))  # [..., P]
+    # Keep the static shape (XLA and the index's shape checks need it).
+    embeddings.set_shape(inputs["input_word_ids"].shape[:-1].concatenate(
+        [self.projection.units]))
+    return embeddings
