@@ -185,21 +185,33 @@ class KnowledgeIndex(tf.Module):
     running: no variable or graph changes identity.
     """
     vectors = row_ordered_embeddings(export, self.store.block_ids)
-    if vectors.shape[1] != self.dimension:
-      raise ValueError(f"index {export.path} has {vectors.shape[1]}-d embeddings, the "
-                       f"retriever {self.dimension}-d")
     searcher = None
     if self.backend == "scann":
       from realm_tf.retrieval.loading import load_searcher  # pylint: disable=g-import-not-at-top
       searcher = load_searcher(export, "scann", self.rescore)
-    with self._lock:
-      self._assign_sharded(dict(embeddings=vectors))
-      self._host_searcher = searcher
-      self.version = export.version
-      self.export = export
-      self.num_swaps += 1
+    self.set_embeddings(vectors, export.version, export=export, host_searcher=searcher)
     logging.info("Knowledge index: version %d (%d blocks, %s) swapped in", export.version,
                  self.num_blocks, export.path)
+
+  def set_embeddings(self, vectors: np.ndarray, version: int,
+                     export: Optional[versioned.Version] = None, host_searcher=None):
+    """Assigns [N, P] block embeddings (in row order) as index `version`, in place.
+
+    `swap` calls this for committed exports; it also serves embeddings computed in memory
+    (an export of a fixed corpus, tests). The 'scann' backend needs `host_searcher`.
+    """
+    vectors = np.asarray(vectors, np.float32)
+    if vectors.shape != (self.num_blocks, self.dimension):
+      raise ValueError(f"embeddings of shape {vectors.shape} do not fit an index of "
+                       f"{self.num_blocks} blocks x {self.dimension} dimensions")
+    if self.backend == "scann" and host_searcher is None:
+      raise ValueError("the 'scann' backend needs a host searcher with the embeddings")
+    with self._lock:
+      self._assign_sharded(dict(embeddings=vectors))
+      self._host_searcher = host_searcher
+      self.version = version
+      self.export = export
+      self.num_swaps += 1
 
   def maybe_swap(self, index_dir: str) -> bool:
     """Swaps in the newest committed export under `index_dir` if it is newer; a broken

@@ -169,6 +169,10 @@ class RealmTask(base_task.Task):
     """Host work before the first step (e.g. load the first index)."""
     del model, global_step
 
+  def on_evaluate_begin(self, model, global_step: int):
+    """Host work before an evaluation outside training (e.g. load the index)."""
+    del model, global_step
+
   def on_train_end(self, model, global_step: int, reached_train_steps: bool):
     """Host work after the last step (e.g. tell the index builder training is done)."""
     del model, global_step, reached_train_steps

@@ -256,6 +256,10 @@ class OpenQATask(base.RealmTask):
   def on_train_begin(self, model, global_step: int):
     self.start_index(model, global_step, train=True)
 
+  def on_evaluate_begin(self, model, global_step: int):
+    if self.dense and self.index.version is None:
+      self.start_index(model, global_step, train=False)
+
   def train_actions(self, trainer):
     if self.refresher is None or not self.task_config.refresh_index:
       return []

@@ -154,15 +154,23 @@ class PretrainTask(base.RealmTask):
       tf.train.Checkpoint(model=model.retriever).read(path).expect_partial()
       base.log_restore("Retriever (ICT)", path)
 
+  def on_evaluate_begin(self, model, global_step: int):
+    if self.index.version is None:
+      self._start_refresher(model, global_step, train=False)
+
   def on_train_begin(self, model, global_step: int):
+    self._start_refresher(model, global_step, train=True)
+
+  def _start_refresher(self, model, global_step: int, train: bool):
     i = self.experiment.index
     self.refresher = refresh.IndexRefresher(
         self.model_dir, self.index, refresh.RefreshSettings(
             index_dir=layout.index_dir(self.model_dir, i.index_dir),
-            refresh_every_steps=self.task_config.refresh_every_steps,
+            refresh_every_steps=self.task_config.refresh_every_steps if train else 0,
             train_steps=self.experiment.trainer.train_steps,
             first_index_timeout_seconds=i.first_index_timeout_seconds,
-            poll_seconds=i.poll_seconds, start_builder=self.task_config.start_index_builder),
+            poll_seconds=i.poll_seconds,
+            start_builder=train and self.task_config.start_index_builder),
         retriever=model.retriever,
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(
             model=dict(warm_start=dict(source="")))),

@@ -171,6 +171,7 @@ class Run:
 
   def evaluate(self, steps: int = -1) -> dict:
     """One pass of the task's validation (all of it when steps=-1)."""
+    self.task.on_evaluate_begin(self.model, self.global_step)
     with self.strategy.scope():
       logs = self.runner.controller.evaluate(steps=steps)
     return {k: _scalar(v) for k, v in (logs or {}).items()}
@@ -181,6 +182,25 @@ def _scalar(value):
     return np.asarray(value).item()
   except (TypeError, ValueError):
     return value
+
+
+def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint: str = "",
+                        strategy: Optional[tf.distribute.Strategy] = None) -> tuple[dict, Run]:
+  """Evaluates a run's checkpoint (its newest, or `checkpoint`) on the task's
+  validation_data; returns the metrics and the Run (its task holds the predictions)."""
+  # The weights come from the checkpoint: no warm start, no initial checkpoint to read.
+  experiment = experiment.replace(model=dict(warm_start=dict(source="")))
+  if experiment.task.type == "openqa":
+    experiment = experiment.replace(task=dict(openqa=dict(init_from="warm_start")))
+  run = Run(experiment, model_dir, strategy, train=False, evaluate=True)
+  if not run.evaluate_enabled:
+    raise ValueError("nothing to evaluate: task validation_data.input_path is empty")
+  path = checkpoint or layout.latest_checkpoint(model_dir)
+  status = tf.train.Checkpoint(model=run.model, global_step=run.trainer.global_step).read(path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  metrics = run.evaluate()
+  return dict(metrics, step=run.global_step, checkpoint=path), run
 
 
 def resolve_corpus(experiment: ExperimentConfig, model_dir: str) -> ExperimentConfig:
