@@ -78,6 +78,9 @@ def test_wikipedia_sample_articles_and_drop_reasons(wiki_output):
   assert manifest["salient_spans"] == "dates_only"
   assert len(manifest["input"]["files"]) == 1 and len(manifest["input"]["fingerprint"]) == 64
   assert not [p for p in os.listdir(output_dir.parent) if ".tmp-" in p]
+  # The manifest lists every published file (sizes and CRC32C computed on the workers).
+  listed = {f["name"] for f in manifest["files"]}
+  assert listed == set(os.listdir(output_dir)) - {"manifest.json"}
 
 
 def test_wikipedia_blocks_have_no_markup(wiki_output):
@@ -249,4 +252,6 @@ def test_vital_articles_slice_end_to_end_and_output_protection(shared_data, tmp_
   with pytest.raises(RuntimeError, match="planted failure"):  # a failed run publishes nothing
     preprocess.main([str(a) for a in args[:4]] + ["--output_dir", str(tmp_path / "failed"),
                                                    "--max_records", "5"])
-  assert sorted(os.listdir(tmp_path)) == ["vital"]  # and leaves no temporary directory
+  # A failed run leaves no output (it wrote straight into its empty output directory).
+  assert not (tmp_path / "failed").exists() or not os.listdir(tmp_path / "failed")
+  assert [p for p in os.listdir(tmp_path) if p != "failed"] == ["vital"]

@@ -100,7 +100,12 @@ def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -
                     dimension=module.dimension,
                     fingerprint=str(fingerprint.saved_model_checksum),
                     export_seconds=round(time.time() - start, 3))
-    return writer.commit(manifest).path
+    # Equal weights and graphs give equal hashes; saved_model_checksum also covers random
+    # ids that differ between two saves of the same module, so it is left out.
+    identity = ":".join(str(h) for h in (
+        fingerprint.graph_def_program_hash, fingerprint.signature_def_hash,
+        fingerprint.saved_object_graph_hash, fingerprint.checkpoint_hash))
+    return writer.commit(manifest, identity=identity).path
 
 
 def latest_encoder_export(root: str) -> Optional[versioned.Version]:

@@ -182,6 +182,10 @@ def create_if_absent(path: str, data: bytes) -> bool:
     reads back. Two writers that both check before either writes can both believe they
     won; the last write stays. Callers re-read what was committed (see versioned.py).
   """
+  if scheme(path) == "gs":  # GCS needs no parent "directory" object
+    created = _gcs_create_if_absent(path, data)
+    if created is not None:
+      return created
   parent = os.path.dirname(path.rstrip("/"))
   if parent:
     tf.io.gfile.makedirs(parent)
@@ -197,10 +201,6 @@ def create_if_absent(path: str, data: bytes) -> bool:
       return False
     finally:
       os.remove(tmp)
-  if scheme(path) == "gs":
-    created = _gcs_create_if_absent(path, data)
-    if created is not None:
-      return created
   if tf.io.gfile.exists(path):
     return False
   with tf.io.gfile.GFile(path, "wb") as f:

@@ -187,12 +187,16 @@ class VersionWriter:
                            started_at=time.time()))
 
   def commit(self, manifest: Optional[dict] = None,
-             files: Optional[Iterable[dict]] = None) -> Version:
+             files: Optional[Iterable[dict]] = None,
+             identity: Optional[str] = None) -> Version:
     """Lists and checksums the directory, then creates the manifest object (last).
 
     Returns the committed Version: this writer's, or an identical one committed first by
     another writer (this directory is then deleted). Raises VersionConflictError if a
-    different version with this number is committed.
+    different version with this number is committed. Two versions are identical when
+    their files are (names, sizes, CRC32C), or, if the publisher gives an `identity`
+    (for formats whose bytes differ between equal saves, e.g. a SavedModel's random
+    ids), when the identities are equal.
     """
     known = {e["name"]: e for e in files or ()}
     entries = file_entries(self.path, known)
@@ -202,6 +206,8 @@ class VersionWriter:
     payload = dict(manifest or {}, version=self.version,
                    data_dir=os.path.basename(self.path), writer=self.writer_id,
                    files=entries, committed_at=time.time())
+    if identity is not None:
+      payload["identity"] = identity
     target = manifest_path(self.root, self.version)
     data = json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
     if storage.create_if_absent(target, data):
@@ -214,7 +220,8 @@ class VersionWriter:
     if existing.manifest.get("writer") == self.writer_id:
       self.committed = existing
       return existing
-    if _same_files(existing.manifest.get("files", []), entries):
+    if (existing.manifest.get("identity") == identity if identity is not None else
+        _same_files(existing.manifest.get("files", []), entries)):
       logging.info("Version %d of %s is already committed with identical files (%s); "
                    "dropping this copy", self.version, self.root, existing.path)
       storage.delete_prefix(self.path)

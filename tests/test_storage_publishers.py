@@ -1,0 +1,148 @@
+"""Every publisher on ram:// (TF's in-memory file system, object-store-like): encoder
+snapshots, index exports and their loader, the tagger export, and the index builder's
+embedding job (blocks read by Beam from local disk, encoder and index on ram://)."""
+import os
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf.corpus import schema
+from realm_tf.export import encoders
+from realm_tf.io import storage, versioned
+from realm_tf.pipelines import embed, index_builder
+from realm_tf.retrieval import index_export, loading
+from realm_tf.tagger import export as tagger_export
+
+DIM = 4
+
+
+class _HashEncoder(tf.Module):
+  """A tiny block encoder with the real export's signature: (title, text) → [B, DIM]."""
+  kind = encoders.BLOCK
+  seq_length = 8
+  dimension = DIM
+
+  def __init__(self, scale: float = 1.0):
+    super().__init__()
+    self.scale = tf.Variable(scale)
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
+                                tf.TensorSpec([None], tf.string, name="text")])
+  def embed(self, title, text):
+    buckets = tf.strings.to_hash_bucket_fast(tf.strings.join([title, text]), 1000)  # [B]
+    return {"embeddings": self.scale * tf.one_hot(buckets % DIM, DIM)}  # [B, DIM]
+
+  def signatures(self):
+    return {"serving_default": self.embed}
+
+
+@pytest.fixture
+def ram_root():
+  root = f"ram://publishers-{uuid.uuid4().hex}"
+  yield root
+  storage.delete_prefix(root)
+
+
+def test_encoder_snapshot_export_and_load_on_ram(ram_root):
+  root = os.path.join(ram_root, "export", "block_encoder")
+  path = encoders.export_encoder(_HashEncoder(), root, step=30)
+  latest = encoders.latest_encoder_export(root)
+  assert latest.path == path and latest.manifest["step"] == 30 and latest.manifest["files"]
+  signature = encoders.load_encoder(path)
+  out = signature(title=tf.constant(["t"]), text=tf.constant(["x"]))["embeddings"]
+  assert out.shape == (1, DIM)
+  # Re-exporting the same weights as the same step is an identical re-commit ...
+  assert encoders.export_encoder(_HashEncoder(), root, step=30) == path
+  # ... other weights under the same step are a conflict, never a silent replacement.
+  with pytest.raises(versioned.VersionConflictError):
+    encoders.export_encoder(_HashEncoder(scale=2.0), root, step=30)
+  # A truncated variables file is refused by name before SavedModel loading.
+  [variables] = [f["name"] for f in latest.manifest["files"]
+                 if f["name"].startswith("variables/variables.data")]
+  data = storage.read_bytes(os.path.join(path, variables))
+  storage.write_bytes_atomic(os.path.join(path, variables), data[:-1])
+  with pytest.raises(versioned.VerificationError, match="variables.data.*truncated"):
+    encoders.load_encoder(path)
+
+
+def test_index_export_and_searcher_on_ram(ram_root):
+  index_dir = os.path.join(ram_root, "index")
+  rng = np.random.default_rng(0)
+  shards = [index_export.ShardData(rng.normal(size=(6, DIM)).astype(np.float32),
+                                   np.arange(6) + 10 * i) for i in range(2)]
+  path = index_export.write_export(index_dir, 7, shards, build_scann=True)
+  searcher = loading.load_searcher(index_dir, backend="scann")
+  assert searcher.num_blocks == 12 and searcher.export.path == path
+  assert loading.load_searcher(os.path.join(index_dir, "000000000007"),
+                               backend="exact").num_blocks == 12
+  # A shard truncated after the commit: refused with the file's name.
+  npy = os.path.join(path, index_export.shard_name(1, 2), "embeddings.npy")
+  storage.write_bytes_atomic(npy, storage.read_bytes(npy)[:-4])
+  with pytest.raises(versioned.VerificationError, match="shard-00001-of-00002/embeddings.npy"):
+    loading.load_searcher(index_dir, backend="exact")
+
+
+class _TinyTagger(tf.Module):
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+  def serve(self, text):
+    return {"length": tf.strings.length(text)}
+
+
+def test_tagger_export_on_ram_publishes_committed_versions(ram_root):
+  export_dir = os.path.join(ram_root, "tagger")
+  first = tagger_export.export_tagger(_TinyTagger(), export_dir, {"scores": {"f1": 0.5}})
+  assert not first.startswith("./") and first.startswith(export_dir + "/")
+  assert tagger_export.read_manifest(export_dir)["scores"] == {"f1": 0.5}
+  assert tagger_export.resolve_tagger_dir(export_dir).path == first
+  # Nothing half-written is ever resolved: a crashed export leaves no manifest.
+  writer = versioned.VersionWriter(export_dir, 99_999_999_999)
+  storage.write_bytes_atomic(os.path.join(writer.path, "saved_model.pb"), b"partial")
+  assert tagger_export.resolve_tagger_dir(export_dir).path == first
+
+
+@pytest.fixture
+def blocks_dir(tmp_path):
+  rows = [dict(block_id=100 + i, doc_uid=f"d{i}", title=f"T{i}", text=f"text {i}")
+          for i in range(20)]
+  for shard in range(2):
+    with tf.io.TFRecordWriter(str(tmp_path / f"blocks-{shard:05d}-of-00002.tfrecord")) as w:
+      for row in rows[shard::2]:
+        w.write(schema.BLOCK.serialize(row))
+  return str(tmp_path), rows
+
+
+def test_index_builder_step_embeds_a_ram_snapshot_into_a_ram_index(ram_root, blocks_dir):
+  blocks, rows = blocks_dir
+  model_dir = os.path.join(ram_root, "run")
+  encoder_root = os.path.join(model_dir, "export", "block_encoder")
+  encoders.export_encoder(_HashEncoder(), encoder_root, step=50)
+  index_dir = os.path.join(model_dir, "index")
+  path = index_builder.build_once(model_dir, blocks, index_dir, num_shards=3,
+                                  backend="exact", keep_versions=2)
+  export = index_export.latest_export(index_dir)
+  assert export.path == path and export.version == 50 and export.manifest["num_blocks"] == 20
+  versioned.verify_version(export, checksums=True)
+  # The lease the job held on the snapshot is released.
+  assert versioned.leased_versions(encoder_root) == set()
+  # Nothing newer: no build.
+  assert index_builder.build_once(model_dir, blocks, index_dir, 3, "exact", 2) is None
+  searcher = loading.load_searcher(index_dir, backend="exact")
+  assert sorted(searcher.export.manifest["encoder"]["path"] for _ in [0]) == [
+      versioned.latest_version(encoder_root).path]
+  assert searcher.num_blocks == len(rows)
+
+
+def test_a_failed_embedding_job_leaves_no_version_and_no_directory(ram_root, tmp_path,
+                                                                   monkeypatch):
+  encoder_root = os.path.join(ram_root, "block_encoder")
+  encoders.export_encoder(_HashEncoder(), encoder_root, step=5)
+  index_dir = os.path.join(ram_root, "index")
+  with pytest.raises(Exception, match="Empty match"):
+    embed.build_index(embed.EmbedConfig(blocks=str(tmp_path / "none-*"),
+                                        encoder=encoder_root, output_dir=index_dir,
+                                        build_scann=False))
+  assert versioned.list_versions(index_dir) == []
+  assert not storage.list_files(index_dir)
