@@ -6,55 +6,59 @@ from realm_tf.configs import ConfigError, load_config, parse_overrides
 
 def test_paper_config_has_the_paper_settings(repo_dir):
   c = load_config(str(repo_dir / "configs" / "realm_paper.yaml"))
-  assert (c.encoder.hidden_size, c.encoder.num_layers, c.encoder.num_attention_heads) == (
+  m = c.model
+  assert (m.encoder.hidden_size, m.encoder.num_layers, m.encoder.num_attention_heads) == (
       768, 12, 12)
-  assert c.retriever.block_seq_length == 288
-  assert c.retriever.query_seq_length == 96
-  assert c.retriever.projection_size == 128
-  assert c.pretrain.num_candidates == 8 and c.pretrain.include_null_document
-  assert c.finetune.num_candidates == 5
+  assert m.retriever.block_seq_length == 288
+  assert m.retriever.query_seq_length == 96
+  assert m.retriever.projection_size == 128
+  assert c.task.pretrain.num_candidates == 8 and c.task.pretrain.include_null_document
+  assert c.task.openqa.num_candidates == 5
   assert c.trainer.learning_rate == pytest.approx(3e-5)
-  assert c.trainer.batch_size == 512 and c.trainer.train_steps == 200_000
-  assert c.pretrain.refresh_every_steps == 500
-  assert c.distribution_strategy == "tpu"
-  assert c.warm_start.source == "google_bert"
+  assert c.task.pretrain.train_data.global_batch_size == 512
+  assert c.trainer.train_steps == 200_000
+  assert c.task.pretrain.refresh_every_steps == 500
+  assert c.runtime.distribution_strategy == "tpu"
+  assert m.warm_start.source == "google_bert"
 
 
 @pytest.mark.parametrize("name", ["tiny", "demo", "realm_paper"])
 def test_every_shipped_config_loads(repo_dir, name):
   c = load_config(str(repo_dir / "configs" / f"{name}.yaml"))
-  assert c.encoder.hidden_size % c.encoder.num_attention_heads == 0
-  assert c.reader.seq_length <= c.encoder.max_position_embeddings
+  m = c.model
+  assert m.encoder.hidden_size % m.encoder.num_attention_heads == 0
+  assert m.reader.seq_length <= m.encoder.max_position_embeddings
 
 
 def test_demo_config_is_minilm(repo_dir):
   from realm_tf.pretrained import minilm  # pylint: disable=g-import-not-at-top
   c = load_config(str(repo_dir / "configs" / "demo.yaml"))
-  assert c.warm_start.source == "minilm"
+  assert c.model.warm_start.source == "minilm"
   for key, value in minilm.ARCHITECTURE.items():
-    assert getattr(c.encoder, key) == value, key
+    assert getattr(c.model.encoder, key) == value, key
 
 
 def test_command_line_overrides_win(repo_dir):
   c = load_config(str(repo_dir / "configs" / "tiny.yaml"),
-                  ["trainer.batch_size=2,encoder.num_layers=1", "trainer.learning_rate=3e-5"])
-  assert c.trainer.batch_size == 2 and c.encoder.num_layers == 1
+                  ["task.pretrain.train_data.global_batch_size=2,model.encoder.num_layers=1",
+                   "trainer.learning_rate=3e-5"])
+  assert c.task.pretrain.train_data.global_batch_size == 2 and c.model.encoder.num_layers == 1
   assert c.trainer.learning_rate == pytest.approx(3e-5)
 
 
 def test_unknown_key_in_file_names_key_and_file(tmp_path):
   path = tmp_path / "bad.yaml"
-  path.write_text("encoder:\n  hidden_size: 8\n  num_layer: 2\n")
+  path.write_text("model:\n  encoder:\n    hidden_size: 8\n    num_layer: 2\n")
   with pytest.raises(ConfigError) as err:
     load_config(str(path))
   assert str(path) in str(err.value)
-  assert "'encoder.num_layer'" in str(err.value)
+  assert "'model.encoder.num_layer'" in str(err.value)
 
 
 def test_wrong_type_names_key_and_file(tmp_path):
   path = tmp_path / "bad.yaml"
-  path.write_text("trainer:\n  batch_size: lots\n")
-  with pytest.raises(ConfigError, match=r"bad\.yaml: key 'trainer\.batch_size' expects int"):
+  path.write_text("trainer:\n  train_steps: lots\n")
+  with pytest.raises(ConfigError, match=r"bad\.yaml: key 'trainer\.train_steps' expects int"):
     load_config(str(path))
 
 
@@ -62,14 +66,14 @@ def test_bad_override_names_the_flag():
   with pytest.raises(ConfigError, match="command-line override: unknown key 'trainer.steps'"):
     load_config(overrides=["trainer.steps=3"])
   with pytest.raises(ConfigError, match="expected key=value"):
-    load_config(overrides=["trainer.batch_size"])
+    load_config(overrides=["trainer.train_steps"])
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
   with pytest.raises(ConfigError, match="not found"):
     load_config(str(tmp_path / "nope.yaml"))
   broken = tmp_path / "broken.yaml"
-  broken.write_text("encoder: [unclosed\n")
+  broken.write_text("model: [unclosed\n")
   with pytest.raises(ConfigError, match="broken.yaml: not valid YAML"):
     load_config(str(broken))
 
