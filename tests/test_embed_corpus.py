@@ -21,10 +21,10 @@ def encoder_exports(tmp_path_factory, tiny_config, tokenizer):
   root = tmp_path_factory.mktemp("export")
   retriever = factory.build_retriever(tiny_config)
   block = export_encoder(BlockEncoder(retriever.document_embedder, tokenizer,
-                                      tiny_config.retriever.block_seq_length),
+                                      tiny_config.model.retriever.block_seq_length),
                          str(root / "block_encoder"), step=40)
   query = export_encoder(QueryEncoder(retriever.query_embedder, tokenizer,
-                                      tiny_config.retriever.query_seq_length),
+                                      tiny_config.model.retriever.query_seq_length),
                          str(root / "query_encoder"), step=40)
   return block, query
 

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf.io import versioned
+
 from realm_tf.retrieval import (
     ExactSearcher, IndexWatcher, ScannSearcher, ShardData, ShardedSearcher, garbage_collect,
     latest_export, list_exports, load_searcher, new_export_dir, scann_params_for,
@@ -101,7 +103,7 @@ def test_export_round_trip_both_backends(tmp_path, corpus):
   vectors, ids, queries = corpus
   sub_v, sub_i = vectors[:6000], ids[:6000]
   path = _export(tmp_path, 100, sub_v, sub_i, num_shards=3, extra={"step": 100})
-  assert os.path.basename(path) == "000000000100"
+  assert os.path.basename(path).startswith("000000000100.")  # <version>.<writer id>
   export = latest_export(str(tmp_path))
   assert export.version == 100 and export.manifest["num_blocks"] == 6000
   assert export.manifest["step"] == 100 and len(export.manifest["shards"]) == 3
@@ -118,7 +120,7 @@ def test_partial_exports_are_never_read(tmp_path, corpus):
   # A crash before the rename: shards written into a temporary dir, never committed.
   crashed = new_export_dir(str(tmp_path), 2)
   write_shard(crashed, 0, 2, ShardData(vectors[:10], ids[:10]), build_scann=False)
-  # A crash after the rename but before the manifest (object stores copy, then commit).
+  # A data directory of the old rename-based layout, never committed: ignored too.
   os.makedirs(tmp_path / "000000000003" / "shard-00000-of-00001")
   assert [e.version for e in list_exports(str(tmp_path))] == [1]
   assert load_searcher(str(tmp_path), backend="exact").num_blocks == 500
@@ -132,8 +134,10 @@ def test_garbage_collection_keeps_the_newest(tmp_path, corpus):
   vectors, ids, _ = corpus
   for version in (5, 10, 15, 20):
     _export(tmp_path, version, vectors[:100], ids[:100], num_shards=1, build_scann=False)
-  stale = new_export_dir(str(tmp_path), 25)
-  os.utime(stale, (time.time() - 10 * 3600,) * 2)
+  stale = new_export_dir(str(tmp_path), 25)  # a writer that crashed 10 hours ago
+  marker = os.path.join(stale, versioned.WRITER_MARKER)
+  versioned.write_json_atomic(marker, {"started_at": time.time() - 10 * 3600})
+  os.utime(marker, (time.time() - 10 * 3600,) * 2)
   fresh = new_export_dir(str(tmp_path), 30)  # a writer still at work
   deleted = garbage_collect(str(tmp_path), keep=2)
   assert [e.version for e in list_exports(str(tmp_path))] == [15, 20]
