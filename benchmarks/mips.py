@@ -122,7 +122,10 @@ def synthetic(num_vectors: int) -> dict:
 
 def real(work_dir: str) -> dict:
   """Blocks of the vital articles → MiniLM block embeddings through both Beam pipelines."""
-  from beam import embed_corpus, preprocess  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.io import versioned
+  from realm_tf.pipelines import embed, preprocess
+  # pylint: enable=g-import-not-at-top
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import BlockEncoder, QueryEncoder, export_encoder, load_encoder  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
@@ -131,24 +134,24 @@ def real(work_dir: str) -> dict:
 
   corpus = os.path.join(work_dir, "corpus")
   start = time.perf_counter()
-  preprocess.main(["--input_format", "jsonl", "--input",
-                   os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
-                   "--output_dir", corpus, "--max_block_length", "128"])
+  preprocess.prepare_corpus(preprocess.PreprocessConfig(
+      input_format="jsonl", input=os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
+      output_dir=corpus, max_block_length=128))
   preprocess_seconds = time.perf_counter() - start
   config = load_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs",
                                     "demo.yaml"))
   retriever = factory.build_retriever(config)
   tokenizer = Tokenizer()
   block_encoder = export_encoder(
-      BlockEncoder(retriever.document_embedder, tokenizer, config.retriever.block_seq_length),
+      BlockEncoder(retriever.document_embedder, tokenizer, config.model.retriever.block_seq_length),
       os.path.join(work_dir, "export", "block_encoder"), step=0)
   query_encoder = export_encoder(
-      QueryEncoder(retriever.query_embedder, tokenizer, config.retriever.query_seq_length),
+      QueryEncoder(retriever.query_embedder, tokenizer, config.model.retriever.query_seq_length),
       os.path.join(work_dir, "export", "query_encoder"), step=0)
   start = time.perf_counter()
-  index = embed_corpus.run(["--blocks", corpus, "--encoder", block_encoder, "--output_dir",
-                            os.path.join(work_dir, "index"), "--num_shards", "2",
-                            "--batch_size", "64"])
+  index = embed.build_index(embed.EmbedConfig(
+      blocks=corpus, encoder=block_encoder, output_dir=os.path.join(work_dir, "index"),
+      num_shards=2, batch_size=64))
   embed_seconds = time.perf_counter() - start
   exact = load_searcher(index, backend="exact")
   vectors = np.concatenate([s.embeddings.numpy() for s in exact.shards])
@@ -162,7 +165,7 @@ def real(work_dir: str) -> dict:
                    num_leaves_to_search=max(1, int(np.sqrt(len(vectors))) // 10),
                    reorder_num_neighbors=100)]
   result = measure(vectors, queries, settings)
-  manifest = json.load(open(os.path.join(index, "manifest.json")))
+  manifest = versioned.read_version(index).manifest
   result.update(corpus="wikipedia/vital_articles.jsonl", encoder="MiniLM (configs/demo.yaml)",
                 preprocess_seconds=preprocess_seconds,
                 beam_embed_and_index_seconds=embed_seconds,

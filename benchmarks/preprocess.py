@@ -21,8 +21,8 @@ import tempfile
 import time
 
 from benchmarks.common import SHARED_DATA, machine, write_result
-from beam import preprocess
-from realm_tf.corpus.config import PreprocessConfig
+from realm_tf.pipelines import preprocess
+from realm_tf.pipelines.preprocess import PreprocessConfig
 
 CORPORA = {
     "wikipedia_xml": ("wikipedia_xml", "wikipedia/enwiki-pages-articles-sample.xml.bz2"),
@@ -37,7 +37,7 @@ def measure(input_format: str, path: str, beam_args) -> dict:
     config = PreprocessConfig(input_format=input_format, input=path,
                               output_dir=os.path.join(work, "out"))
     start = time.perf_counter()
-    manifest = preprocess.run(config, beam_args)
+    manifest = preprocess.run_preprocess(config, beam_args)
     seconds = time.perf_counter() - start
   finally:
     shutil.rmtree(work, ignore_errors=True)
