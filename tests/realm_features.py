@@ -14,20 +14,23 @@ BLOCKS = [
 
 
 def pretraining_features(tokenizer, config, seed=0):
-  """query_*, candidate_*, reader_* and masked_lm_* features: B=2, K=num_candidates."""
+  """The RealmPretrainer's feature nest: {'query': [B, Lq], 'candidates': [B, K, Lc],
+  'reader': [B, K, Lr] BERT inputs, 'masked_lm': {positions, ids, weights} [B, M]}, with
+  B=2, K=task.pretrain.num_candidates."""
   rng = np.random.default_rng(seed)
-  b, k = len(QUERIES), config.pretrain.num_candidates
+  m_config = config.model
+  b, k = len(QUERIES), config.task.pretrain.num_candidates
   picks = [[BLOCKS[j % len(BLOCKS)] for j in rng.permutation(k)] for _ in range(b)]
   titles = [t for row in picks for t, _ in row]
   bodies = [body for row in picks for _, body in row]
   # The first candidate of each row is the null document: empty title and body.
   for i in range(b):
     titles[i * k], bodies[i * k] = "", ""
-  query = tokenizer.encode(QUERIES, config.retriever.query_seq_length)
-  cand = tokenizer.encode(titles, config.retriever.block_seq_length, pair_texts=bodies)
-  reader = tokenizer.encode(np.repeat(QUERIES, k).tolist(), config.reader.seq_length,
+  query = tokenizer.encode(QUERIES, m_config.retriever.query_seq_length)
+  cand = tokenizer.encode(titles, m_config.retriever.block_seq_length, pair_texts=bodies)
+  reader = tokenizer.encode(np.repeat(QUERIES, k).tolist(), m_config.reader.seq_length,
                             pair_texts=bodies, truncation="waterfall")
-  m = config.pretrain.max_predictions_per_seq
+  m = config.task.pretrain.max_predictions_per_seq
   positions = np.zeros([b, m], np.int32)
   weights = np.zeros([b, m], np.float32)
   for i, where in enumerate(MASKED):
@@ -42,13 +45,13 @@ def pretraining_features(tokenizer, config, seed=0):
     masked_query[i, where] = tokenizer.mask_id
     reader_ids[i, :, where] = tokenizer.mask_id
   features = {}
-  for prefix, packed, shape in (("query", query, [b, -1]), ("candidate", cand, [b, k, -1]),
-                                ("reader", reader, [b, k, -1])):
-    for key, value in packed.as_dict().items():
-      features[f"{prefix}_{key}"] = tf.reshape(value, shape)  # [B, L] or [B, K, L]
-  features["query_input_word_ids"] = tf.constant(masked_query)
-  features["reader_input_word_ids"] = tf.constant(reader_ids)
-  features["masked_lm_positions"] = tf.constant(positions)
-  features["masked_lm_ids"] = tf.constant(targets.astype(np.int32))
-  features["masked_lm_weights"] = tf.constant(weights)
+  for name, packed, shape in (("query", query, [b, -1]), ("candidates", cand, [b, k, -1]),
+                              ("reader", reader, [b, k, -1])):
+    # [B, L] or [B, K, L]
+    features[name] = {key: tf.reshape(value, shape) for key, value in packed.as_dict().items()}
+  features["query"]["input_word_ids"] = tf.constant(masked_query)
+  features["reader"]["input_word_ids"] = tf.constant(reader_ids)
+  features["masked_lm"] = dict(positions=tf.constant(positions),
+                               ids=tf.constant(targets.astype(np.int32)),
+                               weights=tf.constant(weights))
   return features

@@ -14,38 +14,43 @@ def pretrainer(tiny_config):
   return factory.build_realm_pretrainer(tiny_config)
 
 
-def _perturb_padding(features, prefix, rng, vocab_size):
+def _perturb_padding(features, name, rng, vocab_size):
   out = dict(features)
-  mask = features[f"{prefix}_input_mask"].numpy()
-  ids = features[f"{prefix}_input_word_ids"].numpy().copy()
+  mask = features[name]["input_mask"].numpy()
+  ids = features[name]["input_word_ids"].numpy().copy()
   ids[mask == 0] = rng.integers(1, vocab_size, size=(mask == 0).sum())
-  types = features[f"{prefix}_input_type_ids"].numpy().copy()
+  types = features[name]["input_type_ids"].numpy().copy()
   types[mask == 0] = 1
-  out[f"{prefix}_input_word_ids"] = tf.constant(ids)
-  out[f"{prefix}_input_type_ids"] = tf.constant(types)
+  out[name] = dict(features[name], input_word_ids=tf.constant(ids),
+                   input_type_ids=tf.constant(types))
   return out
 
 
 def test_shapes_and_probabilities(pretrainer, tokenizer, tiny_config):
   f = pretraining_features(tokenizer, tiny_config)
   out = pretrainer(f)
-  b, k, m = 2, tiny_config.pretrain.num_candidates, tiny_config.pretrain.max_predictions_per_seq
-  assert out["retrieval_logits"].shape == (b, k)
-  assert out["token_log_probs"].shape == (b, k, m)
-  assert np.all(out["token_log_probs"].numpy() <= 0)
+  p = tiny_config.task.pretrain
+  b, k, m = 2, p.num_candidates, p.max_predictions_per_seq
+  assert out.retrieval_logits.shape == (b, k)
+  assert out.token_log_probs.shape == (b, k, m)
+  assert out.mlm_predictions.shape == (b, m)
+  assert np.all(out.token_log_probs.numpy() <= 0)
 
 
-@pytest.mark.parametrize("prefix", ["query", "candidate", "reader"])
-def test_padding_does_not_leak_into_outputs(pretrainer, tokenizer, tiny_config, prefix):
+@pytest.mark.parametrize("name", ["query", "candidates", "reader"])
+def test_padding_does_not_leak_into_outputs(pretrainer, tokenizer, tiny_config, name):
   f = pretraining_features(tokenizer, tiny_config)
-  g = _perturb_padding(f, prefix, np.random.default_rng(3), tiny_config.encoder.vocab_size)
-  a, b = pretrainer(f), pretrainer(g)
+  g = _perturb_padding(f, name, np.random.default_rng(3),
+                       tiny_config.model.encoder.vocab_size)
+  a, b = pretrainer(f)._asdict(), pretrainer(g)._asdict()
+  assert set(a) == {"retrieval_logits", "token_log_probs", "mlm_predictions"}
   for key in a:
-    np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(a[key].numpy(), b[key].numpy(), rtol=1e-4, atol=1e-4,
+                               err_msg=key)
 
 
 def test_mean_pooling_ignores_padding(tiny_config, tokenizer):
-  config = tiny_config.replace(retriever={"pooling": "mean"})
+  config = tiny_config.replace(model={"retriever": {"pooling": "mean"}})
   retriever = factory.build_retriever(config)
   x = tokenizer.encode(["short", "a much longer query with many words"], 16).as_dict()
   padded = dict(x, input_word_ids=tf.where(tf.cast(x["input_mask"], tf.bool),
@@ -57,15 +62,16 @@ def test_mean_pooling_ignores_padding(tiny_config, tokenizer):
 def test_retriever_relevance_is_inner_product(pretrainer, tokenizer, tiny_config):
   f = pretraining_features(tokenizer, tiny_config)
   retriever = pretrainer.retriever
-  q = retriever.embed_queries({k[6:]: v for k, v in f.items() if k.startswith("query_")})
-  d = retriever.embed_documents({k[10:]: v for k, v in f.items() if k.startswith("candidate_")})
-  np.testing.assert_allclose(pretrainer(f)["retrieval_logits"].numpy(),
+  q = retriever.embed_queries(f["query"])
+  d = retriever.embed_documents(f["candidates"])
+  np.testing.assert_allclose(pretrainer(f).retrieval_logits.numpy(),
                              np.einsum("bp,bkp->bk", q.numpy(), d.numpy()), rtol=1e-4, atol=1e-4)
   assert not retriever.shares_towers
 
 
 def test_shared_towers_option(tiny_config):
-  retriever = factory.build_retriever(tiny_config.replace(retriever={"share_towers": True}))
+  retriever = factory.build_retriever(
+      tiny_config.replace(model={"retriever": {"share_towers": True}}))
   assert retriever.shares_towers
   separate = factory.build_retriever(tiny_config)
   assert factory.count_parameters(separate) > factory.count_parameters(retriever)
@@ -81,7 +87,8 @@ def test_mlm_output_weights_are_tied_to_word_embeddings(pretrainer):
 
 def test_reader_spans_stay_inside_block_body(tiny_config, tokenizer):
   reader = factory.build_reader(tiny_config)
-  x = tokenizer.encode(["who wrote hamlet", "where is paris"], tiny_config.reader.seq_length,
+  x = tokenizer.encode(["who wrote hamlet", "where is paris"],
+                       tiny_config.model.reader.seq_length,
                        pair_texts=["hamlet was written by shakespeare", ""],
                        truncation="waterfall").as_dict()
   inputs = {k: v[:, None, :] for k, v in x.items()}  # [B, K=1, L]
@@ -93,7 +100,7 @@ def test_reader_spans_stay_inside_block_body(tiny_config, tokenizer):
   assert valid[0].any() and not valid[1].any()  # the second block body is empty
   np.testing.assert_array_equal(logits <= INVALID_SPAN_LOGIT / 2, ~valid)
   width = ends - starts
-  assert width.min() == 0 and width.max() == tiny_config.reader.max_span_width - 1
+  assert width.min() == 0 and width.max() == tiny_config.model.reader.max_span_width - 1
   # body positions = the tokens between the first and last [SEP] of row 0
   ids = x["input_word_ids"].numpy()[0]
   seps = np.flatnonzero(ids == tokenizer.sep_id)
@@ -110,7 +117,7 @@ def test_span_scorer_first_layer_is_an_mlp_over_concatenation(tiny_config, token
   """W_s h_s + W_e h_e (what the layer computes) == W [h_s; h_e] for W = [W_s; W_e]."""
   reader = factory.build_reader(tiny_config)
   scorer = reader.span_scorer
-  h = tf.random.normal([1, 6, tiny_config.encoder.hidden_size], seed=1)
+  h = tf.random.normal([1, 6, tiny_config.model.encoder.hidden_size], seed=1)
   logits, starts, ends = scorer(h, tf.ones([1, 6], tf.bool))
   ws, bs = scorer.start_projection.kernel, scorer.start_projection.bias
   we = scorer.end_projection.kernel
@@ -132,10 +139,10 @@ def test_separate_towers_start_identical_and_are_distinct_variables(tiny_config,
 
 def test_candidate_mask_removes_padding_candidates(pretrainer, tokenizer, tiny_config):
   f = pretraining_features(tokenizer, tiny_config)
-  mask = np.ones([2, tiny_config.pretrain.num_candidates], np.float32)
+  mask = np.ones([2, tiny_config.task.pretrain.num_candidates], np.float32)
   mask[:, -1] = 0.0
   out = pretrainer(dict(f, candidate_mask=tf.constant(mask)))
-  probs = tf.nn.softmax(out["retrieval_logits"], axis=-1).numpy()
+  probs = tf.nn.softmax(out.retrieval_logits, axis=-1).numpy()
   assert np.all(probs[:, -1] < 1e-12)
   np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
 
@@ -143,10 +150,9 @@ def test_candidate_mask_removes_padding_candidates(pretrainer, tokenizer, tiny_c
 def test_mlm_predictions_are_argmax_of_the_marginal(pretrainer, tokenizer, tiny_config):
   f = pretraining_features(tokenizer, tiny_config)
   out = pretrainer(f)
-  kae_inputs = {k[len("reader_"):]: v for k, v in f.items() if k.startswith("reader_")}
-  kae_inputs.update(masked_lm_positions=f["masked_lm_positions"],
-                    masked_lm_ids=f["masked_lm_ids"])
+  kae_inputs = dict(f["reader"], masked_lm_positions=f["masked_lm"]["positions"],
+                    masked_lm_ids=f["masked_lm"]["ids"])
   log_probs = pretrainer.knowledge_augmented_encoder(kae_inputs)["log_probs"].numpy()
-  pz = tf.nn.softmax(out["retrieval_logits"], axis=-1).numpy()  # [B, K]
+  pz = tf.nn.softmax(out.retrieval_logits, axis=-1).numpy()  # [B, K]
   marginal = np.einsum("bk,bkmv->bmv", pz, np.exp(log_probs))
-  np.testing.assert_array_equal(out["mlm_predictions"].numpy(), marginal.argmax(-1))
+  np.testing.assert_array_equal(out.mlm_predictions.numpy(), marginal.argmax(-1))
