@@ -145,3 +145,31 @@ def test_realm_tf_never_imports_beam_or_serving():
   # The lead's two call sites (training/finetune.py, openqa/corpus.py) move to
   # realm_tf.pipelines in their refactor; everything else must already be clean.
   assert [o for o in offenders if not o.startswith(_NOT_MINE)] == []
+
+
+def test_gcs_create_if_absent_sends_the_generation_precondition(monkeypatch):
+  """gcp-storage-emulator ignores preconditions, so a stand-in bucket enforces
+  ifGenerationMatch=0 as GCS documents it: this checks that we ask for it and read a
+  refusal as "someone else committed"."""
+  from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
+  from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+  objects = {}
+
+  class Blob:
+    def __init__(self, name):
+      self.name = name
+
+    def upload_from_string(self, data, if_generation_match=None):
+      if if_generation_match == 0 and self.name in objects:
+        raise exceptions.PreconditionFailed("object exists")
+      objects[self.name] = data
+
+  class Client:
+    def bucket(self, name):
+      assert name == "bucket"
+      return type("Bucket", (), {"blob": lambda self, n: Blob(n)})()
+
+  monkeypatch.setattr(gcs, "Client", Client)
+  assert storage.create_if_absent("gs://bucket/idx/000000000001.manifest.json", b"a")
+  assert not storage.create_if_absent("gs://bucket/idx/000000000001.manifest.json", b"b")
+  assert objects == {"idx/000000000001.manifest.json": b"a"}
