@@ -173,3 +173,12 @@ def test_gcs_create_if_absent_sends_the_generation_precondition(monkeypatch):
   assert storage.create_if_absent("gs://bucket/idx/000000000001.manifest.json", b"a")
   assert not storage.create_if_absent("gs://bucket/idx/000000000001.manifest.json", b"b")
   assert objects == {"idx/000000000001.manifest.json": b"a"}
+
+
+def test_the_vocab_travels_as_package_data():
+  from realm_tf.pretrained import minilm  # pylint: disable=g-import-not-at-top
+  path = pathlib.Path(minilm.minilm_vocab_file())
+  assert path.relative_to(REPO / "realm_tf").as_posix() == "text/vocab/bert_uncased_vocab.txt"
+  assert "text/vocab/*.txt" in (REPO / "setup.py").read_text()
+  packaged = pathlib.Path(minilm.minilm_dir(), "vocab.txt")
+  assert path.read_bytes() == packaged.read_bytes()  # the very vocab MiniLM was trained with

@@ -146,3 +146,14 @@ def test_a_failed_embedding_job_leaves_no_version_and_no_directory(ram_root, tmp
                                         build_scann=False))
   assert versioned.list_versions(index_dir) == []
   assert not storage.list_files(index_dir)
+
+
+def test_run_config_is_read_from_an_object_store_model_dir(ram_root, repo_dir):
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs.loading import ConfigError  # pylint: disable=g-import-not-at-top
+  params = os.path.join(ram_root, "run", "params.yaml")
+  storage.write_text_atomic(params, (repo_dir / "configs" / "tiny.yaml").read_text())
+  assert load_config(params).as_dict() == load_config(
+      str(repo_dir / "configs" / "tiny.yaml")).as_dict()
+  with pytest.raises(ConfigError, match="config file not found"):
+    load_config(os.path.join(ram_root, "missing", "params.yaml"))
