@@ -42,6 +42,16 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   context and under `jit_compile=True`. `tf.math.approx_max_k` is not used: it is
   approximate on TPU by design, which would make "exact" a property of the device.
 
+  Plain graph or XLA: on CPU call it from a plain tf.function, the default everywhere in
+  realm_tf: at 1M x 128 it ran at about 2x the full-matrix top_k there, while under
+  jit_compile=True XLA:CPU's dot is several times slower than TF's oneDNN matmul
+  (benchmarks/train_step.py --parts mips has the figures). Under XLA it compiles and
+  gives the same results, which is what a TPU train step needs.
+
+  Embeddings held in a variable: avoid tf.gather on that variable elsewhere in the same
+  program; a ResourceGather switches a variable to copy-on-read, after which every read
+  of it (one per call here) copies all of it.
+
   Args:
     queries: [Q, P] float tensor (cast to float32).
     embeddings: [N, P] float32 or bfloat16 tensor or variable with a static shape;
@@ -60,9 +70,9 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   Raises:
     ValueError: k is not an int in [1, N], or shapes are not static and matching.
   """
-  # One read of a variable, then plain tensor ops: tf.gather on a ResourceVariable
-  # (ResourceGather) switches it to copy-on-read mode, after which every read of it,
-  # one per loop iteration here, copies all N x P values (4x slower at 1M x 128).
+  # One read of a variable, then plain tensor ops only. Slicing the variable in the
+  # loop and gathering stage 2's rows from it (ResourceGather) put it in copy-on-read
+  # mode, so each of the loop's reads copied all N x P values (4x slower at 1M x 128).
   embeddings = tf.convert_to_tensor(embeddings)
   queries = tf.cast(tf.convert_to_tensor(queries), tf.float32)
   if embeddings.shape.rank != 2 or not embeddings.shape.is_fully_defined():
