@@ -159,7 +159,15 @@ class BatchScheduler:
             self._cond.notify()  # another batch may be ready for another thread
             break
           self._cond.wait(batch_or_wait)
-      self._run(queue, batch_or_wait)
+      try:
+        self._run(queue, batch_or_wait)
+      except Exception as e:  # pylint: disable=broad-except
+        # A batch thread must never die: fail this batch's requests and carry on.
+        log.exception("batch of model %r failed", queue.servable.model_name)
+        error = errors.ServingError(grpc.StatusCode.INTERNAL, f"batching failed: {e}")
+        for task in batch_or_wait.tasks:
+          if not task.future.done():
+            task.future.set_exception(error)
 
   def _run(self, queue: _Queue, batch: _Batch) -> None:
     tasks = []

@@ -226,6 +226,20 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     label = urllib.parse.unquote(match["label"]) if match["label"] else None
     return name, version, label, match["action"]
 
+  def handle_one_request(self):
+    """Any failure that is not a ServingError still gets a JSON answer (500)."""
+    try:
+      super().handle_one_request()
+    except (ConnectionError, TimeoutError):
+      self.close_connection = True
+    except Exception as e:  # pylint: disable=broad-except
+      log.exception("REST request %s failed", self.path)
+      self.close_connection = True
+      try:
+        self._send(500, {"error": f"internal error: {type(e).__name__}: {e}"})
+      except OSError:
+        pass
+
   def do_GET(self):  # pylint: disable=invalid-name
     try:
       name, version, label, action = self._route()

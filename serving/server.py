@@ -313,7 +313,7 @@ def main(argv=None) -> int:
   try:
     options = parse_flags(argv)
     server = ModelServer(options).start()
-  except (flags.Error, config_lib.ConfigError, OSError) as e:
+  except (flags.Error, ValueError, OSError) as e:  # ConfigError is a ValueError
     print(f"serving.server: error: {e}", file=sys.stderr)
     return 2
   stop = threading.Event()

@@ -2,6 +2,7 @@
 import contextlib
 import ipaddress
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -191,7 +192,7 @@ def test_output_filter(qa_server):
 
 def _bomb() -> tensor_pb2.TensorProto:
   proto = tf.make_tensor_proto(np.zeros([1, 3], np.float32))
-  proto.tensor_shape.dim[0].size = 10**9  # a few bytes claiming 12 GB
+  proto.tensor_shape.dim[0].size = 10**7  # a few bytes claiming 120 MB (limit: 8 MiB)
   proto.ClearField("tensor_content")
   proto.float_val.append(1.0)
   return proto
@@ -251,10 +252,11 @@ def test_malformed_requests_never_reach_the_model(qa_server):
 
 def test_oversized_message_is_resource_exhausted(qa_server):
   _, channel, _ = qa_server
-  big = np.array([b"x" * (2 << 20)], dtype=object)  # 2 MiB > the 1 MiB limit
-  error = _rpc_error(_prediction(channel).Predict, _request("realm_qa", question=big))
+  padding = np.array([b"x" * (2 << 20)], dtype=object)  # 2 MiB > the 1 MiB limit
+  request = _request("realm_qa", question=np.array([b"q"], dtype=object), padding=padding)
+  error = _rpc_error(_prediction(channel).Predict, request)
   assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-  assert "larger than max" in error.details()
+  assert "Received message larger than max" in error.details()
 
 
 def test_unknown_model_version_label_and_signature(qa_server):
@@ -371,6 +373,10 @@ def test_binds_only_to_loopback_by_default(qa_server):
 def test_new_version_under_load_is_picked_up_with_zero_failures(built, tmp_path):
   base = str(tmp_path / "slow")
   serving_models.publish(built["slow1"], base, 1)
+  # Version 2 spends a while LOADING (its warm-up replays slow requests): the window in
+  # which a server that retired version 1 too early would fail requests.
+  staged = serving_models.publish(built["slow2"], str(tmp_path / "staging"), 2)
+  write_warmup_requests(staged, [{"x": np.ones([1], np.float32)}] * 4, model_name="slow")
   with running(_config(slow=base), file_system_poll_wait_seconds=0.1) as (server, channel):
     stub = _prediction(channel)
     stop, failures, answered = threading.Event(), [], []
@@ -387,12 +393,12 @@ def test_new_version_under_load_is_picked_up_with_zero_failures(built, tmp_path)
         except Exception as e:  # pylint: disable=broad-except
           failures.append(repr(e))
 
-    threads = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(6)]
     for thread in threads:
       thread.start()
     try:
       _wait_for(lambda: len(answered) >= 8, what="traffic on version 1")
-      serving_models.publish(built["slow2"], base, 2)
+      serving_models.publish(staged, base, 2)
       _wait_for(lambda: _status(channel, "slow") == {1: (END, ""), 2: (AVAILABLE, "")},
                 what="version 2 AVAILABLE and version 1 END")
       seen = len(answered)
@@ -434,7 +440,7 @@ def _in_flight(server, name, version) -> int:
   return servable.in_flight
 
 
-def test_broken_version_never_replaces_the_serving_one(built, tmp_path):
+def test_broken_version_never_replaces_the_serving_one(built, tmp_path, caplog):
   base = tmp_path / "numeric"
   serving_models.publish(built["numeric"], str(base), 1)
   with running(_config(numeric=str(base))) as (server, channel):
@@ -468,14 +474,24 @@ def test_broken_version_never_replaces_the_serving_one(built, tmp_path):
     assert set(status) == {1, 2, 3, 4}
     assert serving_version() == 1
 
+    caplog.set_level(logging.INFO, logger="serving.model_manager")
+    caplog.clear()
     server.manager.poll()  # failed versions are not retried while unchanged
     assert _status(channel, "numeric") == status
+    assert not [r for r in caplog.records if "loading version" in r.getMessage()]
 
     serving_models.publish(built["numeric"], str(base), 5)
     server.manager.poll()
+    assert [r for r in caplog.records if "loading version 5" in r.getMessage()]
     server.manager.wait_for_retirements(RPC_TIMEOUT)
     status = _status(channel, "numeric")
     assert status[5][0] == AVAILABLE and status[1][0] == END
+    assert serving_version() == 5
+
+    # A policy naming only a broken version does not take the serving one away either.
+    _models(channel).HandleReloadConfigRequest(model_management_pb2.ReloadConfigRequest(
+        config=_config(numeric=(str(base), "model_version_policy { specific { versions: 2 } }"))),
+        timeout=RPC_TIMEOUT)
     assert serving_version() == 5
 
 
@@ -662,6 +678,26 @@ def test_batching_queue_bound_is_resource_exhausted(built, tmp_path):
     running_one.join(RPC_TIMEOUT)
     queued_one.join(RPC_TIMEOUT)
     assert len(results) == 2
+
+
+def test_client_deadline_drops_a_request_still_queued_for_a_batch(built, tmp_path):
+  base = str(tmp_path / "slow")
+  serving_models.publish(built["slower"], base, 1)
+  options = config_lib.BatchingOptions(max_batch_size=1, batch_timeout_micros=0,
+                                       max_enqueued_batches=4, num_batch_threads=1)
+  with running(_config(slow=base), enable_batching=True, batching_options=options) as (
+      server, channel):
+    stub, x = _prediction(channel), np.array([1.0], np.float32)
+    first = threading.Thread(target=lambda: stub.Predict(_request("slow", x=x),
+                                                         timeout=RPC_TIMEOUT))
+    first.start()
+    time.sleep(0.2)  # the first request occupies the only batch thread
+    error = _rpc_error(stub.Predict, _request("slow", x=x), timeout=0.3)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    first.join(RPC_TIMEOUT)
+    stub.Predict(_request("slow", x=x), timeout=RPC_TIMEOUT)
+    # The expired request was dropped from the queue, never run: 2 batches, not 3.
+    assert server.batcher.batches_run == 2
 
 
 # ------------------------------------------------------------------------------ files and flags
