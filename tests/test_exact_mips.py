@@ -72,10 +72,13 @@ def test_bfloat16_embeddings_score_in_float32():
   np.testing.assert_allclose(scores.numpy(), want_scores, rtol=1e-5, atol=1e-5)
 
 
-def test_compiles_with_xla_on_one_device():
+@pytest.mark.parametrize("query_count", [5, None])  # static, or known only at run time
+def test_compiles_with_xla_on_one_device(query_count):
   queries, embeddings = _tied(301)
-  search = tf.function(lambda q, e: exact_top_k(q, e, 9, chunk_size=64, group_size=8),
-                       jit_compile=True)
+  search = tf.function(
+      lambda q, e: exact_top_k(q, e, 9, chunk_size=64, group_size=8), jit_compile=True,
+      input_signature=[tf.TensorSpec([query_count, 6], tf.float32),
+                       tf.TensorSpec([301, 6], tf.float32)])
   with tf.device("/CPU:0"):
     scores, indices = search(tf.constant(queries), tf.constant(embeddings))
   want_scores, want_indices = _reference(queries, embeddings, 9)
