@@ -6,21 +6,34 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.evaluate import evaluate_run
+from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
-from realm_tf.training import finetune
+from realm_tf.tasks.openqa import restore_from_pretraining
+from realm_tf.training import train_lib
 from tests.synthetic_corpus import _CITIES, _COUNTRIES, _RIVERS, write_corpus
 
 STEPS = 300
 
 
-def _config(repo_dir, **overrides):
-  base = {"trainer.batch_size": 8, "trainer.summary_every_steps": 50,
-          "trainer.checkpoint_every_steps": 100, "trainer.eval_every_steps": 0}
+def _config(repo_dir, corpus="", questions="", **overrides):
+  base = {"task.type": "openqa", "index.blocks": corpus,
+          "task.openqa.train_data.input_path": questions,
+          "task.openqa.validation_data.input_path": questions,
+          "task.openqa.train_data.global_batch_size": 8, "trainer.summary_interval": 50,
+          "trainer.steps_per_loop": 50, "trainer.checkpoint_interval": 100,
+          # One evaluation, at the end of the schedule, over every question.
+          "trainer.validation_interval": overrides.get("trainer.train_steps", 20),
+          "trainer.validation_steps": -1}
   base.update(overrides)
   return load_config(str(repo_dir / "configs" / "tiny.yaml"),
                      [f"{k}={v}" for k, v in base.items()])
+
+
+def _evaluations(model_dir, name="validation"):
+  return [r for r in layout.read_metrics(model_dir) if r["mode"] == f"eval:{name}"]
 
 
 @pytest.fixture(scope="module")
@@ -39,45 +52,61 @@ def data(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, repo_dir, data):
-  """Evaluated at step 0, then resumed and trained to STEPS.
+  """Evaluated at step 0, then resumed, trained to STEPS and evaluated inside training.
 
   Retrieval covers the whole 12-block corpus (k=12), so what is measured is whether the
   step learns to find answers in what it retrieved, not the luck of a random retriever.
   """
   corpus, questions = data
   model_dir = str(tmp_path_factory.mktemp("finetune"))
-  config = _config(repo_dir, **{"finetune.num_candidates": 12, "trainer.train_steps": STEPS,
-                                "trainer.learning_rate": 1e-2, "trainer.warmup_steps": 20})
+  config = _config(repo_dir, corpus, questions, **{
+      "task.openqa.num_candidates": 12, "trainer.train_steps": STEPS,
+      "trainer.learning_rate": 1e-2, "trainer.warmup_steps": 20})
   strategy = tf.distribute.get_strategy()
-  before = finetune.run_finetune(config, model_dir, strategy, questions, questions,
-                                 corpus=corpus, stop_at_step=0)
-  after = finetune.run_finetune(config, model_dir, strategy, questions, questions,
-                                corpus=corpus)
-  return model_dir, before, after
+  start = train_lib.run_experiment(config, model_dir, strategy, stop_at_step=0)
+  before, _ = train_lib.evaluate_checkpoint(config, model_dir, strategy=strategy)
+  # Resumed from the step-0 checkpoint: trains to STEPS, evaluating at the end.
+  run = train_lib.Run(config, model_dir, strategy)
+  after = run.train()
+  # The in-training evaluation as written to eval/ (the one evaluation of the schedule).
+  files = dict(metrics=os.path.join(layout.eval_dir(model_dir), f"validation-{STEPS}.json"),
+               predictions=os.path.join(layout.eval_dir(model_dir),
+                                        f"validation-{STEPS}.predictions.jsonl"))
+  with open(files["metrics"]) as f:
+    after["eval"] = dict(json.load(f), files=files)
+  in_training = _evaluations(model_dir)
+  # Evaluated again outside training (same weights): adds the validation loss.
+  after["reevaluated"] = run.evaluate()
+  return model_dir, start, before, after, in_training
 
 
 def test_finetuning_lowers_the_loss_and_raises_training_em(finetuned):
-  model_dir, before, after = finetuned
-  assert before["step"] == 0 and after["step"] == STEPS
-  assert after["eval"]["exact_match"] >= before["eval"]["exact_match"] + 0.25, (
-      before["eval"], after["eval"])
-  assert after["eval"]["step_loss"] < before["eval"]["step_loss"]
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    history = [json.loads(line) for line in f]
+  model_dir, start, before, after, in_training = finetuned
+  assert start["step"] == 0 and not start["reached_train_steps"]
+  assert before["step"] == 0
+  assert after["start_step"] == 0 and after["step"] == STEPS and after["reached_train_steps"]
+  assert after["eval"]["exact_match"] >= before["exact_match"] + 0.25, (before, after["eval"])
+  # Step 0 was evaluated by evaluate_checkpoint, STEPS inside train_and_evaluate.
+  assert [r["step"] for r in in_training] == [0, STEPS]
+  again = after["reevaluated"]
+  assert again["exact_match"] == pytest.approx(after["eval"]["exact_match"])
+  assert again["loss"] < before["loss"]
+  history = [r for r in layout.read_metrics(model_dir) if r["mode"] == "openqa"]
   assert [r["step"] for r in history] == list(range(50, STEPS + 1, 50))
   assert history[-1]["loss"] < history[0]["loss"]
   assert all(r["answer_retrieved"] == 1.0 for r in history)  # k covers the corpus
+  # The index was built once, from the step-0 retriever, and never refreshed.
+  assert after["index_refreshes"] == 0 and after["final_index_version"] == 0
 
 
 def test_evaluation_output_schema(finetuned, data):
-  model_dir, _, after = finetuned
+  _, _, _, after, _ = finetuned
   metrics = after["eval"]
   for key in ("exact_match", "recall@1", "recall@5", "recall@20", "reader_oracle"):
     assert 0.0 <= metrics[key] <= 1.0
   assert metrics["recall@1"] <= metrics["recall@5"] <= metrics["recall@20"] == 1.0
   assert metrics["num_questions"] == 24 and metrics["num_read"] == 12
-  with open(metrics_path := after["eval"]["files"]["metrics"]) as f:
-    assert json.load(f)["exact_match"] == metrics["exact_match"], metrics_path
+  assert metrics["step"] == STEPS
   with open(after["eval"]["files"]["predictions"]) as f:
     records = [json.loads(line) for line in f]
   assert len(records) == 24
@@ -100,35 +129,55 @@ def test_evaluation_output_schema(finetuned, data):
     assert record["chosen"]["start_wordpiece"] <= record["chosen"]["end_wordpiece"]
   correct = [r for r in records if r["correct"]]
   assert correct and all(r["reader_oracle"] for r in correct)
+  assert len(correct) == round(metrics["exact_match"] * 24)
   # Answers come back as written in the block (cased), not as lower-cased wordpieces.
   capitals = [r for r in correct if r["question"].startswith("What is the capital")]
   assert capitals and all(r["prediction"] in _CITIES for r in capitals)
 
 
 def test_evaluate_command_matches_the_training_evaluation(finetuned, data, tmp_path):
-  model_dir, _, after = finetuned
+  model_dir, _, _, after, _ = finetuned
   output = str(tmp_path / "predictions.jsonl")
   result = evaluate_run(model_dir, data[1], output=output)
   assert result["step"] == STEPS
+  assert result["checkpoint"] == layout.latest_checkpoint(model_dir)
   for key in ("exact_match", "recall@1", "recall@5", "reader_oracle"):
     assert result[key] == pytest.approx(after["eval"][key]), key
   with open(output) as f:
     assert len(f.readlines()) == 24
+  # The run itself is left as training left it.
+  assert layout.training_done(model_dir)
+  assert [r["step"] for r in _evaluations(model_dir)] == [0, STEPS, STEPS]
+  # Without --output: <model_dir>/eval/<questions name>-<step>.*
+  result = evaluate_run(model_dir, data[1], max_questions=5)
+  assert result["num_questions"] == 5
+  assert result["files"]["metrics"] == os.path.join(layout.eval_dir(model_dir),
+                                                    f"questions-{STEPS}.json")
+  with open(result["files"]["predictions"]) as f:
+    assert len(f.readlines()) == 5
 
 
 def test_bm25_feeds_the_same_reader(tmp_path, repo_dir, data):
   corpus, questions = data
-  config = _config(repo_dir, **{"finetune.retrieval": "bm25", "trainer.train_steps": 4})
-  result = finetune.run_finetune(config, str(tmp_path / "bm25"), tf.distribute.get_strategy(),
-                                 questions, questions, corpus=corpus)
-  assert result["index_version"] is None  # no dense index was built
+  config = _config(repo_dir, corpus, questions,
+                   **{"task.openqa.retrieval": "bm25", "trainer.train_steps": 4,
+                      "trainer.summary_interval": 2, "trainer.steps_per_loop": 2,
+                      "trainer.checkpoint_interval": 2})
+  model_dir = str(tmp_path / "bm25")
+  run = train_lib.Run(config, model_dir, tf.distribute.get_strategy())
+  result = run.train()
+  assert result["step"] == 4
+  assert "final_index_version" not in result  # no dense index was built
+  assert versioned.latest_version(layout.index_dir(model_dir)) is None
+  assert run.model.retriever is None
   reader = factory.build_reader(config)
-  length = config.finetune.reader_seq_length
+  length = config.task.openqa.reader_seq_length
   reader({k: tf.ones([1, 1, length], tf.int32)
           for k in ("input_word_ids", "input_mask", "input_type_ids")})  # builds the span head
-  assert result["parameters"] == factory.count_parameters(reader)  # the reader alone
+  assert factory.count_parameters(run.model) == factory.count_parameters(reader)
   # BM25 puts the block that names the country (or city) first for every question.
-  assert result["eval"]["recall@1"] == 1.0
+  (evaluation,) = _evaluations(model_dir)
+  assert evaluation["step"] == 4 and evaluation["recall@1"] == 1.0
 
 
 def test_realm_initialisation_takes_retriever_and_reader_bert(tmp_path, repo_dir):
@@ -138,25 +187,30 @@ def test_realm_initialisation_takes_retriever_and_reader_bert(tmp_path, repo_dir
   for variable in pretrainer.trainable_variables:
     variable.assign(rng.normal(size=variable.shape).astype(np.float32))
   path = tf.train.Checkpoint(model=pretrainer).save(str(tmp_path / "checkpoints" / "ckpt"))
-  model = finetune.build_model(
-      config.replace(finetune={"init_from": "realm", "init_checkpoint": str(tmp_path)}), 102)
+  config = config.replace(task={"openqa": {"init_from": "realm",
+                                           "init_checkpoint": str(tmp_path)}})
+  task = tasks.get_task(config)
+  model = task.build_model()
+  task.initialize(model)  # init_from=realm: the newest checkpoint of the run at tmp_path
   pairs = [(model.retriever, pretrainer.retriever),
            (model.reader.encoder, pretrainer.knowledge_augmented_encoder.encoder)]
   for ours, theirs in pairs:
+    assert ours.weights and len(ours.weights) == len(theirs.weights)
     for a, b in zip(ours.weights, theirs.weights):
       np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
-  assert path
+  assert restore_from_pretraining(task.build_model(), str(tmp_path)) == path
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"finetune.init_from": "bert"}, "init_from must be one of"),
-    ({"finetune.init_from": "ict"}, "needs finetune.init_checkpoint"),
-    ({"finetune.retrieval": "bm25", "finetune.refresh_index": True}, "needs dense"),
-    ({"finetune.query_seq_length": 62}, "leaves no room"),
+    ({"task.openqa.init_from": "bert"}, "task.openqa.init_from must be one of"),
+    ({"task.openqa.init_from": "ict"}, "needs task.openqa.init_checkpoint"),
+    ({"task.openqa.retrieval": "bm25", "task.openqa.refresh_index": True},
+     "task.openqa.refresh_index needs dense"),
+    ({"task.openqa.query_seq_length": 62}, "task.openqa.query_seq_length 62 leaves no room"),
 ])
 def test_bad_finetune_configs_are_refused(repo_dir, override, message):
   with pytest.raises(ValueError, match=message):
-    finetune.check_config(_config(repo_dir, **override))
+    _config(repo_dir, **override)
 
 
 def test_two_replicas_train_and_evaluate(tmp_path, repo_dir, data, mirrored_strategy):
@@ -164,9 +218,13 @@ def test_two_replicas_train_and_evaluate(tmp_path, repo_dir, data, mirrored_stra
   and evaluation outputs gathered from both replicas."""
   corpus, questions = data
   strategy = mirrored_strategy
-  config = _config(repo_dir, **{"trainer.train_steps": 2, "trainer.summary_every_steps": 2})
-  result = finetune.run_finetune(config, str(tmp_path / "mirrored"), strategy, questions,
-                                 questions, corpus=corpus)
-  assert result["step"] == 2
-  assert result["eval"]["num_questions"] == 24
-  assert np.isfinite(result["eval"]["step_loss"])
+  config = _config(repo_dir, corpus, questions, **{
+      "trainer.train_steps": 2, "trainer.summary_interval": 2, "trainer.steps_per_loop": 2,
+      "trainer.checkpoint_interval": 2, "runtime.enable_xla": False})
+  model_dir = str(tmp_path / "mirrored")
+  result = train_lib.run_experiment(config, model_dir, strategy)
+  assert strategy.num_replicas_in_sync == 2
+  assert result["step"] == 2 and result["reached_train_steps"]
+  assert np.isfinite(result["last_train_loop"]["loss"])
+  (evaluation,) = _evaluations(model_dir)
+  assert evaluation["step"] == 2 and evaluation["num_questions"] == 24
