@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Optional
 
 import grpc
 import numpy as np

@@ -40,6 +40,7 @@ class _Model:
   available: dict = dataclasses.field(default_factory=dict)  # version → ServableVersion
   records: dict = dataclasses.field(default_factory=dict)  # version → latest ServableVersion
   failed: dict = dataclasses.field(default_factory=dict)  # version → stamp that failed
+  reported_empty: bool = False  # "no versions" is logged once, not at every poll
 
 
 class ModelManager:
@@ -122,6 +123,13 @@ class ModelManager:
   def _poll_model(self, model: _Model) -> None:
     spec = model.spec
     listing = paths.list_versions(spec.base_path)
+    if not listing.versions and not model.available:
+      if not model.reported_empty:
+        log.warning("model %r: no version directory with a saved model under %s",
+                    spec.name, spec.base_path)
+      model.reported_empty = True
+    else:
+      model.reported_empty = False
     for version, reason in listing.refused.items():
       record = model.records.get(version)
       if record is None or record.error is None or record.error.message != reason:

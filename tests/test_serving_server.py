@@ -286,7 +286,7 @@ def test_classify_regress_multi_inference_are_unimplemented(qa_server):
     assert error.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-# ------------------------------------------------------------------------------ metadata, status, health
+# ------------------------------------------------------------------ metadata, status, health
 
 
 def test_get_model_metadata_lists_signatures(qa_server):
@@ -447,7 +447,8 @@ def test_broken_version_never_replaces_the_serving_one(built, tmp_path, caplog):
     stub = _prediction(channel)
 
     def serving_version():
-      return stub.Predict(_numeric_request([[1, 2, 3]]), timeout=RPC_TIMEOUT).model_spec.version.value
+      response = stub.Predict(_numeric_request([[1, 2, 3]]), timeout=RPC_TIMEOUT)
+      return response.model_spec.version.value
 
     serving_models.publish_broken(str(base), 2)
     server.manager.poll()
@@ -647,7 +648,8 @@ def test_batching_merges_concurrent_requests_and_splits_results(built, tmp_path)
     assert server.batcher.largest_batch == 6
 
     error = _rpc_error(stub.Predict, _numeric_request(np.zeros([7, 3])))
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_batch_size 6" in error.details()
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "max_batch_size 6" in error.details()
     scaled = stub.Predict(_request("numeric", signature="scale", x=np.ones([2, 3], np.float32),
                                    factor=np.float32(3.0)), timeout=RPC_TIMEOUT)
     np.testing.assert_allclose(_outputs(scaled)["y"], np.full([2, 3], 3.0))  # not batchable
