@@ -11,7 +11,8 @@ import time
 from absl import app, flags, logging
 
 flags.DEFINE_string("config", "configs/demo.yaml", "Experiment config (YAML).")
-flags.DEFINE_multi_string("override", [], "Config overrides, e.g. retriever.pooling=cls.")
+flags.DEFINE_multi_string("override", [],
+                          "Config overrides, e.g. model.retriever.pooling=cls.")
 flags.DEFINE_integer("top_k", 3, "Passages to show per question.")
 FLAGS = flags.FLAGS
 
@@ -33,16 +34,16 @@ def main(argv):
   config = load_config(FLAGS.config, FLAGS.override)
   passages, questions = _read_jsonl("passages.jsonl"), _read_jsonl("questions.jsonl")
   start = time.time()
-  tokenizer = Tokenizer(config.tokenizer.vocab_file or None, config.tokenizer.lower_case)
+  m = config.model
+  tokenizer = Tokenizer(m.tokenizer.vocab_file or None, m.tokenizer.lower_case)
   retriever = factory.build_retriever(config)
   print(f"Retriever: {factory.count_parameters(retriever):,} parameters, warm start "
-        f"'{config.warm_start.source or 'random'}', pooling '{config.retriever.pooling}', "
-        f"{config.retriever.projection_size}-d ({time.time() - start:.1f}s to build)")
+        f"'{m.warm_start.source or 'random'}', pooling '{m.retriever.pooling}', "
+        f"{m.retriever.projection_size}-d ({time.time() - start:.1f}s to build)")
 
-  blocks = tokenizer.encode([p["title"] for p in passages], config.retriever.block_seq_length,
+  blocks = tokenizer.encode([p["title"] for p in passages], m.retriever.block_seq_length,
                             pair_texts=[p["text"] for p in passages])
-  queries = tokenizer.encode([q["question"] for q in questions],
-                             config.retriever.query_seq_length)
+  queries = tokenizer.encode([q["question"] for q in questions], m.retriever.query_seq_length)
   doc_emb = retriever.embed_documents(blocks.as_dict())  # [N, P]
   query_emb = retriever.embed_queries(queries.as_dict())  # [Q, P]
   log_pz = tf.nn.log_softmax(tf.matmul(query_emb, doc_emb, transpose_b=True), axis=-1)
