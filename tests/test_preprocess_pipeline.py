@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from beam import preprocess
 from realm_tf.corpus import examples, readers, schema, wikipedia
+from realm_tf.io import versioned
 
 WIKI_SAMPLE = "wikipedia/enwiki-pages-articles-sample.xml.bz2"
 MARKUP_REMNANTS = ("[[", "{{", "<ref", "|}")
@@ -81,6 +82,7 @@ def test_wikipedia_sample_articles_and_drop_reasons(wiki_output):
   # The manifest lists every published file (sizes and CRC32C computed on the workers).
   listed = {f["name"] for f in manifest["files"]}
   assert listed == set(os.listdir(output_dir)) - {"manifest.json"}
+  versioned.verify_published(str(output_dir), checksums=True)
 
 
 def test_wikipedia_blocks_have_no_markup(wiki_output):

@@ -1,7 +1,9 @@
 """Every publisher on ram:// (TF's in-memory file system, object-store-like): encoder
 snapshots, index exports and their loader, the tagger export, and the index builder's
 embedding job (blocks read by Beam from local disk, encoder and index on ram://)."""
+import dataclasses
 import os
+import re
 import uuid
 
 import numpy as np
@@ -157,3 +159,25 @@ def test_run_config_is_read_from_an_object_store_model_dir(ram_root, repo_dir):
       str(repo_dir / "configs" / "tiny.yaml")).as_dict()
   with pytest.raises(ConfigError, match="config file not found"):
     load_config(os.path.join(ram_root, "missing", "params.yaml"))
+
+
+def test_two_builds_of_one_snapshot_commit_one_index(ram_root, blocks_dir):
+  """A second index builder (or a retried job) embedding the same snapshot with the same
+  settings is an identical re-commit, although ScaNN's bytes differ between builds."""
+  blocks, _ = blocks_dir
+  encoder_root = os.path.join(ram_root, "block_encoder")
+  encoders.export_encoder(_HashEncoder(), encoder_root, step=8)
+  config = embed.EmbedConfig(blocks=blocks, encoder=encoder_root,
+                             output_dir=os.path.join(ram_root, "index"), num_shards=2)
+  first = embed.build_index(config)
+  assert embed.build_index(config) == first
+  [committed] = versioned.list_versions(config.output_dir)
+  assert committed.path == first
+  other = dataclasses.replace(config, num_shards=3)
+  with pytest.raises(Exception, match="already committed with different files"):
+    embed.build_index(other)
+  assert [v.path for v in versioned.list_versions(config.output_dir)] == [first]
+  # The losers' data directories are gone: only the committed one is left.
+  data_dirs = [n.rstrip("/") for n in tf.io.gfile.listdir(config.output_dir)
+               if re.match(r"^\d{12}\.[0-9a-f]{32}/?$", n)]
+  assert data_dirs == [os.path.basename(first)]

@@ -30,7 +30,8 @@ ifGenerationMatch=0 upload on GCS). Hence:
   Lease expiry compares wall clocks of different machines: keep TTLs far above skew.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
-verify_version, Lease, garbage_collect, write_json_atomic, read_json (plus the older
+verify_version, Lease, garbage_collect, write_json_atomic, read_json, verify_published
+(for flat outputs such as a corpus, whose manifest.json also lists its files) (plus the older
 new_tmp_dir/commit pair, now thin wrappers over VersionWriter).
 """
 import dataclasses
@@ -329,6 +330,18 @@ def read_version(path: str) -> Version:
     raise VersionError(f"{path}: not committed (version {version.version} of {root} is "
                        f"{version.path})")
   return version
+
+
+def verify_published(output_dir: str, checksums: bool = False) -> dict:
+  """A flat published output (a corpus: files plus `manifest.json` written last) checked
+  against its manifest's file list; returns the manifest. VersionError if unpublished."""
+  path = os.path.join(output_dir, MANIFEST)
+  if not tf.io.gfile.exists(path):
+    raise VersionError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
+                       "writing it, or failed)")
+  manifest = read_json(path)
+  verify_files(output_dir, manifest.get("files", []), checksums)
+  return manifest
 
 
 def verify_version(version: Version, checksums: bool = False) -> Version:

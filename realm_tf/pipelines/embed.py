@@ -16,6 +16,7 @@ launcher holds a lease on the encoder snapshot while the job runs, so the traine
 garbage collection cannot delete it under the workers.
 """
 import dataclasses
+import json
 import logging
 import time
 from typing import Optional, Sequence
@@ -74,6 +75,16 @@ def resolve_encoder(path: str) -> versioned.Version:
     return latest
 
 
+def build_identity(encoder: versioned.Version, config: EmbedConfig) -> str:
+  """What makes two builds of one index version the same build: the encoder (its
+  identity, else its fingerprint), the blocks and every setting that changes the files."""
+  return json.dumps(dict(
+      encoder=encoder.manifest.get("identity") or encoder.manifest.get("fingerprint"),
+      blocks=config.blocks, num_shards=config.num_shards, build_scann=config.build_scann,
+      scann_overrides=config.scann_overrides, embedding_dtype=config.embedding_dtype),
+      sort_keys=True)
+
+
 def _encoder_root(encoder: versioned.Version) -> str:
   return encoder.path.rstrip("/").rsplit("/", 1)[0]
 
@@ -112,7 +123,8 @@ def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
                  scann_overrides=config.scann_overrides,
                  embedding_dtype=config.embedding_dtype)
              | "CommitIndex" >> CommitIndex(export_dir, config.output_dir, version, manifest,
-                                            config.num_shards, config.keep_versions))
+                                            config.num_shards, config.keep_versions,
+                                            identity=build_identity(encoder, config)))
     except BaseException:
       # Not committed, so no reader can see it; delete it now rather than at GC time.
       if not _committed(export_dir):

@@ -104,9 +104,15 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
   return dict(info, files=files)
 
 
-def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict) -> str:
+def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict,
+                  identity: Optional[str] = None) -> str:
   """Commits an export directory (from new_export_dir) once every shard named in the
-  manifest is there; returns the committed data directory."""
+  manifest is there; returns the committed data directory.
+
+  `identity` (see VersionWriter.commit) says what makes two builds of this version the
+  same: two index builders that embed the same snapshot with the same settings agree,
+  although ScaNN's serialized state differs byte for byte.
+  """
   num_shards = len(manifest.get("shards") or [])
   missing = [shard_name(i, num_shards) for i in range(num_shards)
              if not tf.io.gfile.exists(os.path.join(export_dir, shard_name(i, num_shards),
@@ -117,7 +123,7 @@ def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict)
   manifest = dict(manifest, shards=[{k: v for k, v in shard.items() if k != "files"}
                                     for shard in manifest["shards"]])
   writer = versioned.VersionWriter.for_existing_dir(index_dir, version, export_dir)
-  final = writer.commit(manifest, files=files).path
+  final = writer.commit(manifest, files=files, identity=identity).path
   logging.info("Committed index export %s (%d shards)", final, num_shards)
   return final
 

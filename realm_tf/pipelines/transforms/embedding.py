@@ -108,8 +108,9 @@ class CommitIndex(beam.PTransform):
   blocks), then old versions garbage-collected."""
 
   def __init__(self, export_dir: str, index_dir: str, version: int, manifest: dict,
-               num_shards: int, keep_versions: int = 3):
+               num_shards: int, keep_versions: int = 3, identity: Optional[str] = None):
     super().__init__()
+    self.identity = identity
     self.export_dir = export_dir
     self.index_dir = index_dir
     self.version = version
@@ -137,7 +138,8 @@ class CommitIndex(beam.PTransform):
                     dimension=int(dimension),
                     build_seconds=round(time.time() - self.manifest["started_at"], 3))
     # Written here only if a shard got no blocks (its worker wrote nothing for it).
-    path = index_export.commit_export(self.export_dir, self.index_dir, self.version, manifest)
+    path = index_export.commit_export(self.export_dir, self.index_dir, self.version, manifest,
+                                      identity=self.identity)
     deleted = index_export.garbage_collect(self.index_dir, keep=self.keep_versions)
     logging.info("Index %s committed (%d blocks); garbage-collected %s", path,
                  manifest["num_blocks"], deleted)
