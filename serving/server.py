@@ -308,6 +308,11 @@ def parse_flags(argv) -> ServerOptions:
 
 def main(argv=None) -> int:
   argv = sys.argv if argv is None else argv
+  if any(arg in ("-h", "--help", "--helpfull") for arg in argv[1:]):
+    flag_values = flags.FlagValues()
+    _define_flags(flag_values)
+    print(__doc__ + "\n" + flag_values.get_help())
+    return 0
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
                       "%(message)s")
   try:
