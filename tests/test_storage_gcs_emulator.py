@@ -117,3 +117,28 @@ def test_preprocess_on_gcs_accepts_a_tagger_prefix_and_rejects_a_missing_one(emu
   with pytest.raises(FileNotFoundError, match="--tagger_dir .*does not exist"):
     preprocess.prepare_corpus(config)
   assert not filesystems.is_dir_like(f"{emulator}/corpus2")
+
+
+def test_embedding_pipeline_reads_blocks_from_gcs(emulator, tmp_path):
+  """Blocks on gs:// (read by Beam on the workers), encoder and index on ram:// (TF)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import encoders  # pylint: disable=g-import-not-at-top
+  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+  from realm_tf.pipelines import embed  # pylint: disable=g-import-not-at-top
+  from tests.test_storage_publishers import _HashEncoder  # pylint: disable=g-import-not-at-top
+  for shard in range(3):
+    local = str(tmp_path / f"blocks-{shard}.tfrecord")
+    with tf.io.TFRecordWriter(local) as writer:
+      for i in range(shard, 30, 3):
+        writer.write(schema.BLOCK.serialize(dict(block_id=i, doc_uid=f"d{i}", title=f"T{i}",
+                                                 text=f"block {i}")))
+    with open(local, "rb") as f:
+      _put(f"{emulator}/corpus3/blocks-{shard:05d}-of-00003.tfrecord", f.read())
+  ram = f"ram://gcs-embed-{uuid.uuid4().hex}"
+  encoders.export_encoder(_HashEncoder(), f"{ram}/block_encoder", step=3)
+  path = embed.build_index(embed.EmbedConfig(
+      blocks=f"{emulator}/corpus3", encoder=f"{ram}/block_encoder",
+      output_dir=f"{ram}/index", num_shards=2, build_scann=False))
+  committed = versioned.latest_version(f"{ram}/index")
+  assert committed.path == path and committed.manifest["num_blocks"] == 30
