@@ -17,7 +17,6 @@ pytest.importorskip("apache_beam.io.gcp.gcsio")
 
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
-from realm_tf.io import storage  # noqa: E402
 from realm_tf.pipelines import filesystems  # noqa: E402
 from realm_tf.pipelines import preprocess  # noqa: E402
 

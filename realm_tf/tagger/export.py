@@ -9,7 +9,6 @@ never loaded, on local disk or GCS alike. The version is the export time in seco
 retrained tagger published to the same directory supersedes the previous one.
 """
 import logging
-import os
 import time
 
 import tensorflow as tf
