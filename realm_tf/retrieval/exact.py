@@ -30,7 +30,7 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   score matrix costs more than the matmul itself, and the matrix is Q * N * 4 bytes.
   This kernel is exact in two stages instead:
     1. in row chunks, score a chunk and keep only the maximum of each group of
-       `group_size` consecutive rows ([Q, N / group_size] maxima overall);
+       `group_size` consecutive rows (N / group_size maxima per query overall);
     2. take the top-k groups by maximum, rescore just their rows (k * group_size per
        query) and take the top-k of those.
   Stage 2 cannot miss a result: a row in the true top-k whose group was not picked would
@@ -98,29 +98,33 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   tail_start = num_chunks * chunk
   neg_inf = tf.constant(float("-inf"), tf.float32)
 
+  # Stage 1 scores rows-major, [rows, Q]: the group maximum is then an elementwise max
+  # over `group` contiguous [Q] vectors, which vectorises well, and XLA:CPU ran the whole
+  # kernel about 1.8x faster than with [Q, rows] and an inner-axis reduction of 32.
   def group_maxima(rows):
-    """rows [R, P] -> [Q, ceil(R / group)]: the best score in each group of rows."""
-    scores = tf.matmul(queries, tf.cast(rows, tf.float32), transpose_b=True)  # [Q, R]
+    """rows [R, P] -> [ceil(R / group), Q]: the best score in each group of rows."""
+    scores = tf.matmul(tf.cast(rows, tf.float32), queries, transpose_b=True)  # [R, Q]
     num = rows.shape[0]
     padding = -num % group
     if padding:  # Only the tail can be ragged; -inf never wins a max.
-      scores = tf.pad(scores, [[0, 0], [0, padding]], constant_values=neg_inf)
-    scores = tf.reshape(scores, [-1, (num + padding) // group, group])  # [Q, G, group]
-    return tf.reduce_max(scores, axis=2)  # [Q, G]
+      scores = tf.pad(scores, [[0, padding], [0, 0]], constant_values=neg_inf)
+    scores = tf.reshape(scores, [(num + padding) // group, group, -1])  # [G, group, Q]
+    return tf.reduce_max(scores, axis=1)  # [G, Q]
 
   def chunk_body(i, maxima_array):
     rows = tf.slice(embeddings, tf.stack([i * chunk, 0]), [chunk, dim])  # [chunk, P]
     return i + 1, maxima_array.write(i, group_maxima(rows))
 
   maxima_array = tf.TensorArray(tf.float32, size=num_chunks, element_shape=tf.TensorShape(
-      [queries.shape[0], chunk // group]))
+      [chunk // group, queries.shape[0]]))
   _, maxima_array = tf.while_loop(
       lambda i, _: i < num_chunks, chunk_body, (tf.constant(0), maxima_array),
       maximum_iterations=num_chunks)
-  maxima = maxima_array.stack()  # [num_chunks, Q, chunk / group]
-  maxima = tf.reshape(tf.transpose(maxima, [1, 0, 2]), [-1, num_chunks * (chunk // group)])
+  maxima = maxima_array.stack()  # [num_chunks, chunk / group, Q]
+  maxima = tf.reshape(maxima, [num_chunks * (chunk // group), -1])  # [G_full, Q]
   if tail_start < num_rows:
-    maxima = tf.concat([maxima, group_maxima(embeddings[tail_start:])], axis=1)  # [Q, G]
+    maxima = tf.concat([maxima, group_maxima(embeddings[tail_start:])], axis=0)  # [G, Q]
+  maxima = tf.transpose(maxima)  # [Q, G]
   num_groups = -(-num_rows // group)
 
   # Stage 2. Picked groups are sorted by index so candidate positions follow row order and
