@@ -27,7 +27,10 @@ ifGenerationMatch=0 upload on GCS). Hence:
 - `garbage_collect` deletes versions beyond the newest `keep` unless a reader holds a
   `Lease` on them, and deletes unreferenced directories only once their newest object (or
   their writer's start marker) is older than `stale_seconds`: never one being written.
-  Lease expiry compares wall clocks of different machines: keep TTLs far above skew.
+  Lease expiry compares wall clocks of different machines: keep TTLs far above skew. A
+  lease taken on an old version while a GC pass is deleting it can lose that race (the
+  lease's holder then finds files missing and fails; verify_version names them); leases
+  on versions among the newest `keep` never can.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
 verify_version, Lease, garbage_collect, write_json_atomic, read_json, verify_published
@@ -446,7 +449,10 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
   leased = leased_versions(root, now, delete_expired=True)
   versions = list_versions(root)
   for version in versions[:max(0, len(versions) - keep)]:
-    if version.version in leased:
+    # Leases are read again right before each deletion, which narrows (not closes) the
+    # window in which a lease written after the first read is missed; Lease.acquire's
+    # check that the manifest still exists covers the other order.
+    if version.version in leased or version.version in leased_versions(root, now):
       logging.info("Keeping leased version %s", version.path)
       continue
     storage.delete_prefix(manifest_path(root, version.version))
