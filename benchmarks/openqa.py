@@ -50,7 +50,9 @@ import tf_keras
 
 from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
 from realm_tf.configs import load_config
-from realm_tf.training import finetune, runs
+from realm_tf.io import layout, versioned
+from realm_tf.modeling import factory
+from realm_tf.training import train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "demo.yaml")
@@ -77,22 +79,32 @@ ROWS = {
 
 # Fine-tuning: demo.yaml with these overrides for every row.
 FINETUNE_OVERRIDES = {
-    "finetune.num_candidates": 5, "finetune.query_seq_length": 32,
-    "finetune.reader_seq_length": 128, "finetune.max_answers": 8,
-    "finetune.eval_batch_size": 16, "finetune.refresh_every_steps": 20,
+    "task.type": "openqa",
+    "task.openqa.num_candidates": 5, "task.openqa.query_seq_length": 32,
+    "task.openqa.reader_seq_length": 128, "task.openqa.max_answers": 8,
+    "task.openqa.validation_data.global_batch_size": 16,
+    "task.openqa.refresh_every_steps": 20,
     "trainer.learning_rate": 1e-4, "trainer.warmup_steps": 6,
-    "trainer.summary_every_steps": 10, "trainer.eval_every_steps": 0,
+    "trainer.summary_interval": 10, "trainer.steps_per_loop": 10,
     "index.backend": "exact", "index.num_shards": 1,
 }
 # REALM pre-training: demo.yaml with these overrides.
 PRETRAIN_STEPS = 50
 PRETRAIN_OVERRIDES = {
-    "trainer.batch_size": 4, "trainer.learning_rate": 5e-5, "trainer.warmup_steps": 6,
-    "trainer.summary_every_steps": 10, "trainer.checkpoint_every_steps": 25,
-    "pretrain.num_candidates": 4, "pretrain.refresh_every_steps": 25,
-    "pretrain.index_poll_seconds": 2.0, "retriever.query_seq_length": 48,
-    "reader.seq_length": 128, "index.backend": "exact", "index.num_shards": 1,
+    "task.type": "pretrain", "task.pretrain.train_data.global_batch_size": 4,
+    "trainer.learning_rate": 5e-5, "trainer.warmup_steps": 6,
+    "trainer.summary_interval": 10, "trainer.steps_per_loop": 5,
+    "trainer.checkpoint_interval": 25,
+    "task.pretrain.num_candidates": 4, "task.pretrain.refresh_every_steps": 25,
+    "task.pretrain.start_index_builder": True,
+    "index.poll_seconds": 2.0, "model.retriever.query_seq_length": 48,
+    "model.reader.seq_length": 128, "index.backend": "exact", "index.num_shards": 1,
 }
+
+
+def _setting(values: dict, key: str, old_key: str):
+  """A setting of results written with the current keys or (merged, older) config keys."""
+  return values[key] if key in values else values[old_key]
 
 
 def _overrides(values: dict) -> list[str]:
@@ -154,14 +166,13 @@ def prepare_corpora(work: str, block_length: int, max_docs: int = 0) -> dict:
 def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
   """A short REALM pre-training run (MiniLM warm start) on one corpus."""
   model_dir = os.path.join(work, "realm_pretrain")
-  overrides = dict(PRETRAIN_OVERRIDES, **{"trainer.train_steps": steps,
-                                          "data.corpus_dir": corpus_dir})
+  overrides = dict(PRETRAIN_OVERRIDES, **{
+      "trainer.train_steps": steps, "index.blocks": corpus_dir,
+      "task.pretrain.train_data.input_path": os.path.join(corpus_dir, "pretraining-*")})
   config = load_config(CONFIG, _overrides(overrides))
   start = time.time()
-  result = runs.run_pretrain(config, model_dir, tf.distribute.get_strategy(),
-                             start_index_builder=True)
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    history = [json.loads(line) for line in f]
+  result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
+  history = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
   return dict(model_dir=model_dir, seconds=round(time.time() - start, 1), steps=result["step"],
               overrides=overrides, index_refreshes=result["index_refreshes"],
               first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
@@ -172,20 +183,25 @@ def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
 def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dict:
   spec = DATASETS[key]
   model_dir = os.path.join(work, "runs", f"{key}-{row}")
-  values = dict(FINETUNE_OVERRIDES, **{"trainer.train_steps": steps, "trainer.batch_size": batch,
-                                       "trainer.checkpoint_every_steps": steps})
+  values = dict(FINETUNE_OVERRIDES, **{
+      "trainer.train_steps": steps, "task.openqa.train_data.global_batch_size": batch,
+      "trainer.checkpoint_interval": steps, "index.blocks": corpus["dir"],
+      "task.openqa.train_data.input_path": files["train"],
+      "task.openqa.validation_data.input_path": files["eval"],
+      "task.openqa.answer_regex": spec["regex"]})
   encoder = "minilm"
   if row == "bm25":
-    values["finetune.retrieval"] = "bm25"
+    values["task.openqa.retrieval"] = "bm25"
   if row.startswith("realm"):
-    values.update({"finetune.init_from": "realm", "finetune.init_checkpoint": pretrained})
+    values.update({"task.openqa.init_from": "realm",
+                   "task.openqa.init_checkpoint": pretrained})
     encoder = "realm"
   index_dir = os.path.join(work, "index", f"{encoder}-{spec['corpus']}")
   index_built_here = row in ("dense", "realm") and not os.path.isdir(index_dir)
   if row == "realm_refresh":
     # Starts from the pre-trained document encoder's index (the realm row built it); the
     # index builder then writes refreshed versions into this run's own index directory.
-    values["finetune.refresh_index"] = True
+    values["task.openqa.refresh_index"] = True
     if os.path.isdir(index_dir):
       shutil.copytree(index_dir, os.path.join(model_dir, "index"))
     else:
@@ -193,21 +209,37 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dic
   elif row != "bm25":
     values["index.index_dir"] = index_dir
   config = load_config(CONFIG, _overrides(values))
+  strategy = tf.distribute.get_strategy()
   start = time.time()
-  result = finetune.run_finetune(config, model_dir, tf.distribute.get_strategy(),
-                                 files["train"], files["eval"], corpus=corpus["dir"],
-                                 regex=spec["regex"])
+  train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer
+  # Trained without evaluation; the reporting set is evaluated once at the end, timed.
+  run = train_lib.Run(config, model_dir, strategy, evaluate=False)
+  setup_seconds = time.time() - start
+  train_start = time.time()
+  result = run.train()
+  train_seconds = result["train_seconds"]
+  # A row that builds its first index does so before its first step (task.start_index): the
+  # index's commit time splits that from the training loop.
+  index_seconds = 0.0
+  if index_built_here:
+    first = versioned.list_versions(layout.index_dir(model_dir, config.index.index_dir))[0]
+    index_seconds = max(0.0, first.manifest["committed_at"] - train_start)
+  c = config.task.openqa
+  train_located = run.task.qa_set(c.train_data.input_path, c.train_data.max_examples).located
+  parameters = factory.count_parameters(run.model)
+  eval_start = time.time()
+  ev, _ = train_lib.evaluate_checkpoint(config, model_dir, strategy=strategy)
+  eval_seconds = time.time() - eval_start
   total = time.time() - start
-  ev = result["eval"]
   out = dict(dataset=spec["name"], row=row, description=ROWS[row],
              exact_match=ev["exact_match"], recall_at_1=ev["recall@1"],
              recall_at_5=ev["recall@5"], recall_at_20=ev["recall@20"],
              reader_oracle=ev["reader_oracle"], answer_located=ev["answer_located"],
-             eval_questions=ev["num_questions"], parameters=result["parameters"],
-             finetune_s=round(result["train_seconds"], 1), eval_s=round(ev["eval_seconds"], 1),
-             setup_s=round(result["setup_seconds"], 1), total_s=round(total, 1),
-             index_s=round(result["setup_seconds"], 1) if index_built_here else 0.0,
-             steps=result["step"], train_answer_located=result["train_answer_located"])
+             eval_questions=ev["num_questions"], parameters=parameters,
+             finetune_s=round(train_seconds - index_seconds, 1), eval_s=round(eval_seconds, 1),
+             setup_s=round(setup_seconds, 1), total_s=round(total, 1),
+             index_s=round(index_seconds, 1), steps=result["step"],
+             train_answer_located=train_located)
   if row == "realm_refresh":
     out.update(index_refreshes=result["index_refreshes"],
                snapshots_exported=result["snapshots_exported"],
@@ -227,6 +259,11 @@ def schedule(keys: list, rows: list) -> list:
 
 def markdown(payload: dict) -> str:
   s, p = payload["settings"], payload["pretrain"]
+  k = _setting(s["finetune"], "task.openqa.num_candidates", "finetune.num_candidates")
+  reader_length = _setting(s["finetune"], "task.openqa.reader_seq_length",
+                           "finetune.reader_seq_length")
+  pretrain_batch = _setting(p["overrides"], "task.pretrain.train_data.global_batch_size",
+                            "trainer.batch_size")
   lines = [
       "# Open-QA benchmark (`python -m benchmarks.openqa`)", "",
       f"Measured {payload['machine']['when']} on {payload['machine']['cpu_count']} CPU cores "
@@ -235,12 +272,11 @@ def markdown(payload: dict) -> str:
           f"{i['minutes']} min ({i['datasets']})" for i in payload["invocations"]) + "."),
       "",
       f"Scaled down to fit 90 minutes on a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
-      f"reader, k={s['finetune']['finetune.num_candidates']} blocks of up to "
-      f"{s['block_length']} wordpieces, reader input {s['finetune']['finetune.reader_seq_length']}"
-      f" wordpieces, {s['train_steps']} fine-tuning steps of {s['batch_size']} questions "
-      f"(lr {s['finetune']['trainer.learning_rate']}), {s['eval_questions']} reporting "
-      f"questions per set. REALM pre-training: {p['steps']} steps "
-      f"(batch {p['overrides']['trainer.batch_size']}) on the SQuAD-open corpus, "
+      f"reader, k={k} blocks of up to {s['block_length']} wordpieces, reader input "
+      f"{reader_length} wordpieces, {s['train_steps']} fine-tuning steps of "
+      f"{s['batch_size']} questions (lr {s['finetune']['trainer.learning_rate']}), "
+      f"{s['eval_questions']} reporting questions per set. REALM pre-training: "
+      f"{p['steps']} steps (batch {pretrain_batch}) on the SQuAD-open corpus, "
       f"{p['seconds']} s, MLM loss {p['first_loss']:.3f} → {p['last_loss']:.3f}, "
       f"{p['index_refreshes']} index refresh{'' if p['index_refreshes'] == 1 else 'es'}. "
       f"EM is on all reporting questions, whether or not the small corpus "
@@ -329,7 +365,7 @@ def main(argv=None) -> int:
   os.makedirs(work, exist_ok=True)
   start = time.time()
   demo = load_config(CONFIG)
-  corpora = prepare_corpora(work, demo.retriever.block_seq_length, sizes["CORPUS_DOCS"])
+  corpora = prepare_corpora(work, demo.model.retriever.block_seq_length, sizes["CORPUS_DOCS"])
   print(f"corpora: {json.dumps(corpora)}", flush=True)
   rows = args.rows.split(",")
   previous = _previous_results() if args.merge else None
@@ -372,7 +408,7 @@ def main(argv=None) -> int:
       settings=dict(config="configs/demo.yaml", finetune=FINETUNE_OVERRIDES,
                     train_steps=sizes["TRAIN_STEPS"], batch_size=sizes["BATCH"],
                     eval_questions=sizes["EVAL_QUESTIONS"],
-                    block_length=demo.retriever.block_seq_length),
+                    block_length=demo.model.retriever.block_seq_length),
       corpora={k: {kk: vv for kk, vv in v.items() if kk != "dir"} for k, v in corpora.items()},
       pretrain={k: v for k, v in (pretrained or {}).items() if k != "model_dir"},
       datasets=datasets, rows=results, skipped=skipped,

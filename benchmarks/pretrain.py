@@ -43,8 +43,9 @@ def _preprocess(input_format: str, path: str, output_dir: str, tagger_dir: str =
 
 
 def _history(model_dir):
-  with open(os.path.join(model_dir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
+  """The train loops of a pre-training run (metrics.jsonl also holds evaluations)."""
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  return [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
 
 
 def _summary(history, batch_size: int, skip_first: int = 1) -> dict:
@@ -80,7 +81,7 @@ def main():
   args = parser.parse_args()
 
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
-  from realm_tf.training import runs  # pylint: disable=g-import-not-at-top
+  from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
 
   work = args.work_dir or tempfile.mkdtemp(prefix="pretrain-bench-")
   wiki, news = os.path.join(work, "wiki"), os.path.join(work, "news")
@@ -92,23 +93,26 @@ def main():
               args.news_records)
   preprocess_seconds = time.time() - start
   overrides = [
-      f"data.corpus_dir={wiki}",
-      f"data.pretraining_examples={wiki}/pretraining-*,{news}/pretraining-*",
-      f"trainer.batch_size={args.batch_size}", "trainer.learning_rate=5e-5",
-      "trainer.warmup_steps=20", f"trainer.summary_every_steps={args.refresh_every}",
-      f"trainer.checkpoint_every_steps={args.steps}", "retriever.query_seq_length=32",
-      "retriever.block_seq_length=128", "reader.seq_length=128",
-      "pretrain.num_candidates=4", "pretrain.max_predictions_per_seq=6",
-      "index.backend=exact", "index.num_shards=1", "pretrain.index_poll_seconds=2",
-      "encoder.dropout_rate=0.0", "encoder.attention_dropout_rate=0.0"]
+      f"index.blocks={wiki}",
+      f"task.pretrain.train_data.input_path={wiki}/pretraining-*,{news}/pretraining-*",
+      f"task.pretrain.train_data.global_batch_size={args.batch_size}",
+      "trainer.learning_rate=5e-5", "trainer.warmup_steps=20",
+      f"trainer.summary_interval={args.refresh_every}",
+      f"trainer.steps_per_loop={args.refresh_every}",
+      f"trainer.checkpoint_interval={args.steps}", "model.retriever.query_seq_length=32",
+      "model.retriever.block_seq_length=128", "model.reader.seq_length=128",
+      "task.pretrain.num_candidates=4", "task.pretrain.max_predictions_per_seq=6",
+      "index.backend=exact", "index.num_shards=1", "index.poll_seconds=2",
+      "model.encoder.dropout_rate=0.0", "model.encoder.attention_dropout_rate=0.0"]
   demo = os.path.join(REPO, "configs", "demo.yaml")
 
   ict_dir = os.path.join(work, "ict")
   start = time.time()
   if not os.path.exists(os.path.join(ict_dir, "export")):
-    runs.run_ict(load_config(demo, overrides + [f"trainer.train_steps={args.ict_steps}",
-                                                "trainer.batch_size=8"]),
-                 ict_dir, tf.distribute.get_strategy())
+    train_lib.run_experiment(load_config(demo, overrides + [
+        "task.type=ict", f"task.ict.train_data.input_path={wiki}/ict-*",
+        f"trainer.train_steps={args.ict_steps}", "task.ict.train_data.global_batch_size=8"]),
+                             ict_dir, tf.distribute.get_strategy())
   ict_seconds = time.time() - start
 
   results = {}
@@ -120,11 +124,11 @@ def main():
     model_dir = os.path.join(work, name)
     shutil.rmtree(model_dir, ignore_errors=True)
     config = load_config(demo, overrides + [
-        f"trainer.train_steps={args.steps}", f"pretrain.refresh_every_steps={refresh}",
-        f"pretrain.retriever_checkpoint={ict_dir}"])
+        "task.type=pretrain", f"trainer.train_steps={args.steps}",
+        f"task.pretrain.refresh_every_steps={refresh}",
+        f"task.pretrain.init_checkpoint={ict_dir}", "task.pretrain.start_index_builder=true"])
     start = time.time()
-    result = runs.run_pretrain(config, model_dir, tf.distribute.get_strategy(),
-                               start_index_builder=True)
+    result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
     history = _history(model_dir)
     results[name] = dict(seconds=time.time() - start, result=result,
                          summary=_summary(history, args.batch_size),
