@@ -19,7 +19,7 @@ from realm_tf.pipelines.embed import EmbedConfig, build_index, resolve_encoder  
 
 def parse_args(argv: Sequence[str]):
   """Known flags → an EmbedConfig; the rest is for Beam, untouched."""
-  parser = argparse.ArgumentParser(prog="python -m beam.embed_corpus",
+  parser = argparse.ArgumentParser(prog="python -m beam.embed_corpus", allow_abbrev=False,
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--blocks", required=True,
                       help="corpus pipeline output directory (its blocks-* TFRecords)")

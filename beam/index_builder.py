@@ -13,7 +13,7 @@ from realm_tf.pipelines.index_builder import IndexBuilderConfig, build_once, run
 
 
 def parse_args(argv: Sequence[str]):
-  parser = argparse.ArgumentParser(prog="python -m beam.index_builder",
+  parser = argparse.ArgumentParser(prog="python -m beam.index_builder", allow_abbrev=False,
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--model_dir", required=True)
   parser.add_argument("--blocks", default="",

@@ -50,6 +50,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[PreprocessConfig, 
   """Known flags → a validated PreprocessConfig; the rest is for Beam, untouched."""
   defaults = PreprocessConfig()
   parser = argparse.ArgumentParser(prog="python -m beam.preprocess", description=__doc__,
+                                   allow_abbrev=False,  # runner flags pass untouched
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   for name, default in defaults.as_dict().items():
     if isinstance(default, bool):
