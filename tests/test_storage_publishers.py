@@ -181,3 +181,17 @@ def test_two_builds_of_one_snapshot_commit_one_index(ram_root, blocks_dir):
   data_dirs = [n.rstrip("/") for n in tf.io.gfile.listdir(config.output_dir)
                if re.match(r"^\d{12}\.[0-9a-f]{32}/?$", n)]
   assert data_dirs == [os.path.basename(first)]
+
+
+def test_a_flipped_byte_in_an_index_is_refused_when_checksums_are_asked(ram_root):
+  index_dir = os.path.join(ram_root, "index")
+  path = index_export.write_export(
+      index_dir, 1, [index_export.ShardData(np.eye(DIM, dtype=np.float32), np.arange(DIM))],
+      build_scann=False)
+  ids = os.path.join(path, index_export.shard_name(0, 1), "block_ids.npy")
+  data = bytearray(storage.read_bytes(ids))
+  data[-1] ^= 0x01  # same size, one bit of one id flipped
+  storage.write_bytes_atomic(ids, bytes(data))
+  assert loading.load_searcher(index_dir, backend="exact").num_blocks == DIM  # sizes agree
+  with pytest.raises(versioned.VerificationError, match="block_ids.npy: CRC32C"):
+    loading.load_searcher(index_dir, backend="exact", verify_checksums=True)

@@ -112,13 +112,15 @@ def latest_encoder_export(root: str) -> Optional[versioned.Version]:
   return versioned.latest_version(root)
 
 
-def load_encoder(path: str, signature_name: str = "serving_default"):
+def load_encoder(path: str, signature_name: str = "serving_default",
+                 verify_checksums: bool = False):
   """One signature of a committed encoder export (embed_tokens: packed query inputs).
 
-  The files are checked against the manifest's sizes first, so a truncated export is
-  refused with the file's name rather than failing deep inside SavedModel loading.
+  The files are checked against the manifest's sizes first (and CRC32C with
+  `verify_checksums`), so a truncated or corrupted export is refused with the file's
+  name rather than failing deep inside SavedModel loading.
   """
-  version = versioned.verify_version(versioned.read_version(path))
+  version = versioned.verify_version(versioned.read_version(path), checksums=verify_checksums)
   loaded = tf.saved_model.load(version.path)
   signature = loaded.signatures[signature_name]
   signature.loaded_model = loaded  # keep the variables alive with the function

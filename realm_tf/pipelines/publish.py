@@ -4,8 +4,9 @@ Object stores have no directory rename (on GCS a rename is a copy and a delete p
 object; a crash in the middle leaves a mixture), so the pipeline writes straight into the
 output directory and the output counts as published only once `manifest.json` exists:
 every reader of a corpus waits for (or checks) the manifest. The manifest lists every
-file with its size and CRC32C (computed on the workers that wrote them), so readers can
-verify a corpus with realm_tf.io.versioned.verify_files.
+file with its size and CRC32C (computed on the workers after the writes, each file read once
+more, in parallel), so readers can verify a corpus with
+realm_tf.io.versioned.verify_published.
 
   check_output_dir → prepare_output_dir (with --overwrite: manifest deleted first, so
   readers stop trusting the old output, then every stale object) → pipeline →

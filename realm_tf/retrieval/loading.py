@@ -27,7 +27,7 @@ def resolve_export(path: str) -> IndexExport:
 
 
 def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann",
-                  rescore: bool = False) -> ShardedSearcher:
+                  rescore: bool = False, verify_checksums: bool = False) -> ShardedSearcher:
   """A ShardedSearcher over every shard of an export.
 
   Args:
@@ -35,6 +35,11 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
       an IndexExport.
     backend: 'scann' (the shards' serialised ScaNN searchers) or 'exact'.
     rescore: with ScaNN, re-score candidates exactly with the stored embeddings.
+    verify_checksums: also check every file's CRC32C against the manifest (reads the
+      export twice; sizes are always checked).
+
+  Raises:
+    VerificationError: a file is missing, truncated or (with verify_checksums) corrupted.
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -42,7 +47,7 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
       path_or_export)
   # Sizes of every file against the manifest: a truncated shard is refused by name here
   # instead of failing (or worse, loading) deep inside numpy or ScaNN.
-  versioned.verify_version(export)
+  versioned.verify_version(export, checksums=verify_checksums)
   shards_info = export.manifest["shards"]
   shards = []
   for info in shards_info:
