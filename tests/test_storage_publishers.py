@@ -195,3 +195,22 @@ def test_a_flipped_byte_in_an_index_is_refused_when_checksums_are_asked(ram_root
   assert loading.load_searcher(index_dir, backend="exact").num_blocks == DIM  # sizes agree
   with pytest.raises(versioned.VerificationError, match="block_ids.npy: CRC32C"):
     loading.load_searcher(index_dir, backend="exact", verify_checksums=True)
+
+
+def test_index_builder_loop_on_an_object_store_model_dir(ram_root, blocks_dir, repo_dir):
+  """The builder reads params.yaml from model_dir, embeds the newest snapshot, and stops
+  at TRAINING_DONE: all of model_dir on ram://."""
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  blocks, rows = blocks_dir
+  model_dir = os.path.join(ram_root, "run")
+  storage.write_text_atomic(layout.params_path(model_dir),
+                            (repo_dir / "configs" / "tiny.yaml").read_text())
+  encoders.export_encoder(_HashEncoder(), layout.block_encoder_dir(model_dir), step=70)
+  builds = index_builder.run_index_builder(index_builder.IndexBuilderConfig(
+      model_dir=model_dir, blocks=blocks, num_shards=2, max_builds=1, poll_seconds=0.1))
+  assert builds == 1
+  export = index_export.latest_export(layout.index_dir(model_dir))
+  assert export.version == 70 and export.manifest["num_blocks"] == len(rows)
+  layout.mark_training_done(model_dir, 70)
+  assert index_builder.run_index_builder(index_builder.IndexBuilderConfig(
+      model_dir=model_dir, blocks=blocks, poll_seconds=0.1)) == 0
