@@ -280,8 +280,12 @@ class KnowledgeIndex(tf.Module):
     """Per-shard exact top-k of every replica's queries, then a global top-k."""
     context, num_replicas, replica = _replica_context()
     batch = tf.shape(queries)[0]
-    all_queries = (context.all_gather(queries, axis=0)
-                   if num_replicas > 1 else queries)  # [B*R, P]
+    all_queries = queries
+    if num_replicas > 1:
+      all_queries = context.all_gather(queries, axis=0)  # [B*R, P]
+      static_batch = queries.shape[0]
+      all_queries.set_shape([None if static_batch is None else static_batch * num_replicas,
+                             queries.shape[1]])
     local_k = min(k, self.shard_size)
     scores, local_rows = exact_top_k(all_queries, self.embeddings, local_k)  # [B*R, k']
     scores = tf.where(tf.gather(self.valid, local_rows), scores, _NEG_INF)
@@ -319,7 +323,11 @@ class KnowledgeIndex(tf.Module):
     them: each replica fills in its own rows (zeros elsewhere) and one all-reduce sums."""
     context, num_replicas, replica = _replica_context()
     batch = tf.shape(rows)[0]
-    all_rows = context.all_gather(rows, axis=0) if num_replicas > 1 else rows  # [B*R, K]
+    all_rows = rows
+    if num_replicas > 1:
+      all_rows = context.all_gather(rows, axis=0)  # [B*R, K]
+      all_rows.set_shape([None if rows.shape[0] is None else rows.shape[0] * num_replicas,
+                          rows.shape[1]])
     local = all_rows - tf.cast(replica, tf.int32) * self.shard_size
     owned = (local >= 0) & (local < self.shard_size)  # [B*R, K]
     local = tf.clip_by_value(local, 0, self.shard_size - 1)

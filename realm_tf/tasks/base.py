@@ -117,9 +117,16 @@ class RealmTask(base_task.Task):
     return [mean_metric(name) for name in self.metric_names]
 
   def compiled(self, name: str, fn: Callable) -> Callable:
-    """`fn` as a tf.function compiled with XLA when runtime.enable_xla (one per name)."""
+    """`fn` as a tf.function compiled with XLA when runtime.enable_xla (one per name).
+
+    Without XLA, `fn` runs inline in the caller's graph: a nested tf.function around
+    cross-replica collectives (the ICT negatives, the sharded index) is not supported by
+    MirroredStrategy's merge_call.
+    """
+    if not self.jit_compile:
+      return fn
     if name not in self._compiled:
-      self._compiled[name] = tf.function(fn, jit_compile=self.jit_compile)
+      self._compiled[name] = tf.function(fn, jit_compile=True)
     return self._compiled[name]
 
   @staticmethod

@@ -34,7 +34,8 @@ class IctTask(base.RealmTask):
         skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
         input_context=input_context, max_examples=params.max_examples)
 
-  def _loss(self, retriever, features, training):
+  def forward(self, retriever, features, training):
+    """(this replica's share of the global mean loss, ICT outputs) for one batch."""
     q = retriever.embed_queries(features["query"], training=training)  # [B, P]
     d = retriever.embed_documents(features["block"], training=training)  # [B, P]
     out = losses.ict_loss(q, d, features["block_id"])
@@ -42,11 +43,11 @@ class IctTask(base.RealmTask):
     return loss, out
 
   def train_step(self, inputs, model, optimizer, metrics=None):
-    _, out = self.gradient_step(model, optimizer, lambda f, t: self._loss(model, f, t), inputs)
+    _, out = self.gradient_step(model, optimizer, lambda f, t: self.forward(model, f, t), inputs)
     return self._logs(out, metrics)
 
   def validation_step(self, inputs, model, metrics=None):
-    _, out = self.compiled("validation", lambda f: self._loss(model, f, False))(inputs)
+    _, out = self.compiled("validation", lambda f: self.forward(model, f, False))(inputs)
     return self._logs(out, metrics)
 
   def _logs(self, out, metrics):

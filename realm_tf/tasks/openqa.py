@@ -251,7 +251,7 @@ class OpenQATask(base.RealmTask):
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(
             model=dict(warm_start=dict(source="")))),
         tokenizer=self.tokenizer, config=self.experiment)
-    self.refresher.start(global_step)
+    self.refresher.start(global_step, training=train)
 
   def on_train_begin(self, model, global_step: int):
     self.start_index(model, global_step, train=True)

@@ -175,7 +175,7 @@ class PretrainTask(base.RealmTask):
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(
             model=dict(warm_start=dict(source="")))),
         tokenizer=self.tokenizer, config=self.experiment)
-    self.refresher.start(global_step)
+    self.refresher.start(global_step, training=train)
 
   def train_actions(self, trainer):
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]

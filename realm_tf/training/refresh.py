@@ -99,7 +99,7 @@ class IndexRefresher:
     self.builder: Optional[IndexBuilderProcess] = None
     self._last_poll = 0.0
 
-  def start(self, global_step: int):
+  def start(self, global_step: int, training: bool = True):
     """Makes sure a first index is loaded before the first step.
 
     An index already committed under index_dir (built by `beam.embed_corpus` before
@@ -107,7 +107,8 @@ class IndexRefresher:
     exported as snapshot `global_step` for the builder, and the trainer waits for its
     index for at most first_index_timeout_seconds.
     """
-    layout.clear_training_done(self.model_dir)
+    if training:  # a new training slice: builders must follow it again
+      layout.clear_training_done(self.model_dir)
     if self.settings.start_builder:
       self.builder = IndexBuilderProcess(self.model_dir, self.settings.builder_args)
     if versioned.latest_version(self.settings.index_dir) is None:

@@ -83,10 +83,21 @@ def distribute(strategy, task: RealmTask, data_config):
 
 
 def check_numeric(element_spec, source: str):
-  for spec in tf.nest.flatten(element_spec):
+  for spec in tf.nest.flatten(element_spec, expand_composites=True):
     if not (spec.dtype.is_floating or spec.dtype.is_integer or spec.dtype.is_bool):
       raise TypeError(f"{source}: the input pipeline sends a {spec.dtype.name} tensor to the "
                       f"devices ({spec}); TPUs take numbers only")
+
+
+def check_xla_placement(experiment: ExperimentConfig, strategy: tf.distribute.Strategy):
+  """XLA maps every logical CPU device to one XLA CPU device, so a MirroredStrategy over
+  several CPU devices cannot run jit-compiled steps (TPUs and GPUs can)."""
+  if not experiment.runtime.enable_xla or strategy.num_replicas_in_sync < 2:
+    return
+  devices = getattr(strategy.extended, "worker_devices", ())
+  if devices and all("CPU" in d.upper() for d in devices):
+    raise ValueError("runtime.enable_xla with several CPU replicas is not supported by XLA "
+                     "(one XLA CPU device): set runtime.enable_xla=false for this strategy")
 
 
 class Run:
@@ -98,6 +109,7 @@ class Run:
     self.experiment = experiment
     self.model_dir = model_dir
     self.strategy = strategy or tf.distribute.get_strategy()
+    check_xla_placement(experiment, self.strategy)
     tf_keras.utils.set_random_seed(experiment.trainer.seed)
     set_precision(experiment)
     self.start_step = layout.checkpoint_step(model_dir) if train else 0
@@ -185,9 +197,11 @@ def _scalar(value):
 
 
 def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint: str = "",
-                        strategy: Optional[tf.distribute.Strategy] = None) -> tuple[dict, Run]:
+                        strategy: Optional[tf.distribute.Strategy] = None,
+                        name: str = "evaluation") -> tuple[dict, Run]:
   """Evaluates a run's checkpoint (its newest, or `checkpoint`) on the task's
-  validation_data; returns the metrics and the Run (its task holds the predictions)."""
+  validation_data; returns the metrics and the Run (its task holds the predictions).
+  Files written are named after `name` (e.g. eval/<name>-<step>.json)."""
   # The weights come from the checkpoint: no warm start, no initial checkpoint to read.
   experiment = experiment.replace(model=dict(warm_start=dict(source="")))
   if experiment.task.type == "openqa":
@@ -195,6 +209,8 @@ def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint
   run = Run(experiment, model_dir, strategy, train=False, evaluate=True)
   if not run.evaluate_enabled:
     raise ValueError("nothing to evaluate: task validation_data.input_path is empty")
+  if hasattr(run.task, "evaluation_name"):
+    run.task.evaluation_name = name
   path = checkpoint or layout.latest_checkpoint(model_dir)
   status = tf.train.Checkpoint(model=run.model, global_step=run.trainer.global_step).read(path)
   status.expect_partial()
