@@ -214,3 +214,33 @@ def test_index_builder_loop_on_an_object_store_model_dir(ram_root, blocks_dir, r
   layout.mark_training_done(model_dir, 70)
   assert index_builder.run_index_builder(index_builder.IndexBuilderConfig(
       model_dir=model_dir, blocks=blocks, poll_seconds=0.1)) == 0
+
+
+def test_copy_for_tf_serving_writes_saved_model_pb_last(ram_root, monkeypatch):
+  """TF Serving's layout is <base>/<int>/ and it loads a version once saved_model.pb is
+  there: a copy interrupted before that file leaves nothing loadable; a rerun finishes."""
+  root = os.path.join(ram_root, "export", "query_encoder")
+  encoders.export_encoder(_HashEncoder(), root, step=30)
+  version = versioned.latest_version(root)
+  dest = os.path.join(ram_root, "serving", "encoder", "30")
+  copied = []
+  real_copy = tf.io.gfile.copy
+
+  def copy_then_crash(source, target, overwrite=False):
+    if target.endswith("saved_model.pb"):
+      raise OSError("killed before the last file")
+    copied.append(target)
+    return real_copy(source, target, overwrite=overwrite)
+
+  with monkeypatch.context() as patch:
+    patch.setattr(tf.io.gfile, "copy", copy_then_crash)
+    with pytest.raises(OSError, match="killed"):
+      versioned.copy_version(version, dest)
+  assert not tf.io.gfile.exists(os.path.join(dest, "saved_model.pb"))
+  # Every other file was already copied when saved_model.pb's turn came.
+  assert sorted(os.path.relpath(t, dest) for t in copied) == sorted(
+      f["name"] for f in version.manifest["files"] if f["name"] != "saved_model.pb")
+  assert versioned.copy_version(version, dest) == dest
+  loaded = tf.saved_model.load(dest)
+  out = loaded.signatures["serving_default"](title=tf.constant(["a"]), text=tf.constant(["b"]))
+  assert out["embeddings"].shape == (1, DIM)

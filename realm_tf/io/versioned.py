@@ -33,7 +33,8 @@ ifGenerationMatch=0 upload on GCS). Hence:
   on versions among the newest `keep` never can.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
-verify_version, Lease, garbage_collect, write_json_atomic, read_json, verify_published
+verify_version, Lease, garbage_collect, write_json_atomic, read_json, verify_published,
+copy_version (to hand a version to a reader with its own layout, e.g. TF Serving)
 (for flat outputs such as a corpus, whose manifest.json also lists its files) (plus the older
 new_tmp_dir/commit pair, now thin wrappers over VersionWriter).
 """
@@ -354,6 +355,37 @@ def verify_version(version: Version, checksums: bool = False) -> Version:
   """
   verify_files(version.path, version.manifest.get("files", []), checksums)
   return version
+
+
+def copy_version(version: Version, dest_dir: str,
+                 last: Iterable[str] = ("saved_model.pb", "saved_model.pbtxt")) -> str:
+  """Copies a committed version's files to `dest_dir`, the `last` files at the end.
+
+  For consumers with their own commit convention, such as TF Serving's
+  `<base_path>/<integer version>/`, which loads a version once its saved_model.pb exists:
+  copying that file last makes a half-copied directory invisible to it on any file
+  system. Every file is checked against the manifest's size before and after the copy.
+  Re-running after a crash completes the copy. Returns `dest_dir`.
+  """
+  entries = version.manifest.get("files", [])
+  verify_files(version.path, entries)
+  last = set(last)
+  ordered = ([e for e in entries if e["name"] not in last] +
+             [e for e in entries if e["name"] in last])
+  for entry in ordered:
+    source = os.path.join(version.path, entry["name"])
+    target = os.path.join(dest_dir, entry["name"])
+    try:
+      if tf.io.gfile.stat(target).length == int(entry["size"]):
+        continue  # copied by an earlier, interrupted run
+    except tf.errors.NotFoundError:
+      pass
+    tf.io.gfile.makedirs(os.path.dirname(target))
+    if storage.scheme(target) == "ram" and tf.io.gfile.exists(target):
+      tf.io.gfile.remove(target)  # ram:// appends on overwrite (see storage.py)
+    tf.io.gfile.copy(source, target, overwrite=True)
+  verify_files(dest_dir, entries)
+  return dest_dir
 
 
 # ------------------------------------------------------------------------------- leases
