@@ -109,11 +109,14 @@ def test_threads_racing_on_one_version_commit_exactly_one(tmp_path):
 _RACER = """
 import os, sys, time
 from realm_tf.io import versioned
-root, tag, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+root, tag, ready = sys.argv[1], sys.argv[2], sys.argv[3]
 writer = versioned.VersionWriter(root, 21)
 with open(os.path.join(writer.path, "data.bin"), "w") as f:
   f.write("writer " + tag)
-time.sleep(max(0.0, start - time.time()))
+open(os.path.join(ready, tag), "w").close()
+deadline = time.time() + 120
+while len(os.listdir(ready)) < 2 and time.time() < deadline:  # both at the line
+  time.sleep(0.001)
 try:
   print("WON", writer.commit({"tag": tag}).path)
 except versioned.VersionConflictError:
@@ -123,12 +126,13 @@ except versioned.VersionConflictError:
 
 def test_two_processes_racing_on_one_version_commit_exactly_one(tmp_path):
   root = str(tmp_path / "race")
-  start = time.time() + 20  # both are past their imports by then
+  ready = tmp_path / "ready"
+  ready.mkdir()
   env = dict(os.environ, PYTHONPATH=os.getcwd(), TF_CPP_MIN_LOG_LEVEL="3")
-  procs = [subprocess.Popen([sys.executable, "-c", _RACER, root, tag, str(start)],
+  procs = [subprocess.Popen([sys.executable, "-c", _RACER, root, tag, str(ready)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
            for tag in ("a", "b")]
-  outputs = [p.communicate(timeout=120)[0].strip().splitlines()[-1] for p in procs]
+  outputs = [p.communicate(timeout=180)[0].strip().splitlines()[-1] for p in procs]
   assert sorted(o.split()[0] for o in outputs) == ["LOST", "WON"], outputs
   [committed] = versioned.list_versions(root)
   assert [o.split()[1] for o in outputs if o.startswith("WON")] == [committed.path]
