@@ -42,11 +42,11 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   context and under `jit_compile=True`. `tf.math.approx_max_k` is not used: it is
   approximate on TPU by design, which would make "exact" a property of the device.
 
-  Plain graph or XLA: on CPU call it from a plain tf.function, the default everywhere in
-  realm_tf: at 1M x 128 it ran at about 2x the full-matrix top_k there, while under
-  jit_compile=True XLA:CPU's dot is several times slower than TF's oneDNN matmul
-  (benchmarks/train_step.py --parts mips has the figures). Under XLA it compiles and
-  gives the same results, which is what a TPU train step needs.
+  Plain graph or XLA: both give the same results and, on CPU at 1M x 128, about the same
+  speed, 2x the full-matrix top_k (benchmarks/train_step.py --parts mips). The caller
+  decides: ExactSearcher.search does not ask for XLA (it also runs in host input
+  pipelines and SavedModels, where a compile per query shape buys nothing), while a
+  train step compiled with jit_compile=True, as on TPU, compiles it with the step.
 
   Embeddings held in a variable: avoid tf.gather on that variable elsewhere in the same
   program; a ResourceGather switches a variable to copy-on-read, after which every read
