@@ -48,9 +48,10 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   pipelines and SavedModels, where a compile per query shape buys nothing), while a
   train step compiled with jit_compile=True, as on TPU, compiles it with the step.
 
-  Embeddings held in a variable: avoid tf.gather on that variable elsewhere in the same
-  program; a ResourceGather switches a variable to copy-on-read, after which every read
-  of it (one per call here) copies all of it.
+  Embeddings held in a variable: do not tf.gather rows of that variable itself anywhere
+  (gather from `tf.convert_to_tensor(variable)` instead). A ResourceGather switches the
+  variable to copy-on-read for good, after which every read copies all of it: 27 ms per
+  read of a 1M x 128 float32 variable here, once per call of this function.
 
   Args:
     queries: [Q, P] float tensor (cast to float32).
