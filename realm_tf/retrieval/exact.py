@@ -177,4 +177,6 @@ class ExactSearcher(Searcher):
   def search(self, queries: tf.Tensor, k: int) -> SearchResult:
     k = self._check_k(k)  # The Searcher contract clamps k to num_blocks.
     scores, rows = exact_top_k(queries, self.embeddings, k)
-    return SearchResult(tf.gather(self.block_ids, rows), scores)
+    # Gathers from the read value, not the variable: see exact_top_k on copy-on-read.
+    block_ids = tf.gather(tf.convert_to_tensor(self.block_ids), rows)  # [Q, k]
+    return SearchResult(block_ids, scores)
