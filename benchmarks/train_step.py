@@ -2,6 +2,8 @@
 
     python -m benchmarks.train_step --parts mips [--num_vectors 1000000 --dim 128
         --batch 256 --k 10 --repeats 5]
+    python -m benchmarks.train_step --parts tasks [--tasks ict,pretrain,openqa
+        --task_xla on,off --task_steps 3 --num_blocks 13000 --pretrain_batch 0]
 
 Parts (--parts takes a comma-separated list of these):
   mips  The in-graph exact MIPS kernel (realm_tf.retrieval.exact.exact_top_k) on its own:
@@ -13,6 +15,10 @@ Parts (--parts takes a comma-separated list of these):
         measured against FAISS. Target: at least 0.7x FAISS's queries/s.
         Vectors are clustered like real embeddings (realm_tf.retrieval.synthetic), with
         queries near corpus points. --num_vectors 20000 makes a smoke run.
+
+  tasks Where each task's step time goes at configs/demo.yaml sizes: the same-size plain
+        tf-models BertEncoderV2 forward+backward work, the index's retrieval and gathers,
+        and the rest (heads, packing, losses); see benchmarks/train_step_tasks.py.
 
 Results: benchmarks/results/train_step.json (one top-level key per part; a run replaces
 only the keys of the parts it ran) and the Markdown table train_step.md, rendered from
@@ -30,6 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.common import RESULTS_DIR, machine, write_result
+from benchmarks.train_step_tasks import run_tasks, tasks_markdown
 from realm_tf.retrieval.exact import DEFAULT_CHUNK_SIZE, GROUP_SIZE, exact_top_k
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
@@ -148,7 +155,7 @@ def mips_markdown(result: dict) -> list[str]:
 
 # Each part: how to run it and how to render its results. A part's Markdown is rendered
 # from the merged JSON, so results of parts run in other invocations stay in the table.
-PARTS = {"mips": (run_mips, mips_markdown)}
+PARTS = {"mips": (run_mips, mips_markdown), "tasks": (run_tasks, tasks_markdown)}
 
 
 def markdown(payload: dict) -> str:
@@ -170,7 +177,18 @@ def parse_args(argv):
   parser.add_argument("--repeats", type=int, default=5, help="timed batches per method")
   parser.add_argument("--num_batches", type=int, default=3,
                       help="distinct query batches (recall is measured over all)")
+  parser.add_argument("--tasks", default="ict,pretrain,openqa",
+                      help="tasks part: which tasks to time")
+  parser.add_argument("--task_xla", default="on,off",
+                      help="tasks part: XLA settings to time (on, off or both)")
+  parser.add_argument("--task_steps", type=int, default=3, help="tasks part: timed steps")
+  parser.add_argument("--num_blocks", type=int, default=13000,
+                      help="tasks part: knowledge corpus size (real Wikipedia blocks)")
+  parser.add_argument("--pretrain_batch", type=int, default=0,
+                      help="tasks part: pre-training batch (0: the demo config's)")
   args = parser.parse_args(argv)
+  args.tasks = [t for t in args.tasks.split(",") if t]
+  args.task_xla = [{"on": True, "off": False}[x] for x in args.task_xla.split(",") if x]
   args.parts = [p for p in args.parts.split(",") if p]
   unknown = sorted(set(args.parts) - set(PARTS))
   if unknown or not args.parts:

@@ -333,7 +333,9 @@ class KnowledgeIndex(tf.Module):
     local = tf.clip_by_value(local, 0, self.shard_size - 1)
 
     def take(table):
-      values = tf.gather(table, local)  # [B*R, K, ...]
+      # Read the shard once as a tensor: gathering from the variable itself would switch
+      # it to copy-on-read, and every later read would copy the whole shard.
+      values = tf.gather(tf.convert_to_tensor(table), local)  # [B*R, K, ...]
       mask = tf.reshape(owned, tf.concat([tf.shape(owned),
                                           tf.ones([values.shape.rank - 2], tf.int32)], 0))
       return tf.where(mask, values, tf.zeros_like(values))
