@@ -19,6 +19,29 @@ from tensorflow_serving.apis import get_model_status_pb2
 
 from serving import errors
 
+
+def register_op_libraries() -> list[str]:
+  """Registers the op libraries a SavedModel may use beyond core TensorFlow.
+
+  tensorflow_model_server links tf.text's ops (its SUPPORTED_TENSORFLOW_OPS), so this
+  server does too: the exports tokenize in graph with them. ScaNN's ops exist only in a
+  ScaNN-enabled build; here they are registered when the scann package is installed, and
+  a model that needs them fails to load (leaving the serving version) when it is not.
+  Returns the libraries registered.
+  """
+  registered = []
+  import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  registered.append("tensorflow_text")
+  try:
+    from scann.scann_ops.py import scann_ops  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    registered.append("scann")
+  except ImportError:
+    pass
+  return registered
+
+
+OP_LIBRARIES = register_op_libraries()
+
 SERVE_TAG = tf.saved_model.SERVING
 DEFAULT_SIGNATURE = tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY
 _INIT_OP_SIGNATURE = "__saved_model_init_op"

@@ -38,19 +38,73 @@ def _softmax(logits: np.ndarray) -> np.ndarray:
   return e / e.sum(axis=-1, keepdims=True)
 
 
+def best_spans(span_logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+  """The best (block, span) over all K blocks jointly: indices [B], [B] and logits [B]."""
+  num_spans = tf.shape(span_logits)[2]
+  flat = tf.reshape(span_logits, [tf.shape(span_logits)[0], -1])  # [B, K*S]
+  best = tf.argmax(flat, axis=1, output_type=tf.int32)
+  return best // num_spans, best % num_spans, tf.reduce_max(flat, axis=1)
+
+
+def choose_answers(span_logits: tf.Tensor, span_starts: tf.Tensor, span_ends: tf.Tensor,
+                   body_start: tf.Tensor) -> dict[str, tf.Tensor]:
+  """The predicted span of each question, in graph: the one rule evaluation, the Open-QA
+  task's validation step and the serving exports (realm_tf.export.qa) all apply, so a
+  served answer is exactly the evaluated one.
+
+  Args:
+    span_logits: [B, K, S] the reader's logits over the K blocks read.
+    span_starts, span_ends: [S] token positions of the spans in the reader inputs.
+    body_start: [B] position of the first body wordpiece in the reader inputs.
+  Returns:
+    best_block [B] (0..K-1), best_start / best_end [B] (inclusive body wordpiece indices,
+    as `answer_strings` takes them) and best_score [B] (the span's logit).
+  """
+  block, span, score = best_spans(span_logits)
+  return dict(best_block=block,
+              best_start=tf.gather(span_starts, span) - body_start,
+              best_end=tf.gather(span_ends, span) - body_start,
+              best_score=score)
+
+
+def answer_strings(tokenizer: Tokenizer, texts: tf.Tensor, starts: tf.Tensor,
+                   ends: tf.Tensor) -> tf.Tensor:
+  """[B] the original text under body wordpieces [start, end] of each block text, in graph.
+
+  The texts are tokenized again with offsets (the index stores ids only), so the answer
+  keeps the case, accents and punctuation of the corpus. An empty text gives "".
+  """
+  texts = tf.convert_to_tensor(texts, tf.string)
+  _, token_starts, token_ends = tokenizer.tokenize_with_offsets(texts)
+  lengths = tf.cast(token_starts.row_lengths(), tf.int64)  # [B]
+  last = tf.maximum(lengths - 1, 0)
+  # A span the reader chose always lies inside the body; clipping only guards the gather.
+  starts = tf.clip_by_value(tf.cast(starts, tf.int64), 0, last)
+  ends = tf.clip_by_value(tf.cast(ends, tf.int64), starts, last)
+  # Rows without wordpieces get one dummy offset so the gather is defined, then "".
+  pad = tf.cast(tf.equal(lengths, 0), tf.int64)
+  safe_starts = _pad_empty_rows(token_starts, pad)
+  safe_ends = _pad_empty_rows(token_ends, pad)
+  found = span_text(texts, safe_starts, safe_ends, starts, ends)
+  return tf.where(lengths > 0, found, tf.constant("", tf.string))
+
+
+def _pad_empty_rows(offsets: tf.RaggedTensor, pad: tf.Tensor) -> tf.RaggedTensor:
+  """Appends a 0 offset to the rows flagged by `pad` ([B] 0/1)."""
+  return tf.concat([tf.cast(offsets, tf.int64),
+                    tf.RaggedTensor.from_row_lengths(tf.zeros([tf.reduce_sum(pad)], tf.int64),
+                                                     pad)], axis=1)
+
+
 def span_strings(tokenizer: Tokenizer, texts: Sequence[str], starts: np.ndarray,
                  ends: np.ndarray) -> list[str]:
-  """The original text under body wordpieces [start, end] of each block text."""
+  """Host-side `answer_strings` over Python strings (evaluation's predictions)."""
   if not len(texts):
     return []
-  texts_t = tf.constant([t.encode("utf-8") for t in texts])
-  _, token_starts, token_ends = tokenizer.tokenize_with_offsets(texts_t)
-  lengths = token_starts.row_lengths().numpy()
-  # A span the reader chose always lies inside the body; clipping only guards the gather.
-  starts = np.clip(starts, 0, np.maximum(lengths - 1, 0))
-  ends = np.clip(ends, starts, np.maximum(lengths - 1, 0))
-  found = span_text(texts_t, token_starts, token_ends, starts, ends).numpy()
-  return [s.decode("utf-8") if n else "" for s, n in zip(found, lengths)]
+  found = answer_strings(tokenizer, tf.constant([t.encode("utf-8") for t in texts]),
+                         tf.constant(np.asarray(starts, np.int64)),
+                         tf.constant(np.asarray(ends, np.int64))).numpy()
+  return [s.decode("utf-8") for s in found]
 
 
 def score(examples: Sequence[QAExample], store: BlockStore, outputs: dict,

@@ -29,12 +29,8 @@ from realm_tf.tasks import base
 from realm_tf.training import refresh
 
 
-def best_spans(span_logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-  """The best (block, span) over all K blocks jointly: indices [B], [B] and logits [B]."""
-  num_spans = tf.shape(span_logits)[2]
-  flat = tf.reshape(span_logits, [tf.shape(span_logits)[0], -1])  # [B, K*S]
-  best = tf.argmax(flat, axis=1, output_type=tf.int32)
-  return best // num_spans, best % num_spans, tf.reduce_max(flat, axis=1)
+# The span choice is openqa.evaluation's, shared with the serving exports.
+best_spans = evaluation.best_spans
 
 
 def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
@@ -176,14 +172,12 @@ class OpenQATask(base.RealmTask):
     def evaluate(features):
       _, result = self.forward(model, features, False)
       out = result["out"]
-      block, span, best_score = best_spans(out.span_logits)
-      body_start = out.reader_inputs["body_start"]  # [B]
+      chosen = evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,
+                                         out.reader_inputs["body_start"])
       per_question = dict(
-          example_index=features["example_index"], rows=out.rows,
-          retrieval_logits=out.retrieval_logits, best_block=block,
-          best_start=tf.gather(out.span_starts, span) - body_start,
-          best_end=tf.gather(out.span_ends, span) - body_start,
-          best_score=best_score, oracle=tf.reduce_any(result["correct"], axis=[1, 2]),
+          chosen, example_index=features["example_index"], rows=out.rows,
+          retrieval_logits=out.retrieval_logits,
+          oracle=tf.reduce_any(result["correct"], axis=[1, 2]),
           located=tf.reduce_any(features["answers"]["lengths"] > 0, axis=1))
       return result, per_question
 

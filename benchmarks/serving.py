@@ -1,0 +1,289 @@
+"""Serving benchmark: the realm_qa exports behind `serving.server`, over gRPC.
+
+    python -m benchmarks.serving [--articles 1500] [--min_blocks 2000] [--seconds 8]
+        [--clients 1,8,32] [--kinds realm_qa,realm_qa_scann] [--max_batch_size 32]
+        [--batch_timeout_micros 5000] [--num_batch_threads 2] [--work_dir DIR]
+
+The demo-size model (configs/demo.yaml: MiniLM warm start for both towers and the reader,
+no fine-tuning: latency does not depend on the weights) over real blocks: the first
+--articles of ../shared/data/wikipedia/vital_articles.jsonl run through the corpus
+pipeline (at least --min_blocks blocks), embedded with the document tower. Both exports
+(exact search with stock ops; ScaNN ops) are published as TF Serving versions and served
+by serving.server.ModelServer on localhost, without and with batching; closed-loop
+clients (each its own gRPC channel, one question per Predict, real NQ-Open questions) run
+for --seconds per cell at each --clients level.
+
+Reported per cell: p50 / p99 latency (ms) and queries/s; per export, the in-process time
+of the same SavedModel signature called directly (one client, same questions), and the
+gRPC overhead = (gRPC p50 at one client, no batching − in-process p50) / in-process p50.
+Targets (issue 12): p50 ≤ 100 ms at 1 client; gRPC overhead ≤ 10%; batching ≥ 1.5× the
+queries/s of no batching at 8 clients. Results: benchmarks/results/serving.json and .md.
+"""
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+from benchmarks import common
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
+               batching_speedup_at_8_clients=1.5)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--articles", type=int, default=1500)
+  parser.add_argument("--min_blocks", type=int, default=2000)
+  parser.add_argument("--seconds", type=float, default=8.0, help="measured time per cell")
+  parser.add_argument("--clients", default="1,8,32")
+  parser.add_argument("--kinds", default="realm_qa,realm_qa_scann")
+  parser.add_argument("--questions", type=int, default=200)
+  parser.add_argument("--max_batch_size", type=int, default=32)
+  parser.add_argument("--batch_timeout_micros", type=int, default=5000)
+  parser.add_argument("--num_batch_threads", type=int, default=2)
+  parser.add_argument("--in_process_calls", type=int, default=60)
+  parser.add_argument("--work_dir", default="", help="default: a temporary directory")
+  parser.add_argument("--name", default="serving", help="results file name")
+  return parser.parse_args(argv)
+
+
+def read_questions(limit: int) -> list[str]:
+  path = os.path.join(common.SHARED_DATA, "openqa", "nq_open")
+  files = sorted(f for f in os.listdir(path) if f.endswith(".jsonl"))
+  questions = []
+  for name in files:
+    with open(os.path.join(path, name)) as f:
+      for line in f:
+        questions.append(json.loads(line)["question"])
+        if len(questions) >= limit:
+          return questions
+  return questions
+
+
+def prepare_corpus(work_dir: str, articles: int, block_seq_length: int) -> str:
+  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  source = os.path.join(common.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
+  sample = os.path.join(work_dir, f"vital_{articles}.jsonl")
+  with open(source) as f, open(sample, "w") as out:
+    for i, line in enumerate(f):
+      if i >= articles:
+        break
+      out.write(line)
+  return prepare_blocks(sample, os.path.join(work_dir, f"corpus_{articles}"),
+                        block_seq_length)
+
+
+def embed_corpus(run, batch_size: int = 64) -> float:
+  """Embeds every block with the document tower into the index (version 1); seconds."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  index = run.index
+  start = time.time()
+  word_ids = index.word_ids.read_value()[:index.num_blocks]
+  type_ids = index.type_ids.read_value()[:index.num_blocks]
+  embed = tf.function(lambda inputs: run.model.retriever.embed_documents(inputs,
+                                                                         training=False))
+  parts = []
+  for i in range(0, index.num_blocks, batch_size):
+    ids = word_ids[i:i + batch_size]
+    parts.append(embed(dict(input_word_ids=ids, input_mask=tf.cast(ids > 0, tf.int32),
+                            input_type_ids=type_ids[i:i + batch_size])).numpy())
+  index.set_embeddings(np.concatenate(parts).astype(np.float32), version=1)
+  return time.time() - start
+
+
+def percentiles(latencies_s: list[float]) -> dict:
+  ms = np.asarray(latencies_s) * 1000.0
+  return dict(p50_ms=round(float(np.percentile(ms, 50)), 2),
+              p99_ms=round(float(np.percentile(ms, 99)), 2),
+              mean_ms=round(float(ms.mean()), 2), requests=int(len(ms)))
+
+
+def in_process(path: str, questions: list[str], calls: int) -> dict:
+  """The SavedModel's serving signature called directly, one question at a time."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  loaded = tf.saved_model.load(path)
+  signature = loaded.signatures["serving_default"]
+  for q in questions[:3]:
+    signature(question=tf.constant([q]))
+  latencies = []
+  for i in range(calls):
+    start = time.perf_counter()
+    signature(question=tf.constant([questions[i % len(questions)]]))
+    latencies.append(time.perf_counter() - start)
+  return percentiles(latencies)
+
+
+def load_test(port: int, model: str, questions: list[str], clients: int,
+              seconds: float) -> dict:
+  """Closed loop: `clients` threads, each with its own channel, one question per Predict."""
+  import grpc  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from serving import client  # pylint: disable=g-import-not-at-top
+  latencies, errors = [], []
+  lock = threading.Lock()
+  start_barrier = threading.Barrier(clients + 1)
+  stop = threading.Event()
+
+  def work(worker: int):
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      client.ask(stub, [questions[worker % len(questions)]], model=model, timeout=60)
+      start_barrier.wait()
+      i = worker
+      mine = []
+      while not stop.is_set():
+        q = questions[i % len(questions)]
+        i += clients
+        begin = time.perf_counter()
+        try:
+          client.ask(stub, [q], model=model, timeout=60)
+          mine.append(time.perf_counter() - begin)
+        except grpc.RpcError as e:  # counted, not hidden
+          with lock:
+            errors.append(f"{e.code().name}: {e.details()}")
+      with lock:
+        latencies.extend(mine)
+
+  threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(clients)]
+  for t in threads:
+    t.start()
+  start_barrier.wait()
+  began = time.perf_counter()
+  time.sleep(seconds)
+  stop.set()
+  for t in threads:
+    t.join(timeout=120)
+  elapsed = time.perf_counter() - began
+  result = percentiles(latencies) if latencies else dict(requests=0)
+  result.update(clients=clients, queries_per_second=round(len(latencies) / elapsed, 2),
+                errors=len(errors), first_errors=errors[:3])
+  return result
+
+
+def serve(base_path: str, model: str, batching, options):
+  from serving.server import ModelServer, ServerOptions  # pylint: disable=g-import-not-at-top
+  return ModelServer(ServerOptions(
+      port=0, model_name=model, model_base_path=base_path, enable_batching=batching is not None,
+      batching_options=batching, max_concurrent_requests=options.get("max_concurrent", 64),
+      max_batch_size=max(256, options.get("max_batch_size", 32)))).start()
+
+
+def write_markdown(path: str, result: dict):
+  lines = ["# Serving benchmark (benchmarks/serving.py)", "",
+           f"Machine: {result['machine']['cpu_count']} CPUs, TF "
+           f"{result['machine']['tensorflow']}, load average before "
+           f"{result['machine']['load_average_1_5_15']}. Corpus: {result['num_blocks']} "
+           f"blocks of vital_articles; model {result['model']}; "
+           f"{result['num_retrieved']} retrieved, {result['num_read']} read per question.",
+           "", "| export | batching | clients | p50 ms | p99 ms | queries/s | errors |",
+           "|---|---|---|---|---|---|---|"]
+  for kind, per_kind in result["exports"].items():
+    for mode in ("no_batching", "batching"):
+      for cell in per_kind[mode]:
+        lines.append(f"| {kind} | {mode.replace('_', ' ')} | {cell['clients']} | "
+                     f"{cell.get('p50_ms', '-')} | {cell.get('p99_ms', '-')} | "
+                     f"{cell['queries_per_second']} | {cell['errors']} |")
+  lines += ["", "| export | in-process p50 ms | gRPC p50 ms (1 client) | gRPC overhead | "
+            "batching speed-up at 8 clients |", "|---|---|---|---|---|"]
+  for kind, per_kind in result["exports"].items():
+    s = per_kind["summary"]
+    lines.append(f"| {kind} | {per_kind['in_process']['p50_ms']} | {s['grpc_p50_ms_1']} | "
+                 f"{s['grpc_overhead_fraction']:.1%} | "
+                 f"{s['batching_speedup_at_8'] if s['batching_speedup_at_8'] else '-'}x |")
+  lines += ["", "Targets: " + ", ".join(f"{k} {v}" for k, v in TARGETS.items()), ""]
+  for kind, per_kind in result["exports"].items():
+    lines.append(f"- {kind}: " + ", ".join(f"{k} {'met' if ok else 'MISSED'}"
+                                           for k, ok in per_kind["targets_met"].items()))
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
+  from serving.config import BatchingOptions  # pylint: disable=g-import-not-at-top
+
+  machine = common.machine()
+  work = args.work_dir or tempfile.mkdtemp(prefix="serving_bench_")
+  os.makedirs(work, exist_ok=True)
+  config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
+                       ["task.type=openqa", "runtime.enable_xla=false"])
+  timings = {}
+  start = time.time()
+  blocks = prepare_corpus(work, args.articles, config.model.retriever.block_seq_length)
+  timings["corpus_s"] = round(time.time() - start, 1)
+  config = config.replace(index=dict(blocks=blocks))
+  run = exporter.build_run(config)
+  if run.index.num_blocks < args.min_blocks:
+    raise SystemExit(f"{run.index.num_blocks} blocks from {args.articles} articles; raise "
+                     f"--articles to reach --min_blocks {args.min_blocks}")
+  timings["embed_s"] = round(embed_corpus(run), 1)
+  questions = read_questions(args.questions)
+  models_dir = os.path.join(work, "models")
+  shutil.rmtree(models_dir, ignore_errors=True)
+  kinds = [k for k in args.kinds.split(",") if k]
+  clients = [int(c) for c in args.clients.split(",") if c]
+  batching = BatchingOptions(max_batch_size=args.max_batch_size,
+                             batch_timeout_micros=args.batch_timeout_micros,
+                             num_batch_threads=args.num_batch_threads,
+                             max_enqueued_batches=1000)
+  result = dict(machine=machine, args=vars(args), num_blocks=run.index.num_blocks,
+                model="configs/demo.yaml (MiniLM warm start, no fine-tuning)",
+                num_retrieved=run.num_retrieved, num_read=run.num_read, targets=TARGETS,
+                timings=timings, exports={})
+  for kind in kinds:
+    begin = time.time()
+    path = exporter.save_export(exporter.build_module(run, kind), models_dir, kind, 1,
+                                run.provenance(kind), exporter.warmup_requests(kind, run))
+    timings[f"export_{kind}_s"] = round(time.time() - begin, 1)
+    per_kind = dict(in_process=in_process(path, questions, args.in_process_calls))
+    for mode, options in (("no_batching", None), ("batching", batching)):
+      server = serve(os.path.join(models_dir, kind), kind, options,
+                     dict(max_batch_size=args.max_batch_size))
+      try:
+        per_kind[mode] = [load_test(server.port, kind, questions, c, args.seconds)
+                          for c in clients]
+      finally:
+        server.stop(grace=1.0)
+      print(json.dumps({kind: {mode: per_kind[mode]}}), flush=True)
+    by_clients = {m: {c["clients"]: c for c in per_kind[m]} for m in ("no_batching",
+                                                                      "batching")}
+    grpc_p50 = by_clients["no_batching"].get(1, {}).get("p50_ms")
+    inproc = per_kind["in_process"]["p50_ms"]
+    speedup = None
+    if 8 in by_clients["batching"] and by_clients["no_batching"][8]["queries_per_second"]:
+      speedup = round(by_clients["batching"][8]["queries_per_second"] /
+                      by_clients["no_batching"][8]["queries_per_second"], 2)
+    overhead = (grpc_p50 - inproc) / inproc if grpc_p50 else float("nan")
+    per_kind["summary"] = dict(grpc_p50_ms_1=grpc_p50, in_process_p50_ms=inproc,
+                               grpc_overhead_fraction=round(overhead, 4),
+                               batching_speedup_at_8=speedup)
+    per_kind["targets_met"] = dict(
+        p50_ms_at_1_client=bool(grpc_p50 and grpc_p50 <= TARGETS["p50_ms_at_1_client"]),
+        grpc_overhead_fraction=bool(overhead <= TARGETS["grpc_overhead_fraction"]),
+        batching_speedup_at_8_clients=bool(
+            speedup and speedup >= TARGETS["batching_speedup_at_8_clients"]))
+    result["exports"][kind] = per_kind
+  result["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+  timings["total_s"] = round(time.time() - start, 1)
+  path = common.write_result(args.name, result)
+  write_markdown(path[:-len(".json")] + ".md", result)
+  print(json.dumps({k: v["summary"] for k, v in result["exports"].items()}, indent=2))
+  print(path)
+  if not args.work_dir:
+    shutil.rmtree(work, ignore_errors=True)
+  del tf
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,41 @@
+"""`python -m realm_tf.export`: serving exports of a fine-tuned Open-QA run.
+
+    python -m realm_tf.export --model_dir runs/nq --output_dir /models \\
+        [--kinds query_encoder,doc_encoder,reader,realm_qa,realm_qa_scann] \\
+        [--checkpoint PATH] [--version N]
+
+Writes `<output_dir>/<kind>/<version>/` (TF Serving's layout; version defaults to the
+checkpoint's training step) and prints {kind: published directory} as JSON. See
+realm_tf.export.exporter for what each kind takes and returns.
+"""
+import json
+import logging
+import sys
+
+from absl import app, flags
+
+flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA run.", required=True)
+flags.DEFINE_string("output_dir", None, "TF Serving model root: <output_dir>/<kind>/<version>.",
+                    required=True)
+flags.DEFINE_list("kinds", ["query_encoder", "doc_encoder", "reader", "realm_qa"],
+                  "Which exports (realm_qa_scann needs a ScaNN-enabled model server).")
+flags.DEFINE_string("checkpoint", "", "A checkpoint path (default: the run's latest).")
+flags.DEFINE_integer("version", None, "Version number (default: the training step).")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  del argv
+  from realm_tf.configs import ConfigError  # pylint: disable=g-import-not-at-top
+  from realm_tf.export.exporter import export_run  # pylint: disable=g-import-not-at-top
+  try:
+    published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
+                           FLAGS.version)
+  except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
+    sys.exit(f"error: {e}")
+  print(json.dumps(published, indent=2, sort_keys=True))
+
+
+if __name__ == "__main__":
+  logging.getLogger().setLevel(logging.INFO)
+  app.run(main)

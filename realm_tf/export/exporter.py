@@ -1,0 +1,262 @@
+"""Serving exports of a fine-tuned Open-QA run, published in TF Serving's layout.
+
+    <output_dir>/<kind>/<version>/saved_model.pb, variables/, assets.extra/
+        assets.extra/tf_serving_warmup_requests   replayed by TF Serving before serving
+        assets.extra/realm_provenance.json        what was exported (model, index, config)
+
+Kinds (strings in, strings out, tokenization in graph):
+  query_encoder   question [B] → embeddings [B, P]            (QueryEncoder)
+  doc_encoder     (title [B], text [B]) → embeddings [B, P]   (BlockEncoder)
+  reader          question [B], block_titles/texts [B, K] → answer, score, block_scores
+  realm_qa        question [B] → answer + top-k blocks, exact search (stock TF ops)
+  realm_qa_scann  the same with ScaNN's TensorFlow ops (a ScaNN-enabled model server)
+
+Tokenization uses tensorflow_text's FastBertNormalize / FastWordpieceTokenize and trimmer
+ops. Those are not custom ops for TF Serving: tensorflow_model_server links tf.text's
+`ops_lib` (SUPPORTED_TENSORFLOW_OPS in tensorflow_serving/model_servers/BUILD), so the
+stock binary runs `realm_qa`; tests/test_export_qa.py checks its graph has no op outside
+core TensorFlow and tf.text. ScaNN's ops are in no stock binary: `realm_qa_scann` needs a
+model server built with ScaNN's op library linked in.
+
+Every export is first written and committed under `<output_dir>/.staging/<kind>/`
+(realm_tf.io.versioned: files, sizes, CRC32C), then copied to `<kind>/<version>/` with
+saved_model.pb last, so TF Serving never sees a partial version on any file system.
+"""
+import dataclasses
+import json
+import logging
+import os
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import tasks
+from realm_tf.configs import load_config
+from realm_tf.configs.experiment import ExperimentConfig
+from realm_tf.export import serving_warmup
+from realm_tf.export.encoders import BlockEncoder, QueryEncoder
+from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher
+from realm_tf.io import layout, versioned
+from realm_tf.retrieval.index_export import load_npy, shard_name
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+
+KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
+PROVENANCE_FILE = "realm_provenance.json"
+STAGING = ".staging"
+WARMUP_QUESTIONS = ("who wrote the iliad?", "what is the capital of france?")
+
+
+@dataclasses.dataclass
+class ServingRun:
+  """A fine-tuned Open-QA model and its knowledge index, ready to export."""
+  config: ExperimentConfig
+  task: object
+  model: object
+  index: KnowledgeIndex
+  step: int
+  checkpoint: str = ""
+  model_dir: str = ""
+
+  @property
+  def tokenizer(self):
+    return self.task.tokenizer
+
+  @property
+  def num_read(self) -> int:
+    return self.config.task.openqa.num_candidates
+
+  @property
+  def num_retrieved(self) -> int:
+    """As many blocks as evaluation retrieves, so p(z|x) is evaluation's too."""
+    return self.task.num_retrieved(training=False)
+
+  def provenance(self, kind: str) -> dict:
+    export = self.index.export
+    return dict(
+        kind=kind, model_dir=self.model_dir, checkpoint=self.checkpoint,
+        training_step=int(self.step), index_version=self.index.version,
+        index_path=export.path if export is not None else "",
+        index_encoder_step=self.index.encoder_step, num_blocks=int(self.index.num_blocks),
+        num_retrieved=self.num_retrieved, num_read=self.num_read,
+        tensorflow=tf.__version__, config=self.config.as_dict())
+
+
+def build_run(config: ExperimentConfig, model_dir: str = "", step: int = 0,
+              checkpoint: str = "") -> ServingRun:
+  """The task's model and an exact-search KnowledgeIndex (no embeddings yet) under the
+  default strategy: one replica, as a server runs it."""
+  if config.task.type != "openqa":
+    raise ValueError(f"task.type is {config.task.type!r}: serving exports need an Open-QA "
+                     "run (task.type=openqa)")
+  if config.task.openqa.retrieval != "dense":
+    raise ValueError("serving exports need dense retrieval (task.openqa.retrieval=dense)")
+  # The exports search in graph; a 'scann' run's index is searched by realm_qa_scann.
+  config = config.replace(index=dict(backend="exact"))
+  from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
+  set_precision(config)
+  strategy = tf.distribute.get_strategy()
+  task = tasks.get_task(config, model_dir)
+  model = task.build_model()
+  index = task.build_index(strategy)
+  return ServingRun(config, task, model, index, step, checkpoint, model_dir)
+
+
+def load_run(model_dir: str, checkpoint: str = "") -> ServingRun:
+  """A run's fine-tuned checkpoint (its newest, or `checkpoint`) and newest committed index."""
+  config = load_config(layout.params_path(model_dir))
+  path = layout.latest_checkpoint(checkpoint or model_dir)
+  step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
+  run = build_run(config, model_dir, checkpoint=path)
+  index_dir = layout.index_dir(model_dir, config.index.index_dir)
+  latest = versioned.latest_version(index_dir)
+  if latest is None:
+    raise FileNotFoundError(f"{index_dir}: no committed index; the run has not built one")
+  run.index.swap(latest)
+  status = tf.train.Checkpoint(model=run.model, global_step=step_var).read(path)
+  status.expect_partial()
+  # The networks' variables exist once they have run: one question builds them all.
+  QAModule(run.model, run.index, run.tokenizer, config.task.openqa.query_seq_length,
+           run.num_retrieved, run.num_read).predict(tf.constant(["?"]))
+  status.assert_existing_objects_matched()
+  run.step = int(step_var.numpy())
+  logging.info("Loaded %s (step %d), index version %s", path, run.step, run.index.version)
+  return run
+
+
+def _index_scann_states(run: ServingRun):
+  """Per shard (ScannState, block ids, embeddings) of the run's index export, if every
+  non-empty shard has a ScaNN searcher; None otherwise (one is then built)."""
+  export = run.index.export
+  if export is None:
+    return None
+  shards = export.manifest.get("shards", [])
+  states = []
+  for info in shards:
+    if not info["num_blocks"]:
+      continue
+    path = os.path.join(export.path, shard_name(info["shard"], len(shards)))
+    if not tf.io.gfile.exists(os.path.join(path, "scann")):
+      return None
+    states.append((tf.saved_model.load(os.path.join(path, "scann")),
+                   load_npy(os.path.join(path, "block_ids.npy")),
+                   load_npy(os.path.join(path, "embeddings.npy")).astype(np.float32)))
+  return states or None
+
+
+def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
+  """[N, P] float32 embeddings of the index in row order."""
+  return np.asarray(index.embeddings.read_value(), np.float32)[:index.num_blocks]
+
+
+class ServingQueryEncoder(QueryEncoder):
+  """QueryEncoder with a named signature beside serving_default (TF Serving clients name
+  the signature they call; the index builder keeps using the plain export)."""
+
+  def signatures(self) -> dict:
+    return dict(super().signatures(), embed=self.embed)
+
+
+class ServingBlockEncoder(BlockEncoder):
+  """BlockEncoder with a named signature beside serving_default."""
+
+  def signatures(self) -> dict:
+    return dict(super().signatures(), embed=self.embed)
+
+
+def build_module(run: ServingRun, kind: str) -> tf.Module:
+  c = run.config
+  if kind == "query_encoder":
+    return ServingQueryEncoder(run.model.retriever.query_embedder, run.tokenizer,
+                               c.task.openqa.query_seq_length)
+  if kind == "doc_encoder":
+    return ServingBlockEncoder(run.model.retriever.document_embedder, run.tokenizer,
+                               c.model.retriever.block_seq_length)
+  if kind == "reader":
+    return ReaderModule(run.model, run.tokenizer, c.task.openqa.query_seq_length,
+                        c.task.openqa.reader_seq_length - 3)
+  if kind in ("realm_qa", "realm_qa_scann"):
+    searcher, handles = None, ()
+    if kind == "realm_qa_scann":
+      searcher, handles = scann_searcher(index_embeddings(run.index),
+                                         run.index.store.block_ids, c.index.rescore,
+                                         states=_index_scann_states(run))
+    return QAModule(run.model, run.index, run.tokenizer, c.task.openqa.query_seq_length,
+                    run.num_retrieved, run.num_read, searcher=searcher,
+                    scann_handles=handles, kind=kind)
+  raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+
+def warmup_requests(kind: str, run: ServingRun,
+                    questions: Sequence[str] = WARMUP_QUESTIONS) -> list[dict]:
+  """Requests TF Serving replays before serving: one per batch size a client is likely
+  to send first (1 and all of `questions`), so both traces exist."""
+  store = run.index.store
+  k = min(run.num_read, len(store))
+  one, many = list(questions[:1]), list(questions)
+  if kind == "doc_encoder":
+    return [dict(title=store.title_strings[:1], text=store.text_strings[:1]),
+            dict(title=store.title_strings[:2], text=store.text_strings[:2])]
+  if kind == "query_encoder":
+    return [dict(text=one), dict(text=many)]
+  if kind == "reader":
+    titles = [store.title_strings[:k]]
+    texts = [store.text_strings[:k]]
+    return [dict(question=one, block_titles=titles, block_texts=texts),
+            dict(question=many, block_titles=titles * len(many),
+                 block_texts=texts * len(many))]
+  return [dict(question=one), dict(question=many)]
+
+
+def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
+                provenance: dict, warmup: Sequence[dict]) -> str:
+  """Writes, commits, then publishes `module` as `<output_dir>/<kind>/<version>/`.
+
+  Refuses to overwrite a published version (TF Serving would not reload it anyway).
+  Returns the published directory.
+  """
+  if version < 1:
+    raise ValueError(f"version must be a positive integer, got {version} (pass --version)")
+  published = os.path.join(output_dir, kind, str(int(version)))
+  if tf.io.gfile.exists(os.path.join(published, "saved_model.pb")):
+    raise FileExistsError(f"{published} is already published; choose another --version")
+  start = time.time()
+  with versioned.VersionWriter(os.path.join(output_dir, STAGING, kind), version) as writer:
+    tf.saved_model.save(module, writer.path, signatures=module.signatures())
+    extra = os.path.join(writer.path, serving_warmup.WARMUP_DIR)
+    tf.io.gfile.makedirs(extra)
+    record = dict(provenance, kind=kind, version=int(version), exported_at=time.time(),
+                  signatures=sorted(module.signatures()))
+    with tf.io.gfile.GFile(os.path.join(extra, PROVENANCE_FILE), "w") as f:
+      json.dump(record, f, indent=2, sort_keys=True, default=str)
+    serving_warmup.write_warmup_requests(writer.path, warmup, model_name=kind)
+    committed = writer.commit(dict(kind=kind, export_seconds=round(time.time() - start, 3)))
+  versioned.copy_version(committed, published)
+  logging.info("Published %s (%.1f s)", published, time.time() - start)
+  return published
+
+
+def read_provenance(export_dir: str) -> dict:
+  with tf.io.gfile.GFile(os.path.join(export_dir, serving_warmup.WARMUP_DIR,
+                                      PROVENANCE_FILE)) as f:
+    return json.load(f)
+
+
+def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
+               checkpoint: str = "", version: Optional[int] = None) -> dict[str, str]:
+  """`python -m realm_tf.export`: every kind of a run, version = training step by default."""
+  unknown = [k for k in kinds if k not in KINDS]
+  if unknown:
+    raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
+  run = load_run(model_dir, checkpoint)
+  version = run.step if version is None else version
+  published = {}
+  for kind in kinds:
+    published[kind] = save_export(build_module(run, kind), output_dir, kind, version,
+                                  run.provenance(kind), warmup_requests(kind, run))
+  return published
+
+
+__all__ = ["KINDS", "ServingRun", "build_module", "build_run", "export_run",
+           "load_run", "read_provenance", "save_export", "warmup_requests"]

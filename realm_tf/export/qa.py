@@ -1,0 +1,289 @@
+"""The Open-QA inference module: question strings in, answers with their provenance out.
+
+In the spirit of tf-models' `official/core/export_base.ExportModule`, one tf.Module holds
+everything a question needs (the tokenizer, the fine-tuned OpenQAModel's retriever and
+reader, the corpus and its KnowledgeIndex tables) and one `tf.function`, `answer`, runs
+the whole path in graph:
+
+  tokenize (in graph) → OpenQAModel: query embedding, top-k search, gather, reader
+  → openqa.evaluation.choose_answers (best span over all read blocks jointly)
+  → openqa.evaluation.answer_strings (the original text under the span)
+
+These are the functions the Open-QA task's evaluation calls, on the same OpenQAModel and
+KnowledgeIndex, so the served answer of a question is exactly the evaluated prediction
+(tests/test_export_qa.py checks it question by question against evaluate_checkpoint).
+
+Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
+  answer string [B], score float32 [B], answer_block int32 [B] (rank among the K),
+  block_ids int64 [B, K], block_titles string [B, K], block_texts string [B, K],
+  retrieval_probs float32 [B, K] (p(z|x): softmax over the K retrieved blocks' scores).
+
+Retrieval is either the KnowledgeIndex's exact search (stock TensorFlow ops: a matmul and
+top_k) or ScaNN's TensorFlow ops (`ScannHandle`: the searcher is deserialised by the first
+call, which the export's warm-up makes at load time, and reused by every later call).
+
+`ReaderModule` exports the reader alone: a question and K (title, text) blocks in, the
+best span's text, its score and each block's best span score out.
+"""
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.openqa import evaluation, spans
+from realm_tf.openqa.model import BERT_KEYS, OpenQAModel
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex, Retrieved
+from realm_tf.retrieval.searcher import Searcher
+from realm_tf.text.tokenization import Tokenizer
+
+QUESTION = "question"
+QA_OUTPUTS = ("answer", "score", "answer_block", "block_ids", "block_titles", "block_texts",
+              "retrieval_probs")
+
+
+class _Untracked:
+  """Holds Python objects out of SavedModel's object graph.
+
+  Saving a tracked Keras model makes tf.saved_model trace every layer's call functions
+  (tens of seconds for BERT), and the KnowledgeIndex holds a BlockStore, a strategy and a
+  lock that are no SavedModel objects. Only the signatures are needed; they capture the
+  variables, which the modules track directly as lists.
+  """
+
+  def __init__(self, **objects):
+    self.__dict__.update(objects)
+
+
+# ---------------------------------------------------------------------------------- ScaNN
+
+
+class ScannHandle(tf.Module):
+  """A ScaNN searcher inside a SavedModel, deserialised once, not per request.
+
+  scann_ops' `searcher_from_module` makes the handle eagerly, and an eager resource handle
+  cannot be captured by a SavedModel function. Here the `answer` graph holds the
+  `TensorsToScann` op over the searcher's state variables. Its kernel is a
+  ResourceOpKernel that builds the searcher on its first run and, once initialised,
+  returns the same handle on every later run without reading the data again (ScaNN's
+  scann_ops.cc: TensorsToScannOp::Compute). The kernel lives as long as the loaded
+  function (TF2) or the session (tensorflow_model_server), so the searcher is built by the
+  first call, which the warm-up requests make at load time, and freed with the model. No
+  shared_name: two loaded versions never share (or leak) a searcher.
+  """
+
+  def __init__(self, state: tf.Module, name: str = "scann_handle"):
+    super().__init__(name=name)
+    self.state = state  # scann_ops.ScannState (or its restored form): the searcher's data
+
+  def handle(self) -> tf.Tensor:
+    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    s = self.state
+    return scann_ops.tensors_to_scann(
+        s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
+        s.ah_codebook, s.hashed_dataset, s.int8_dataset, s.int8_multipliers, s.dp_norms)
+
+
+class _GraphScann:
+  """scann_ops.ScannSearcher's search_batched over a ScannHandle's in-graph handle."""
+
+  def __init__(self, handle: ScannHandle):
+    self._handle = handle
+
+  def search_batched(self, queries, final_num_neighbors=None,
+                     pre_reorder_num_neighbors=None, leaves_to_search=None):
+    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    return scann_ops.ScannSearcher(self._handle.handle()).search_batched(
+        queries, final_num_neighbors, pre_reorder_num_neighbors, leaves_to_search)
+
+
+def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool = False,
+                   states: Optional[Sequence[tuple[tf.Module, np.ndarray, np.ndarray]]] = None
+                   ) -> tuple[Searcher, list[ScannHandle]]:
+  """A Searcher over in-graph ScaNN handles (the project's ScannSearcher per shard).
+
+  `states` (optional): per shard, (ScannState, its block ids, its embeddings) as an index
+  export stores them; without, one ScaNN searcher is built over `embeddings` with ScaNN's
+  recommended configuration for the corpus size (scann_params_for).
+  """
+  from realm_tf.retrieval.scann_searcher import ScannSearcher, build_scann, scann_params_for  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.sharded import ShardedSearcher  # pylint: disable=g-import-not-at-top
+  if states is None:
+    embeddings = np.asarray(embeddings, np.float32)
+    built = build_scann(embeddings, scann_params_for(len(embeddings)))
+    states = [(built.serialize_to_module(), np.asarray(block_ids, np.int64), embeddings)]
+  handles, shards = [], []
+  for i, (state, ids, vectors) in enumerate(states):
+    handle = ScannHandle(state, name=f"scann_handle_{i}")
+    handles.append(handle)
+    shards.append(ScannSearcher(
+        _GraphScann(handle), ids, int(np.shape(vectors)[1]),
+        rescore_embeddings=np.asarray(vectors, np.float32) if rescore else None,
+        name=f"scann_{i}"))
+  return ShardedSearcher(shards), handles
+
+
+class SearcherIndex:
+  """A KnowledgeIndex whose search goes through another in-graph Searcher (ScaNN ops).
+
+  OpenQAModel takes any object with the KnowledgeIndex's search / gather / rows; this one
+  replaces only the search, so the gathered tokens, the reader inputs and the recomputed
+  relevance logits are the KnowledgeIndex's own.
+  """
+
+  def __init__(self, index: KnowledgeIndex, searcher: Searcher):
+    if searcher.num_blocks != index.num_blocks:
+      raise ValueError(f"the searcher covers {searcher.num_blocks} blocks, the index "
+                       f"{index.num_blocks}")
+    self.index = index
+    self.searcher = searcher
+    self.num_blocks = index.num_blocks
+    self.block_ids = index.block_ids
+
+  def search(self, queries: tf.Tensor, k: int) -> Retrieved:
+    if k > self.num_blocks:
+      raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
+    found = self.searcher.search(tf.cast(tf.stop_gradient(queries), tf.float32), k)
+    # ScaNN's ops give no static shapes; the gathers downstream need the rank.
+    block_ids = tf.reshape(found.block_ids, [-1, k])
+    scores = tf.reshape(found.scores, [-1, k])
+    return Retrieved(self.index.rows(block_ids), block_ids, scores)
+
+  def gather(self, rows: tf.Tensor):
+    return self.index.gather(rows)
+
+  def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
+    return self.index.rows(block_ids)
+
+
+# ------------------------------------------------------------------------------ QA module
+
+
+class QAModule(tf.Module):
+  """Question → answer and provenance; see the module docstring."""
+
+  def __init__(self, model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
+               query_seq_length: int, num_retrieved: int, num_read: int,
+               searcher: Optional[Searcher] = None,
+               scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa"):
+    super().__init__(name=kind)
+    if model.retriever is None:
+      raise ValueError("a QA export needs a dense retriever (this model retrieves with "
+                       "BM25, which has no in-graph index)")
+    if not 1 <= num_read <= num_retrieved <= index.num_blocks:
+      raise ValueError(f"need 1 <= num_read ({num_read}) <= num_retrieved "
+                       f"({num_retrieved}) <= blocks ({index.num_blocks})")
+    if index.backend != "exact":
+      raise ValueError("the QA export searches in graph: build the KnowledgeIndex with "
+                       "backend 'exact' and pass a ScaNN searcher for the ScaNN variant")
+    if index.version is None:
+      raise ValueError("the knowledge index holds no embeddings (set_embeddings / swap)")
+    self.kind = kind
+    searched = index if searcher is None else SearcherIndex(index, searcher)
+    self._held = _Untracked(model=model, index=index, searched=searched)
+    self.tokenizer = tokenizer
+    self.model_variables = list(model.variables)
+    self.index_variables = [index.embeddings, index.valid, index.word_ids, index.type_ids,
+                            index.body_ids, index.body_lengths, index.block_ids]
+    store = index.store
+    self.titles = tf.Variable(store.title_strings, trainable=False, name="titles")
+    self.texts = tf.Variable(store.text_strings, trainable=False, name="texts")
+    self.searcher = searcher  # tracked: its block ids (and rescoring embeddings)
+    self.scann_handles = list(scann_handles)  # tracked: the searchers' data
+    self.query_seq_length = int(query_seq_length)
+    self.num_retrieved = int(num_retrieved)
+    self.num_read = int(num_read)
+
+  @property
+  def model(self) -> OpenQAModel:
+    return self._held.model
+
+  @property
+  def index(self) -> KnowledgeIndex:
+    return self._held.index
+
+  def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The `answer` computation, callable eagerly or inside another tf.function."""
+    query = self.tokenizer.encode(question, self.query_seq_length).as_dict()
+    out = self.model({"query": query}, index=self._held.searched,
+                     num_retrieved=self.num_retrieved, num_read=self.num_read,
+                     training=False)
+    chosen = evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,
+                                       out.reader_inputs["body_start"])
+    chosen_rows = tf.gather(out.rows, chosen["best_block"], batch_dims=1)  # [B]
+    answer = evaluation.answer_strings(self.tokenizer, tf.gather(self.texts, chosen_rows),
+                                       chosen["best_start"], chosen["best_end"])
+    return dict(
+        answer=answer,
+        score=tf.cast(chosen["best_score"], tf.float32),
+        answer_block=tf.cast(chosen["best_block"], tf.int32),
+        block_ids=tf.gather(self.index.block_ids, out.rows),
+        block_titles=tf.gather(self.titles, out.rows),
+        block_texts=tf.gather(self.texts, out.rows),
+        retrieval_probs=tf.nn.softmax(tf.cast(out.retrieval_logits, tf.float32), axis=-1))
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
+  def answer(self, question):
+    return self.predict(question)
+
+  def signatures(self) -> dict:
+    return {"serving_default": self.answer, "answer": self.answer}
+
+
+# -------------------------------------------------------------------------- reader module
+
+
+class ReaderModule(tf.Module):
+  """(question [B], block_titles [B, K], block_texts [B, K]) → the best span's text.
+
+  The reader reads `[CLS] question [SEP] body [SEP]` as in fine-tuning (titles are not in
+  its input); `block_titles` is taken so a caller passes blocks whole and gets the chosen
+  block's title back as `answer_title`. With no retriever here, the span is chosen on the
+  reader's own span scores (as with BM25 retrieval); realm_qa chooses on the model's answer
+  logits, which may also weigh each block's retrieval score.
+  Outputs: answer [B], score [B], answer_block int32 [B], answer_title [B],
+  block_scores [B, K] (each block's best span logit).
+  """
+
+  kind = "reader"
+
+  def __init__(self, model: OpenQAModel, tokenizer: Tokenizer, query_seq_length: int,
+               body_length: int):
+    super().__init__(name=self.kind)
+    self._held = _Untracked(model=model)
+    self.tokenizer = tokenizer
+    self.model_variables = list(model.reader.variables)
+    self.query_seq_length = int(query_seq_length)
+    self.body_length = int(body_length)
+
+  @tf.function(input_signature=[
+      tf.TensorSpec([None], tf.string, name=QUESTION),
+      tf.TensorSpec([None, None], tf.string, name="block_titles"),
+      tf.TensorSpec([None, None], tf.string, name="block_texts")])
+  def read(self, question, block_titles, block_texts):
+    model = self._held.model
+    query = self.tokenizer.encode(question, self.query_seq_length)
+    batch, num_blocks = tf.shape(block_texts)[0], tf.shape(block_texts)[1]
+    flat_texts = tf.reshape(block_texts, [-1])
+    # The index's body ids: the text's wordpieces, cut to body_length (tokenize_blocks).
+    pieces = self.tokenizer.tokenize(flat_texts)
+    lengths = tf.minimum(tf.cast(pieces.row_lengths(), tf.int32), self.body_length)
+    body_ids = pieces.to_tensor(shape=[None, self.body_length])
+    inputs = spans.pack_reader_inputs(
+        query.input_word_ids, query.input_mask,
+        tf.reshape(tf.cast(body_ids, tf.int32), [batch, num_blocks, self.body_length]),
+        tf.reshape(lengths, [batch, num_blocks]), model.reader_seq_length, model.sep_id)
+    outputs = model.reader({k: inputs[k] for k in BERT_KEYS}, training=False)
+    chosen = evaluation.choose_answers(outputs["span_logits"], outputs["span_starts"],
+                                       outputs["span_ends"], inputs["body_start"])
+    block = chosen["best_block"]
+    answer = evaluation.answer_strings(
+        self.tokenizer, tf.gather(block_texts, block, batch_dims=1), chosen["best_start"],
+        chosen["best_end"])
+    return dict(answer=answer, score=tf.cast(chosen["best_score"], tf.float32),
+                answer_block=tf.cast(block, tf.int32),
+                answer_title=tf.gather(block_titles, block, batch_dims=1),
+                block_scores=tf.reduce_max(outputs["span_logits"], axis=-1))
+
+  def signatures(self) -> dict:
+    return {"serving_default": self.read, "read": self.read}
+

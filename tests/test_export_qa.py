@@ -1,0 +1,324 @@
+"""Serving exports of a fine-tuned tiny Open-QA run: served answers are the evaluated ones,
+TF Serving's layout, warm-up and provenance, stock ops only for realm_qa, a ScaNN handle
+made once per load for realm_qa_scann, and `saved_model_cli show --all`."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow_serving.apis import prediction_log_pb2
+
+from realm_tf.data.block_store import BlockStore, blocks_pattern
+from realm_tf.export import exporter, qa
+from realm_tf.io import layout
+from realm_tf.openqa import evaluation
+from realm_tf.training import train_lib
+from tests import task_fixtures as tf_
+from tests.synthetic_corpus import write_corpus
+
+TRAIN_STEPS = 6
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+def finetune_and_export(root: str, repo_dir, kinds=exporter.KINDS) -> dict:
+  """Fine-tunes the tiny model briefly over the invented corpus (with a committed index,
+  so no index builder starts), evaluates it, and exports `kinds` under <root>/models."""
+  corpus = os.path.join(root, "corpus")
+  write_corpus(corpus)
+  questions = tf_.write_questions(os.path.join(root, "questions.jsonl"))
+  model_dir = os.path.join(root, "run")
+  config = tf_.tiny_config(repo_dir, corpus, "openqa", questions, **{
+      "trainer.train_steps": TRAIN_STEPS, "trainer.steps_per_loop": TRAIN_STEPS,
+      "trainer.checkpoint_interval": TRAIN_STEPS, "trainer.learning_rate": 1e-2,
+      "task.openqa.num_candidates": 3})
+  store = BlockStore.from_tfrecords(blocks_pattern(corpus))
+  rng = np.random.default_rng(0)
+  tf_.publish_index(layout.index_dir(model_dir, config.index.index_dir), 1, store.block_ids,
+                    rng.normal(size=[len(store), 16]).astype(np.float32))
+  strategy = tf.distribute.get_strategy()
+  train_lib.run_experiment(config, model_dir, strategy)
+  evaluated = config.replace(task=dict(openqa=dict(validation_data=dict(
+      input_path=questions, max_examples=0))), trainer=dict(validation_steps=-1))
+  metrics, run = train_lib.evaluate_checkpoint(evaluated, model_dir, strategy=strategy)
+  out = os.path.join(root, "models")
+  published = exporter.export_run(model_dir, out, kinds)
+  return dict(model_dir=model_dir, out=out, published=published, metrics=metrics,
+              predictions=list(run.task.predictions), config=config,
+              questions=[p["question"] for p in run.task.predictions])
+
+
+_SHARED = {}
+
+
+def shared_export(tmp_path_factory, repo_dir) -> dict:
+  """One fine-tuned run and its exports per test session (this module and
+  tests/test_serving_realm.py use the same), so fine-tuning is paid once."""
+  if "exported" not in _SHARED:
+    _SHARED["exported"] = finetune_and_export(str(tmp_path_factory.mktemp("export_qa")),
+                                              repo_dir)
+  return _SHARED["exported"]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, repo_dir):
+  return shared_export(tmp_path_factory, repo_dir)
+
+
+@pytest.fixture(scope="module")
+def realm_qa(exported):
+  return tf.saved_model.load(exported["published"]["realm_qa"])
+
+
+def _outputs(loaded, questions):
+  result = loaded.signatures["serving_default"](question=tf.constant(questions))
+  return {k: v.numpy() for k, v in result.items()}
+
+
+# ------------------------------------------------------------------- one answer path
+
+
+@pytest.mark.parametrize("kind", ["realm_qa", "realm_qa_scann"])
+def test_served_answers_are_the_evaluated_predictions(exported, kind):
+  loaded = tf.saved_model.load(exported["published"][kind])
+  predictions = exported["predictions"]
+  out = _outputs(loaded, exported["questions"])
+  assert sorted(out) == sorted(qa.QA_OUTPUTS)
+  for i, record in enumerate(predictions):
+    assert out["answer"][i].decode() == record["prediction"], record["question"]
+    assert out["answer_block"][i] == record["chosen"]["rank"]
+    np.testing.assert_allclose(out["score"][i], record["chosen"]["span_logit"], rtol=1e-4,
+                               atol=1e-4)
+    retrieved = record["retrieved"]
+    assert [int(b) for b in out["block_ids"][i]] == [r["block_id"] for r in retrieved]
+    assert [t.decode() for t in out["block_titles"][i]] == [r["title"] for r in retrieved]
+    np.testing.assert_allclose(out["retrieval_probs"][i],
+                               [r["p_z_given_x"] for r in retrieved], rtol=1e-4, atol=1e-5)
+  # The evaluated answers are real spans of the chosen blocks' texts, not empty strings.
+  assert all(out["answer"][i].decode() in out["block_texts"][i][out["answer_block"][i]]
+             .decode() for i in range(len(predictions)))
+  assert all(out["answer"])
+
+
+def test_qa_outputs_follow_the_client_contract(realm_qa):
+  from serving import client  # pylint: disable=g-import-not-at-top
+  signature = realm_qa.signatures["serving_default"]
+  assert set(signature.structured_outputs) == set(client.PER_QUESTION + client.PER_BLOCK)
+  _, inputs = signature.structured_input_signature
+  assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == {
+      client.QUESTION: (tf.string, [None])}
+  dtypes = {k: v.dtype for k, v in signature.structured_outputs.items()}
+  assert dtypes == dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
+                        block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
+                        retrieval_probs=tf.float32)
+
+
+def test_reader_export_reads_blocks_like_the_model(exported):
+  """Given the blocks the model retrieved, the reader export chooses the span the model's
+  reader scores best (its own span scores: the reader export has no retrieval score)."""
+  reader = tf.saved_model.load(exported["published"]["reader"])
+  run = exporter.load_run(exported["model_dir"])
+  questions = exported["questions"][:6]
+  query = run.tokenizer.encode(tf.constant(questions),
+                               exported["config"].task.openqa.query_seq_length).as_dict()
+  out = run.model({"query": query}, index=run.index, num_retrieved=run.num_retrieved,
+                  num_read=run.num_read, training=False)
+  own_scores = getattr(out, "span_scores", None)
+  own_scores = out.span_logits if own_scores is None else own_scores
+  chosen = evaluation.choose_answers(own_scores, out.span_starts, out.span_ends,
+                                     out.reader_inputs["body_start"])
+  rows = out.rows[:, :run.num_read].numpy()
+  texts = np.array(run.index.store.text_strings, object)[rows]
+  titles = np.array(run.index.store.title_strings, object)[rows]
+  expected = evaluation.answer_strings(
+      run.tokenizer, tf.constant(texts[np.arange(len(questions)),
+                                       chosen["best_block"].numpy()]),
+      chosen["best_start"], chosen["best_end"]).numpy()
+  read = {key: v.numpy() for key, v in reader.signatures["serving_default"](
+      question=tf.constant(questions), block_titles=tf.constant(titles),
+      block_texts=tf.constant(texts)).items()}
+  np.testing.assert_array_equal(read["answer"], expected)
+  np.testing.assert_array_equal(read["answer_block"], chosen["best_block"].numpy())
+  np.testing.assert_allclose(read["score"], chosen["best_score"].numpy(), rtol=1e-4,
+                             atol=1e-4)
+  np.testing.assert_allclose(read["block_scores"], tf.reduce_max(own_scores, -1).numpy(),
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_array_equal(
+      read["answer_title"], titles[np.arange(len(questions)), read["answer_block"]].astype(
+          bytes))
+
+
+def test_encoder_exports_reproduce_realm_qa_retrieval(exported, realm_qa):
+  """query_encoder embeddings against the index's embeddings rank blocks as realm_qa does;
+  doc_encoder embeds (title, text) pairs with the document tower."""
+  queries = tf.saved_model.load(exported["published"]["query_encoder"])
+  documents = tf.saved_model.load(exported["published"]["doc_encoder"])
+  questions = exported["questions"][:4]
+  embedded = queries.signatures["serving_default"](text=tf.constant(questions))["embeddings"]
+  qa = _outputs(realm_qa, questions)
+  run = exporter.load_run(exported["model_dir"])
+  scores = embedded.numpy() @ exporter.index_embeddings(run.index).T
+  order = np.argsort(-scores, axis=1, kind="stable")[:, :qa["block_ids"].shape[1]]
+  np.testing.assert_array_equal(run.index.store.block_ids[order], qa["block_ids"])
+  doc = documents.signatures["serving_default"](
+      title=tf.constant(run.index.store.title_strings[:3]),
+      text=tf.constant(run.index.store.text_strings[:3]))["embeddings"].numpy()
+  inputs = run.tokenizer.encode(tf.constant(run.index.store.title_strings[:3]),
+                                exported["config"].model.retriever.block_seq_length,
+                                pair_texts=tf.constant(run.index.store.text_strings[:3]))
+  expected = run.model.retriever.embed_documents(inputs.as_dict(), training=False).numpy()
+  np.testing.assert_allclose(doc, expected, rtol=1e-5, atol=1e-5)
+
+
+# -------------------------------------------------------------- layout and provenance
+
+
+def test_exports_are_published_in_tf_serving_layout_with_warmup_and_provenance(exported):
+  step = TRAIN_STEPS
+  for kind, path in exported["published"].items():
+    assert path == os.path.join(exported["out"], kind, str(step))
+    assert sorted(n for n in os.listdir(os.path.join(exported["out"], kind))) == [str(step)]
+    assert os.path.isfile(os.path.join(path, "saved_model.pb"))
+    provenance = exporter.read_provenance(path)
+    assert provenance["kind"] == kind and provenance["training_step"] == step
+    assert provenance["index_version"] == 1 and provenance["version"] == step
+    assert provenance["checkpoint"].endswith(f"-{step}")
+    assert provenance["config"]["task"]["type"] == "openqa"
+    loaded = tf.saved_model.load(path)
+    assert "serving_default" in loaded.signatures and len(loaded.signatures) >= 2
+    warmup = os.path.join(path, "assets.extra", "tf_serving_warmup_requests")
+    records = list(tf.data.TFRecordDataset(warmup).as_numpy_iterator())
+    assert records
+    for raw in records:  # every warm-up request runs through the export's signature
+      log = prediction_log_pb2.PredictionLog.FromString(raw)
+      request = log.predict_log.request
+      assert request.model_spec.name == kind
+      inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+      loaded.signatures[request.model_spec.signature_name](**inputs)
+
+
+def test_a_published_version_is_never_overwritten(exported):
+  run = exporter.load_run(exported["model_dir"])
+  with pytest.raises(FileExistsError, match="already published"):
+    exporter.save_export(exporter.build_module(run, "query_encoder"), exported["out"],
+                         "query_encoder", TRAIN_STEPS, run.provenance("query_encoder"),
+                         exporter.warmup_requests("query_encoder", run))
+  with pytest.raises(ValueError, match="unknown export kind"):
+    exporter.build_module(run, "realm")
+
+
+def test_saved_model_cli_lists_every_export(exported):
+  cli = os.path.join(VENV_BIN, "saved_model_cli")
+  running = {kind: subprocess.Popen([cli, "show", "--all", "--dir", path],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+             for kind, path in exported["published"].items()}
+  for kind, process in running.items():
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, (kind, stderr[-2000:])
+    assert "signature_def['serving_default']" in stdout, kind
+    assert "Traceback" not in stdout + stderr, kind
+    named = [s for s in ("answer", "read", "embed") if f"signature_def['{s}']" in stdout]
+    assert named, f"{kind}: no named signature beside serving_default"
+
+
+# ---------------------------------------------------------------------------- ops
+
+
+def _ops_by_function(path: str) -> tuple[dict[str, set], dict[str, set], set]:
+  """({function: its node ops}, {function: functions it calls}, main graph ops)."""
+  saved = saved_model_pb2.SavedModel()
+  with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+    saved.ParseFromString(f.read())
+  graph = saved.meta_graphs[0].graph_def
+  names = {f.signature.name for f in graph.library.function}
+  ops, calls = {}, {}
+  for function in graph.library.function:
+    name = function.signature.name
+    ops[name], calls[name] = set(), set()
+    for node in function.node_def:
+      ops[name].add(node.op)
+      for attr in node.attr.values():
+        if attr.func.name:
+          calls[name].add(attr.func.name)
+      if node.op in names:
+        calls[name].add(node.op)
+  return ops, calls, {n.op for n in graph.node}
+
+
+def _unregistered(op_names, import_line: str = "") -> set:
+  """Ops a fresh process with only TensorFlow (plus `import_line`) does not know."""
+  code = ("import json, sys\nimport tensorflow as tf\n" + import_line + "\n"
+          "from tensorflow.python.framework import op_def_registry\n"
+          "names = json.load(sys.stdin)\n"
+          "print(json.dumps([n for n in names if op_def_registry.get(n) is None]))\n")
+  result = subprocess.run([sys.executable, "-c", code], input=json.dumps(sorted(op_names)),
+                          capture_output=True, text=True, timeout=120, check=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_stock_export_uses_only_ops_of_a_stock_model_server(exported):
+  """realm_qa: core TensorFlow ops plus tf.text's (which tensorflow_model_server links),
+  no ScaNN; realm_qa_scann has ScaNN ops, which this check must catch."""
+  path = exported["published"]["realm_qa"]
+  ops, _, main_ops = _ops_by_function(path)
+  all_ops = set().union(main_ops, *ops.values()) - set(ops)  # function calls are no ops
+  assert "MatMul" in all_ops and "TopKV2" in all_ops
+  not_core = _unregistered(all_ops)
+  assert not any(op.lower().startswith("scann") for op in all_ops)
+  # Tokenization in graph is tf.text's: the only non-core ops, all registered by tf.text.
+  assert any("Wordpiece" in op for op in not_core), not_core
+  assert not _unregistered(not_core, "import tensorflow_text"), not_core
+  scann_ops_, _, scann_main = _ops_by_function(exported["published"]["realm_qa_scann"])
+  scann_all = set().union(scann_main, *scann_ops_.values()) - set(scann_ops_)
+  assert {op for op in _unregistered(scann_all) if op.startswith("Scann")}
+
+
+def _negate_scann_data(loaded):
+  for handle in loaded.scann_handles:
+    for name in ("dataset", "int8_dataset"):
+      variable = getattr(handle.state, name)
+      if int(tf.size(variable)):
+        variable.assign(-variable.read_value())
+
+
+def test_scann_searcher_is_built_once_not_per_call(exported):
+  """After the first call, the searcher's data is no longer read: changing it leaves the
+  results alone (a searcher rebuilt per request would now rank the blocks in reverse),
+  while the same change before the first call does reverse them."""
+  path = exported["published"]["realm_qa_scann"]
+  question = exported["questions"][:1]
+  loaded = tf.saved_model.load(path)
+  first = _outputs(loaded, question)
+  _negate_scann_data(loaded)
+  np.testing.assert_array_equal(_outputs(loaded, question)["block_ids"], first["block_ids"])
+  # The control: the same change before the first call reaches the searcher.
+  fresh = tf.saved_model.load(path)
+  _negate_scann_data(fresh)
+  reversed_ids = _outputs(fresh, question)["block_ids"]
+  assert not np.array_equal(reversed_ids, first["block_ids"])
+  # The signature's graph builds the searcher in one op, then searches with it.
+  ops, _, _ = _ops_by_function(path)
+  assert sum("Scann>TensorsToScann" in o for o in ops.values()) >= 1
+  assert any("Scann>ScannSearchBatched" in o for o in ops.values())
+
+
+def test_export_command_line(exported, tmp_path):
+  result = subprocess.run(
+      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
+       "--output_dir", str(tmp_path), "--kinds", "query_encoder", "--version", "7"],
+      capture_output=True, text=True, timeout=300, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert result.returncode == 0, result.stderr[-3000:]
+  published = json.loads(result.stdout[result.stdout.index("{"):])
+  assert published == {"query_encoder": str(tmp_path / "query_encoder" / "7")}
+  assert exporter.read_provenance(published["query_encoder"])["training_step"] == TRAIN_STEPS
+  bad = subprocess.run(
+      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
+       "--output_dir", str(tmp_path), "--kinds", "nope"],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert bad.returncode != 0 and "unknown export kinds" in bad.stderr
