@@ -23,6 +23,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from realm_tf.io import storage
+
 PARAMS = "params.yaml"
 TRAINING_DONE = "TRAINING_DONE"
 METRICS = "metrics.jsonl"
@@ -89,24 +91,16 @@ def clear_training_done(model_dir: str):
 def append_metrics(model_dir: str, record: dict):
   """One JSON line per train loop: the run's history, for tests and benchmarks.
 
-  Object stores have no append: the file is rewritten whole. It stays small (one line per
-  loop of steps_per_loop steps), so this is cheap.
+  Object stores have no append: storage.open_for_append writes each record as its own
+  object there (read back in order by read_metrics); local disk appends to the file.
   """
-  path = metrics_path(model_dir)
-  previous = ""
-  if tf.io.gfile.exists(path):
-    with tf.io.gfile.GFile(path) as f:
-      previous = f.read()
-  with tf.io.gfile.GFile(path, "w") as f:
-    f.write(previous + json.dumps(record, sort_keys=True) + "\n")
+  with storage.open_for_append(metrics_path(model_dir)) as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
 def read_metrics(model_dir: str) -> list[dict]:
-  path = metrics_path(model_dir)
-  if not tf.io.gfile.exists(path):
-    return []
-  with tf.io.gfile.GFile(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  text = storage.read_log(metrics_path(model_dir))
+  return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def latest_checkpoint(path: str) -> str:
@@ -132,4 +126,7 @@ def checkpoint_step(model_dir: str) -> int:
   latest = tf.train.latest_checkpoint(checkpoint_dir(model_dir))
   if not latest:
     return 0
-  return int(tf.train.load_variable(latest, "global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+  # The reader takes the prefix as is: tf.train.load_variable first asks whether the path
+  # is a directory, which some file systems (ram://) answer yes for a prefix of objects.
+  reader = tf.compat.v1.train.NewCheckpointReader(latest)
+  return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))

@@ -21,14 +21,67 @@ import tensorflow as tf
 import tf_keras
 from official.core import base_task
 from official.modeling import optimization, performance
+from official.modeling.optimization import legacy_adamw
 
 from realm_tf.configs.experiment import ExperimentConfig, TrainerConfig
 from realm_tf.text.tokenization import Tokenizer
 
 
+# Variables of freshly initialised heads (trained at head_learning_rate_multiplier x the
+# learning rate): the Open-QA reader's span scorer sits on a pre-trained encoder.
+HEAD_VARIABLE_PATTERNS = ("span_scorer/",)
+
+
+class AdamWeightDecayWithHeadRate(legacy_adamw.AdamWeightDecay):
+  """tf-models' AdamW with a larger learning rate for variables of fresh heads.
+
+  Why not scale the heads' gradients: Adam divides by the root of the second moment, so a
+  gradient scaled by c gives the same update (up to epsilon): it changes nothing but the
+  global clip norm. Here the per-variable learning rate itself (the schedule's value, and
+  with it the decoupled weight decay) is multiplied for the head variables, which is exact.
+  One optimizer and one set of slots, so checkpoints keep their layout.
+  """
+
+  def __init__(self, *args, head_multiplier: float = 1.0,
+               head_patterns: Sequence[str] = HEAD_VARIABLE_PATTERNS, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.head_multiplier = float(head_multiplier)
+    self.head_patterns = tuple(head_patterns)
+
+  def is_head(self, var) -> bool:
+    return any(p in var.name for p in self.head_patterns)
+
+  def _head_state(self, var, apply_state):
+    """apply_state with lr_t and lr (bias-corrected) multiplied, for a head variable."""
+    if self.head_multiplier == 1.0 or not self.is_head(var):
+      return apply_state
+    key = (var.device, var.dtype.base_dtype)
+    apply_state = dict(apply_state or {})
+    coefficients = dict(apply_state.get(key) or self._fallback_apply_state(*key))
+    for name in ("lr_t", "lr"):
+      if name in coefficients:
+        coefficients[name] = coefficients[name] * tf.cast(self.head_multiplier,
+                                                          coefficients[name].dtype)
+    apply_state[key] = coefficients
+    return apply_state
+
+  def _resource_apply_dense(self, grad, var, apply_state=None):
+    return super()._resource_apply_dense(grad, var, self._head_state(var, apply_state))
+
+  def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+    return super()._resource_apply_sparse(grad, var, indices,
+                                          self._head_state(var, apply_state))
+
+  def get_config(self):
+    return dict(super().get_config(), head_multiplier=self.head_multiplier,
+                head_patterns=list(self.head_patterns))
+
+
 def build_optimizer(trainer: TrainerConfig, runtime=None):
   """AdamW with linear warm-up and linear decay to zero at train_steps (BERT's schedule),
-  through tf-models' OptimizerFactory; loss scaling for float16 as tf-models configures it."""
+  through tf-models' OptimizerFactory; loss scaling for float16 as tf-models configures it.
+  With trainer.head_learning_rate_multiplier != 1, the same AdamW with the span head's
+  learning rate multiplied (AdamWeightDecayWithHeadRate)."""
   steps = trainer.train_steps
   config = optimization.OptimizationConfig({
       "optimizer": {"type": "adamw", "adamw": {
@@ -42,7 +95,20 @@ def build_optimizer(trainer: TrainerConfig, runtime=None):
           "warmup_steps": min(trainer.warmup_steps, max(1, steps // 2))}},
   })
   factory = optimization.OptimizerFactory(config)
-  optimizer = factory.build_optimizer(factory.build_learning_rate())
+  learning_rate = factory.build_learning_rate()
+  optimizer = factory.build_optimizer(learning_rate)
+  multiplier = getattr(trainer, "head_learning_rate_multiplier", 1.0)
+  if multiplier != 1.0:
+    if not isinstance(optimizer, legacy_adamw.AdamWeightDecay):
+      raise TypeError(f"head_learning_rate_multiplier needs tf-models' AdamWeightDecay, "
+                      f"got {type(optimizer).__name__}")
+    settings = {k: v for k, v in optimizer.get_config().items()
+                if k not in ("learning_rate", "name", "decay")}
+    optimizer = AdamWeightDecayWithHeadRate(
+        learning_rate=learning_rate, head_multiplier=multiplier,
+        exclude_from_weight_decay=optimizer._exclude_from_weight_decay,  # pylint: disable=protected-access
+        include_in_weight_decay=optimizer._include_in_weight_decay,  # pylint: disable=protected-access
+        **settings)
   if runtime is not None:
     optimizer = performance.configure_optimizer(
         optimizer, use_float16=runtime.mixed_precision_dtype == "float16",
@@ -88,6 +154,9 @@ class RealmTask(base_task.Task):
 
   # Names of the Mean metrics the task reports; build_metrics makes one of each.
   metric_names: Sequence[str] = ("loss",)
+  # True when an evaluation must see the whole validation set (per-question scoring), so
+  # trainer.validation_steps does not apply.
+  evaluates_whole_set: bool = False
 
   def __init__(self, params, experiment: ExperimentConfig, model_dir: str = "",
                start_step: int = 0, name: Optional[str] = None):
@@ -110,7 +179,12 @@ class RealmTask(base_task.Task):
     return bool(self.experiment.runtime.enable_xla)
 
   def create_task_optimizer(self):
-    return build_optimizer(self.experiment.trainer, self.experiment.runtime)
+    optimizer = build_optimizer(self.experiment.trainer, self.experiment.runtime)
+    # Create the step counter now (under the caller's strategy scope): a task step may read
+    # it (the Open-QA gold-block stage), and a lazily created variable inside a traced
+    # replica function is not one MirroredStrategy can use.
+    _ = optimizer.iterations
+    return optimizer
 
   def build_metrics(self, training: bool = True):
     del training

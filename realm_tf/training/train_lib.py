@@ -162,7 +162,8 @@ class Run:
       controller = self.runner.controller
       with self.strategy.scope():
         if self.evaluate_enabled:
-          controller.train_and_evaluate(train_steps=steps, eval_steps=t.validation_steps,
+          eval_steps = -1 if self.task.evaluates_whole_set else t.validation_steps
+          controller.train_and_evaluate(train_steps=steps, eval_steps=eval_steps,
                                         eval_interval=t.validation_interval)
         else:
           controller.train(steps=steps)
