@@ -116,7 +116,11 @@ def test_reader_log_likelihood_and_openqa_loss_match_numpy(rng):
   np.testing.assert_allclose(got[0, 1], want, rtol=1e-5)
   assert got[0, 0] < -1e8  # no matching span: log 0
 
-  out = losses.openqa_loss(tf.constant(retrieval), tf.constant(spans), tf.constant(correct))
+  # ORQA with the beam = the K read blocks: the retriever term over them, the reader's
+  # softmax over every span of every block (tests/test_answer_quality.py: a wider beam).
+  block_correct = correct.any(-1)
+  out = losses.openqa_loss(tf.constant(retrieval), tf.constant(block_correct),
+                           tf.constant(spans), tf.constant(correct))
   pz = _np_log_softmax(retrieval[0])
   want_retriever = -_np_logsumexp(pz[[1, 2]], 0)
   flat = spans[0].reshape(-1)
@@ -126,13 +130,24 @@ def test_reader_log_likelihood_and_openqa_loss_match_numpy(rng):
   np.testing.assert_array_equal(out["has_answer"].numpy(), [1.0, 0.0])
   assert out["loss"].numpy()[1] == 0.0
 
+  # REALM's marginal: −log Σ_z p(z|x) Σ_{s correct} p(s|z,x), no separate retriever term.
+  joint = losses.joint_reader_logits(tf.constant(spans), tf.constant(retrieval), "marginal")
+  out = losses.openqa_loss(tf.constant(retrieval), tf.constant(block_correct), joint,
+                           tf.constant(correct), mode="marginal")
+  want = -_np_logsumexp(np.array([pz[z] + got[0, z] for z in (1, 2)]), 0)
+  np.testing.assert_allclose(out["loss"].numpy()[0], want, rtol=1e-5)
+  assert out["retriever_loss"].numpy()[0] == 0.0 and out["loss"].numpy()[1] == 0.0
 
-def test_openqa_loss_gradients_are_finite_without_answers(rng):
+
+@pytest.mark.parametrize("mode", ["orqa", "marginal"])
+def test_openqa_loss_gradients_are_finite_without_answers(rng, mode):
   retrieval = tf.Variable(rng.normal(size=(2, 3)).astype(np.float32))
   spans = tf.Variable(rng.normal(size=(2, 3, 4)).astype(np.float32))
   correct = tf.zeros([2, 3, 4], tf.bool)
   with tf.GradientTape() as tape:
-    loss = tf.reduce_sum(losses.openqa_loss(retrieval, spans, correct)["loss"])
+    joint = losses.joint_reader_logits(spans, retrieval, mode)
+    loss = tf.reduce_sum(losses.openqa_loss(retrieval, tf.zeros([2, 3], tf.bool), joint,
+                                            correct, mode=mode)["loss"])
   for g in tape.gradient(loss, [retrieval, spans]):
     assert np.all(np.isfinite(g.numpy()))
 

@@ -156,3 +156,36 @@ def test_mlm_predictions_are_argmax_of_the_marginal(pretrainer, tokenizer, tiny_
   pz = tf.nn.softmax(out.retrieval_logits, axis=-1).numpy()  # [B, K]
   marginal = np.einsum("bk,bkmv->bmv", pz, np.exp(log_probs))
   np.testing.assert_array_equal(out.mlm_predictions.numpy(), marginal.argmax(-1))
+
+
+@pytest.mark.parametrize("projection, normalize, learn_scale", [
+    ("none", True, False), ("identity", True, True), ("dense", False, False)])
+def test_retriever_scoring_options(tiny_config, tokenizer, projection, normalize, learn_scale):
+  """projection none/identity keep the pooled vector (identity-initialised), normalize gives
+  unit document vectors and scale · unit query vectors, the same through every tower."""
+  hidden = tiny_config.model.encoder.hidden_size
+  options = dict(projection=projection, normalize=normalize, learn_scale=learn_scale,
+                 scale=20.0 if normalize else 1.0,
+                 projection_size=hidden if projection == "identity" else 16)
+  config = tiny_config.replace(model={"retriever": options})
+  retriever = factory.build_retriever(config)
+  width = factory.retriever_output_size(config)
+  assert width == retriever.output_size == (16 if projection == "dense" else hidden)
+  x = tokenizer.encode(["a query about rivers", "cities"], 16).as_dict()
+  q, d = retriever.embed_queries(x).numpy(), retriever.embed_documents(x).numpy()
+  assert q.shape == d.shape == (2, width)
+  embedder = retriever.query_embedder
+  if projection != "dense":  # nothing lost at step 0: the (normalised) pooled vector
+    pooled = embedder.pool(x).numpy()
+    if normalize:
+      pooled /= np.linalg.norm(pooled, axis=-1, keepdims=True)
+    np.testing.assert_allclose(d, pooled, rtol=1e-5, atol=1e-6)
+  if normalize:
+    np.testing.assert_allclose(np.linalg.norm(d, axis=-1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(q, axis=-1), 20.0, rtol=1e-5)
+  log_scales = [v for v in embedder.trainable_variables if "log_scale" in v.name]
+  assert len(log_scales) == int(learn_scale)
+  if learn_scale:  # the scale trains from the query side
+    with tf.GradientTape() as tape:
+      score = tf.reduce_sum(retriever.embed_queries(x) * retriever.embed_documents(x))
+    assert tape.gradient(score, log_scales[0]) is not None

@@ -13,12 +13,23 @@ from realm_tf.openqa.inputs import read_questions
     ("U.S.A.", "usa"),                      # punctuation inside
     ("Theatre an Anne", "theatre anne"),    # articles only as whole words
     ("1,000", "1000"),
-    ("Padmé Amidala", "padmé amidala"),     # non-ASCII letters are kept
+    ("Padmé Amidala", "padme\u0301 amidala"),  # letters kept, accents decomposed (NFD)
     ("\"Hello,\" she said.", "hello she said"),
     ("THE END", "end"),
 ])
 def test_squad_normalisation(text, normalized):
   assert answers.normalize_answer(text) == normalized
+
+
+def test_nfd_makes_composed_and_decomposed_accents_equal():
+  """DrQA's and ORQA's normalize_answer start with NFD: the same name typed with a
+  precomposed 'é' (U+00E9) or 'e' + combining acute (U+0301) is the same answer."""
+  composed, decomposed = "Beyonc\u00e9", "Beyonce\u0301"
+  assert composed != decomposed
+  assert answers.normalize_answer(composed) == answers.normalize_answer(decomposed)
+  assert answers.exact_match(composed, [decomposed])
+  assert answers.contains_answer(f"Songs by {decomposed} topped the charts", [composed], False)
+  assert not answers.exact_match("Beyonce", [composed])  # the accent itself still counts
 
 
 def test_exact_match_like_the_papers():

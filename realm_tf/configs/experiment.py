@@ -20,6 +20,8 @@ from official.modeling.hyperparams import base_config, oneof
 # Enumerations checked when a config loads.
 POOLINGS = ("pooled", "cls", "mean")
 PROJECTION_INITIALIZERS = ("truncated_normal", "orthogonal")
+PROJECTIONS = ("dense", "identity", "none")
+OPENQA_LOSSES = ("orqa", "marginal")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
 WARM_START_SOURCES = ("", "minilm", "google_bert")
 MASKINGS = ("salient_spans", "random_tokens", "random_spans")
@@ -87,8 +89,21 @@ class TokenizerConfig(base_config.Config):
 
 @dataclasses.dataclass
 class RetrieverConfig(base_config.Config):
-  """Query and document embedders: BERT → pooling → Dense(projection_size)."""
+  """Query and document embedders: BERT → pooling → projection → [L2-normalise].
+
+  projection: 'dense' (the paper: Dense(projection_size)), 'identity' (a square Dense
+  initialised to the identity: projection_size must equal the hidden size) or 'none' (the
+  pooled vector, hidden_size wide). normalize: L2-normalise the embeddings, so relevance is
+  scale · cosine (for mean-pooled sentence encoders such as MiniLM, whose raw inner product
+  favours short blocks); scale: that factor (fixed), or its initial value when learn_scale
+  trains a log-scale. The paper's BERT/ICT retriever: dense, normalize=false.
+  See realm_tf.modeling.networks.embedder.
+  """
+  projection: str = "dense"
   projection_size: int = 128
+  normalize: bool = False
+  scale: float = 1.0
+  learn_scale: bool = False
   share_towers: bool = False
   # 'pooled' = BERT's pooler over [CLS] (the REALM authors' code), 'cls' = raw [CLS] state,
   # 'mean' = masked mean (what MiniLM sentence embeddings were trained with).
@@ -221,6 +236,18 @@ class OpenQATaskConfig(cfg.TaskConfig):
   retrieval: str = "dense"
   # Answer strings (as written and SQuAD-normalised) looked for per question.
   max_answers: int = 8
+  # 'orqa' (Lee et al., 2019): reader logits = span score + retrieval score, the reader
+  # loss over all spans of the K read blocks jointly, plus a retriever loss over the
+  # retriever_beam blocks labelled by answer match on their whole body. 'marginal' (REALM's
+  # form): −log Σ_z p(z|x) p(y|z,x) over the K read blocks, span softmax per block.
+  loss: str = "orqa"
+  # Blocks retrieved per training question for the retriever loss (ORQA used 5000); the
+  # best num_candidates of them are read. 0: num_candidates.
+  retriever_beam: int = 100
+  # Reading-comprehension stage: for the first gold_block_steps steps each question whose
+  # own article (its 'title') has a block containing an answer reads that block first,
+  # then the retrieved ones; afterwards only retrieved blocks (the open stage).
+  gold_block_steps: int = 0
 
 
 @dataclasses.dataclass
@@ -255,6 +282,9 @@ class TrainerConfig(cfg.TrainerConfig):
   learning_rate: float = 3e-5
   warmup_steps: int = 10000
   weight_decay: float = 0.01
+  # Learning-rate multiplier for freshly initialised heads (the Open-QA reader's span
+  # scorer), which start from random weights while the encoder below is pre-trained.
+  head_learning_rate_multiplier: float = 1.0
   seed: int = 0
 
 
@@ -294,6 +324,20 @@ class ExperimentConfig(cfg.ExperimentConfig):
     _one_of(m.retriever.pooling, POOLINGS, "model.retriever.pooling")
     _one_of(m.retriever.projection_initializer, PROJECTION_INITIALIZERS,
             "model.retriever.projection_initializer")
+    _one_of(m.retriever.projection, PROJECTIONS, "model.retriever.projection")
+    _positive(m.retriever.scale, "model.retriever.scale")
+    if m.retriever.projection == "identity" and (
+        m.retriever.projection_size != m.encoder.hidden_size):
+      raise ConfigValueError(
+          f"model.retriever.projection=identity keeps the width: model.retriever."
+          f"projection_size {m.retriever.projection_size} must equal model.encoder."
+          f"hidden_size {m.encoder.hidden_size}")
+    if (m.retriever.learn_scale or m.retriever.scale != 1.0) and not m.retriever.normalize:
+      raise ConfigValueError(
+          "model.retriever.scale / learn_scale multiply cosine similarities: they need "
+          "model.retriever.normalize=true (raw inner products carry their own scale)")
+    _positive(self.trainer.head_learning_rate_multiplier,
+              "trainer.head_learning_rate_multiplier")
     _one_of(self.index.backend, INDEX_BACKENDS, "index.backend")
     _one_of(self.index.embedding_dtype, EMBEDDING_DTYPES, "index.embedding_dtype")
     _one_of(self.runtime.distribution_strategy, STRATEGIES, "runtime.distribution_strategy")
@@ -333,6 +377,14 @@ class ExperimentConfig(cfg.ExperimentConfig):
       raise ConfigValueError(f"task.openqa.query_seq_length {o.query_seq_length} leaves no "
                              f"room for a block in reader_seq_length {o.reader_seq_length}")
     _positive(o.num_candidates, "task.openqa.num_candidates")
+    _one_of(o.loss, OPENQA_LOSSES, "task.openqa.loss")
+    if o.retriever_beam and o.retriever_beam < o.num_candidates:
+      raise ConfigValueError(f"task.openqa.retriever_beam {o.retriever_beam} is smaller than "
+                             f"the {o.num_candidates} blocks read (task.openqa."
+                             f"num_candidates)")
+    if o.gold_block_steps < 0:
+      raise ConfigValueError(f"task.openqa.gold_block_steps must be >= 0, got "
+                             f"{o.gold_block_steps}")
     _positive(o.max_answers, "task.openqa.max_answers")
     if m.reader.seq_length < m.retriever.query_seq_length + 2:
       raise ConfigValueError(f"model.reader.seq_length {m.reader.seq_length} cannot hold a "

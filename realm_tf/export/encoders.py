@@ -43,7 +43,7 @@ class _Encoder(tf.Module):
     self.encoder_variables = list(embedder.variables)
     self.tokenizer = tokenizer
     self.seq_length = seq_length
-    self.dimension = int(embedder.projection.units)
+    self.dimension = int(embedder.output_size)
 
   @property
   def embedder(self) -> Embedder:
@@ -73,7 +73,8 @@ class QueryEncoder(_Encoder):
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, text):
     inputs = self.tokenizer.encode(text, self.seq_length)
-    return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
+    # query=True: the relevance scale rides on the query side (Embedder's docstring).
+    return {"embeddings": self.embedder(inputs.as_dict(), training=False, query=True)}
 
   @tf.function(input_signature=[
       tf.TensorSpec([None, None], tf.int32, name="input_word_ids"),
@@ -83,7 +84,7 @@ class QueryEncoder(_Encoder):
     """Already-packed queries: pre-training embeds masked queries ([MASK] is no text)."""
     inputs = dict(input_word_ids=input_word_ids, input_mask=input_mask,
                   input_type_ids=input_type_ids)
-    return {"embeddings": self.embedder(inputs, training=False)}
+    return {"embeddings": self.embedder(inputs, training=False, query=True)}
 
   def signatures(self) -> dict:
     return {"serving_default": self.embed, "embed_tokens": self.embed_tokens}

@@ -11,6 +11,7 @@ import tf_keras
 from realm_tf.configs.experiment import ExperimentConfig, WarmStartConfig
 from realm_tf.modeling.models import KnowledgeAugmentedEncoder, Reader, RealmPretrainer, Retriever
 from realm_tf.modeling.networks import Embedder, build_encoder, dummy_bert_inputs
+from realm_tf.modeling.networks.embedder import output_size as embedder_output_size
 from realm_tf.modeling.networks.encoder import ACTIVATIONS
 from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
 
@@ -33,13 +34,23 @@ def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
   return None
 
 
+def retriever_output_size(config: ExperimentConfig) -> int:
+  """The width of the retriever's embeddings under `config` (the index dimension), known
+  before any model is built."""
+  r = config.model.retriever
+  return embedder_output_size(r.projection, r.projection_size, config.model.encoder.hidden_size)
+
+
 def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
   encoder = build_encoder(config.model.encoder, name=f"{name}_encoder")
   warm_start(encoder, config.model.warm_start)
-  return Embedder(encoder, config.model.retriever.projection_size,
-                  pooling=config.model.retriever.pooling,
-                  projection_initializer=config.model.retriever.projection_initializer,
-                  initializer_range=config.model.encoder.initializer_range, name=name)
+  r = config.model.retriever
+  return Embedder(encoder, r.projection_size, pooling=r.pooling,
+                  projection_initializer=r.projection_initializer,
+                  initializer_range=config.model.encoder.initializer_range,
+                  projection=r.projection, normalize=r.normalize, scale=r.scale,
+                  learn_scale=r.learn_scale, hidden_size=config.model.encoder.hidden_size,
+                  name=name)
 
 
 def build_retriever(config: ExperimentConfig) -> Retriever:
@@ -58,8 +69,8 @@ def build_retriever(config: ExperimentConfig) -> Retriever:
 
 
 def _build_embedder_variables(embedder: Embedder, config: ExperimentConfig):
-  if not embedder.projection.built:
-    embedder.projection.build([None, config.model.encoder.hidden_size])
+  del config  # the embedder knows its input width
+  embedder.build_projection()
 
 
 def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugmentedEncoder:

@@ -3,7 +3,11 @@
 Notation: B examples, K candidate documents (the null document included where used),
 M masked tokens, S spans. All inputs are float32 logits / log-probabilities.
 """
+from typing import Optional
+
 import tensorflow as tf
+
+OPENQA_LOSSES = ("orqa", "marginal")
 
 # Stand-in for log(0) that keeps log-sum-exps and their gradients finite.
 _LOG_ZERO = -1e9
@@ -78,32 +82,80 @@ def reader_log_likelihood(span_logits: tf.Tensor, span_correct: tf.Tensor) -> tf
           - tf.reduce_logsumexp(span_logits, axis=-1))
 
 
-def openqa_loss(retrieval_logits: tf.Tensor, span_logits: tf.Tensor,
-                span_correct: tf.Tensor) -> dict[str, tf.Tensor]:
-  """The ORQA-style fine-tuning objective, per example.
+def marginal_log_loss(logits: tf.Tensor, correct: tf.Tensor) -> tf.Tensor:
+  """−log Σ_{correct} softmax(logits) over the last axis (ORQA's marginal_log_loss).
 
-  retriever_loss = −log Σ_{z has an answer} p(z|x) (softmax over the K retrieved blocks);
-  reader_loss = −log Σ_{(z,s) correct} p(z,s|x), with the span softmax taken jointly over
-  all spans of all K blocks. Both are zero for examples where no retrieved block contains
-  the answer (nothing to learn from them), flagged by has_answer.
-
-  Args: retrieval_logits [B, K]; span_logits [B, K, S]; span_correct [B, K, S] bool.
-  Returns: dict of [B] tensors: retriever_loss, reader_loss, loss, has_answer (float).
+  Args: logits [..., N]; correct [..., N] bool. Returns [...] (about 1e9 where nothing is
+  correct: callers mask those rows).
   """
+  correct = tf.cast(correct, tf.bool)
+  return -(_masked_logsumexp(logits, correct, axis=-1) - tf.reduce_logsumexp(logits, axis=-1))
+
+
+def joint_reader_logits(span_logits: tf.Tensor, retrieval_logits: Optional[tf.Tensor],
+                        mode: str = "orqa") -> tf.Tensor:
+  """The logits an answer (z, s) is chosen from and trained on, [B, K, S].
+
+  'orqa': span score + the block's retrieval score (Lee et al., 2019, orqa_model.read:
+  `reader_logits += expand_dims(retriever_logits, -1)`), so one softmax over all spans of
+  all read blocks is p(z, s|x) and the prediction weighs p(z|x). 'marginal' (REALM):
+  log p(z|x) + log p(s|z,x), the span softmax taken per block. Without a trained retrieval
+  score (retrieval_logits None: BM25), 'orqa' is the span score alone and 'marginal' takes
+  p(z|x) uniform.
+
+  Args: span_logits [B, K, S]; retrieval_logits [B, K] (the K read blocks) or None.
+  """
+  if mode not in OPENQA_LOSSES:
+    raise ValueError(f"mode must be one of {OPENQA_LOSSES}, got {mode!r}")
+  if mode == "orqa":
+    if retrieval_logits is None:
+      return span_logits
+    return span_logits + tf.cast(retrieval_logits, span_logits.dtype)[:, :, None]
+  log_p_span = tf.nn.log_softmax(span_logits, axis=-1)
+  if retrieval_logits is None:
+    num_blocks = tf.cast(tf.shape(span_logits)[1], span_logits.dtype)
+    return log_p_span - tf.math.log(num_blocks)
+  return log_p_span + retrieval_log_probs(tf.cast(retrieval_logits,
+                                                  span_logits.dtype))[:, :, None]
+
+
+def openqa_loss(beam_logits: tf.Tensor, beam_correct: tf.Tensor, reader_logits: tf.Tensor,
+                span_correct: tf.Tensor, mode: str = "orqa") -> dict[str, tf.Tensor]:
+  """The Open-QA fine-tuning objective, per question.
+
+  'orqa' (orqa_model.compute_loss): retriever_loss = −log Σ_{z in the beam with an answer}
+  p(z|x), the softmax over the R blocks of the retrieval beam; reader_loss = −log Σ_{(z,s)
+  correct} softmax(reader_logits) over all spans of the K read blocks jointly (reader_logits
+  from joint_reader_logits). Each term is zero where it has no positive (no answer in the
+  beam; no correct span read), as ORQA masks them.
+  'marginal' (REALM): loss = reader_loss = −log Σ_z p(z|x) Σ_{s correct} p(s|z,x) with
+  reader_logits = log p(z|x) + log p(s|z,x) (already normalised), no separate retriever
+  term: p(z|x) is trained through the marginal.
+
+  Args: beam_logits [B, R]; beam_correct [B, R] bool; reader_logits [B, K, S];
+    span_correct [B, K, S] bool.
+  Returns: dict of [B] tensors: retriever_loss, reader_loss, loss, has_answer (a correct
+    span was read, float), answer_in_beam (float).
+  """
+  if mode not in OPENQA_LOSSES:
+    raise ValueError(f"mode must be one of {OPENQA_LOSSES}, got {mode!r}")
   span_correct = tf.cast(span_correct, tf.bool)
-  block_has_answer = tf.reduce_any(span_correct, axis=-1)  # [B, K]
-  has_answer = tf.reduce_any(block_has_answer, axis=-1)  # [B]
-  retriever = -(_masked_logsumexp(retrieval_logits, block_has_answer, axis=-1)
-                - tf.reduce_logsumexp(retrieval_logits, axis=-1))
-  batch = tf.shape(span_logits)[0]
-  flat_logits = tf.reshape(span_logits, [batch, -1])  # [B, K*S]
+  beam_correct = tf.cast(beam_correct, tf.bool)
+  batch = tf.shape(reader_logits)[0]
+  flat_logits = tf.reshape(reader_logits, [batch, -1])  # [B, K*S]
   flat_correct = tf.reshape(span_correct, [batch, -1])  # [B, K*S]
-  reader = -(_masked_logsumexp(flat_logits, flat_correct, axis=-1)
-             - tf.reduce_logsumexp(flat_logits, axis=-1))
-  retriever = tf.where(has_answer, retriever, 0.0)
-  reader = tf.where(has_answer, reader, 0.0)
+  read_answer = tf.reduce_any(flat_correct, axis=-1)  # [B]
+  in_beam = tf.reduce_any(beam_correct, axis=-1)  # [B]
+  if mode == "orqa":
+    reader = marginal_log_loss(flat_logits, flat_correct)
+    retriever = tf.where(in_beam, marginal_log_loss(beam_logits, beam_correct), 0.0)
+  else:
+    reader = -_masked_logsumexp(flat_logits, flat_correct, axis=-1)
+    retriever = tf.zeros_like(reader)
+  reader = tf.where(read_answer, reader, 0.0)
   return dict(retriever_loss=retriever, reader_loss=reader, loss=retriever + reader,
-              has_answer=tf.cast(has_answer, tf.float32))
+              has_answer=tf.cast(read_answer, tf.float32),
+              answer_in_beam=tf.cast(in_beam, tf.float32))
 
 
 def global_mean(loss_sum: tf.Tensor, weight_sum: tf.Tensor) -> tf.Tensor:

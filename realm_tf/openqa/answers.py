@@ -1,8 +1,10 @@
 """Answer normalisation and matching, as the Open-QA references score answers.
 
-Strings: exact match after SQuAD v1.1's normalisation (lower-case, drop ASCII punctuation
-and the articles a/an/the, collapse white space), the rule NQ-Open, WebQuestions and
-SQuAD-open results are reported under. Regular expressions (CuratedTREC): DrQA's and ORQA's
+Strings: exact match after the normalisation of DrQA's and ORQA's evaluation scripts:
+Unicode NFD first (so a precomposed 'é' and 'e' + combining acute compare equal, whichever
+form the corpus or the reference uses), then SQuAD v1.1's steps (lower-case, drop ASCII
+punctuation and the articles a/an/the, collapse white space): the rule NQ-Open,
+WebQuestions and SQuAD-open results are reported under. Regular expressions (CuratedTREC): DrQA's and ORQA's
 rule, `re.match` of the pattern, case-insensitive, against the raw predicted string.
 
 This module is plain Python: it scores predictions on the host and prepares answer
@@ -10,6 +12,7 @@ strings before they are tokenized; nothing here runs in a training step.
 """
 import re
 import string
+import unicodedata
 from typing import Iterable, Sequence
 
 _PUNCTUATION = frozenset(string.punctuation)
@@ -18,8 +21,8 @@ _REGEX_FLAGS = re.IGNORECASE | re.UNICODE | re.MULTILINE
 
 
 def normalize_answer(text: str) -> str:
-  """SQuAD v1.1's normalize_answer: 'The  U.S.A.!' → 'usa'."""
-  text = text.lower()
+  """ORQA's normalize_answer (NFD, then SQuAD v1.1's): 'The  U.S.A.!' → 'usa'."""
+  text = unicodedata.normalize("NFD", text).lower()
   text = "".join(ch for ch in text if ch not in _PUNCTUATION)
   text = _ARTICLES.sub(" ", text)
   return " ".join(text.split())

@@ -1,6 +1,7 @@
 """Questions in the NQ-Open JSON lines layout, and the tf.data pipelines that feed them.
 
-  {"question": str, "answer": [str, ...]}   one per line (extra keys are ignored)
+  {"question": str, "answer": [str, ...]}   one per line; "title" (the question's source
+                                            article, SQuAD-open) is kept, other keys ignored
 
 Answers become the wordpiece sequences the span locator looks for (answers.answer_variants;
 CuratedTREC patterns are first expanded into the strings they match in the corpus). They
@@ -12,6 +13,7 @@ max span width):
   example_index [B] int64                 row of the question in the host-side list
   query    BERT inputs [B, Lq]
   answers  ids [B, A, W] int32, lengths [B, A] int32 (0: padding)
+  gold_row [B] int32  the gold block's index row (reading-comprehension stage), -1: none
   bm25     block_ids [B, Kb] int64, scores [B, Kb] float32   (BM25 retrieval only)
 """
 import dataclasses
@@ -32,6 +34,7 @@ class QAExample:
   question: str
   answers: list[str]  # strings, or patterns when the set's answers are regexes
   targets: list[str] = dataclasses.field(default_factory=list)  # strings to locate
+  title: str = ""  # the source article, where the question set records it
 
 
 def read_questions(path: str, regex: bool = False, limit: int = 0) -> list[QAExample]:
@@ -62,7 +65,9 @@ def read_questions(path: str, regex: bool = False, limit: int = 0) -> list[QAExa
             answers_lib.compile_pattern(pattern)
           except Exception as e:  # pylint: disable=broad-except
             raise ValueError(f"{where}: {e}") from e
-      examples.append(QAExample(question.strip(), list(answer)))
+      title = record.get("title")
+      examples.append(QAExample(question.strip(), list(answer),
+                                title=title if isinstance(title, str) else ""))
       if limit and len(examples) >= limit:
         break
   if not examples:
@@ -111,6 +116,7 @@ class QASet:
   answer_lengths: np.ndarray  # [Q, A]
   bm25_block_ids: Optional[np.ndarray] = None  # [Q, Kb]
   bm25_scores: Optional[np.ndarray] = None  # [Q, Kb]
+  gold_rows: Optional[np.ndarray] = None  # [Q] int32, -1: no gold block
 
   def __len__(self) -> int:
     return len(self.examples)
@@ -121,12 +127,41 @@ class QASet:
     return float(np.mean(self.answer_lengths.max(axis=1) > 0))
 
 
+def find_gold_rows(examples: Sequence[QAExample], titles: Sequence[str],
+                   texts: Sequence[str], regex: bool) -> np.ndarray:
+  """[Q] int32: for each question, the first block (index row) of its own article that
+  contains an answer (answers.contains_answer: the recall@k rule), -1 when the question
+  has no title or no such block.
+
+  This is the reading-comprehension stage's input: SQuAD-open questions were written from
+  one paragraph of the article named by 'title', so a block of that article with the answer
+  string is (nearly always) the passage the question was asked about.
+  """
+  by_title: dict[str, list[int]] = {}
+  for row, title in enumerate(titles):
+    by_title.setdefault(title, []).append(row)
+  gold = np.full([len(examples)], -1, np.int32)
+  for i, example in enumerate(examples):
+    for row in by_title.get(example.title, []) if example.title else []:
+      if answers_lib.contains_answer(texts[row], example.answers, regex):
+        gold[i] = row
+        break
+  return gold
+
+
 def build_qa_set(examples: list[QAExample], tokenizer: Tokenizer, corpus_texts: Sequence[str],
                  regex: bool, max_answers: int, width: int,
-                 bm25: Optional[BM25Retriever] = None, bm25_k: int = 0) -> QASet:
+                 bm25: Optional[BM25Retriever] = None, bm25_k: int = 0,
+                 corpus_titles: Sequence[str] = ()) -> QASet:
+  """corpus_texts: every block's text (needed for regex sets and for gold blocks);
+  corpus_titles: every block's title, in index row order (gold blocks need both)."""
   add_targets(examples, regex, corpus_texts, max_answers)
   ids, lengths = tokenize_targets(examples, tokenizer, max_answers, width)
   qa_set = QASet(examples, ids, lengths)
+  if len(corpus_titles) and any(e.title for e in examples):
+    qa_set.gold_rows = find_gold_rows(examples, corpus_titles, corpus_texts, regex)
+    logging.info("%.1f%% of the questions have a gold block",
+                 100 * float(np.mean(qa_set.gold_rows >= 0)))
   if bm25 is not None:
     qa_set.bm25_block_ids, qa_set.bm25_scores = bm25.search(
         [e.question for e in examples], bm25_k)
@@ -148,6 +183,8 @@ def qa_dataset(qa_set: QASet, tokenizer: Tokenizer, query_seq_length: int, batch
   columns = dict(example_index=np.arange(len(qa_set), dtype=np.int64),
                  question=np.array([e.question for e in qa_set.examples], object),
                  answers=dict(ids=qa_set.answer_ids, lengths=qa_set.answer_lengths))
+  columns["gold_row"] = (qa_set.gold_rows if qa_set.gold_rows is not None
+                         else np.full([len(qa_set)], -1, np.int32))
   if qa_set.bm25_block_ids is not None:
     columns["bm25"] = dict(block_ids=qa_set.bm25_block_ids, scores=qa_set.bm25_scores)
   dataset = tf.data.Dataset.from_tensor_slices(columns)

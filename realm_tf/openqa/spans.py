@@ -116,3 +116,48 @@ def locate_answer_spans(reader_inputs: dict[str, tf.Tensor], span_starts: np.nda
   ends_word = ~tf.gather(tf.cast(is_continuation, tf.bool), next_ids)
   ends_word |= tf.constant(span_ends + 1 >= seq_length)
   return matches & in_body & ends_word
+
+
+def block_has_answer(body_ids: tf.Tensor, body_lengths: tf.Tensor, answer_ids: tf.Tensor,
+                     answer_lengths: tf.Tensor, is_continuation: tf.Tensor) -> tf.Tensor:
+  """[B, R] bool: which blocks contain an answer anywhere in their body (ORQA's has_answer
+  over the retrieval beam, which labels the retriever loss).
+
+  The rule is locate_answer_spans's, applied to the whole body table of the index rather
+  than to the part the reader reads: the answer's wordpieces, in a row, ending on a word
+  boundary. So a block the retriever is rewarded for is one whose answer the reader could
+  be trained to pick, and regex sets use the same corpus-expanded strings as their spans.
+  Done in the step because the beam is retrieved there (no host round trip, valid under
+  index refresh); its cost is B·R·Lb·A·W comparisons.
+
+  Args:
+    body_ids: [B, R, Lb] body wordpieces, zero-padded (KnowledgeIndex.gather).
+    body_lengths: [B, R].
+    answer_ids: [B, A, W] answer wordpieces, zero-padded; answer_lengths: [B, A].
+    is_continuation: [V] bool, from continuation_table.
+  """
+  body_length = body_ids.shape[-1]
+  width = answer_ids.shape[-1]
+  if body_length is None or width is None:
+    raise ValueError("block_has_answer needs static body and answer widths")
+  body_ids = tf.cast(body_ids, tf.int32)
+  offsets = np.arange(width + 1)
+  # Window of W+1 wordpieces at every start position: W to compare, one more for the word
+  # boundary after an answer of length W. Positions past the table read a zero ([PAD]).
+  padded = tf.pad(body_ids, [[0, 0], [0, 0], [0, width + 1]])  # [B, R, Lb+W+1]
+  positions = np.arange(body_length)[:, None] + offsets[None, :]  # [Lb, W+1] static
+  windows = tf.gather(padded, positions, axis=-1)  # [B, R, Lb, W+1]
+  answers = tf.cast(answer_ids, tf.int32)[:, None, None, :, :]  # [B, 1, 1, A, W]
+  lengths = tf.cast(answer_lengths, tf.int32)  # [B, A]
+  inside = offsets[None, None, :width] < lengths[:, :, None]  # [B, A, W]
+  same = tf.equal(windows[:, :, :, None, :width], answers)  # [B, R, Lb, A, W]
+  same = tf.reduce_all(same | ~inside[:, None, None, :, :], axis=-1)  # [B, R, Lb, A]
+  # The wordpiece right after the match must not continue a word ('Paris' ≠ 'Parisian').
+  continues = tf.gather(tf.cast(is_continuation, tf.bool), windows)  # [B, R, Lb, W+1]
+  after = tf.one_hot(lengths, width + 1, on_value=True, off_value=False,
+                     dtype=tf.bool)[:, None, None, :, :]  # [B, 1, 1, A, W+1]
+  next_continues = tf.reduce_any(continues[:, :, :, None, :] & after, axis=-1)
+  ends = np.arange(body_length)[None, None, :, None] + lengths[:, None, None, :]
+  fits = ends <= tf.cast(body_lengths, tf.int32)[:, :, None, None]  # [B, R, Lb, A]
+  real = (lengths > 0)[:, None, None, :]
+  return tf.reduce_any(same & ~next_continues & fits & real, axis=[2, 3])  # [B, R]

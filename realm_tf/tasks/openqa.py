@@ -2,8 +2,12 @@
 
 One step, per replica (B questions, R retrieved, K <= R read, S spans, A answers):
   query tower(question) → MIPS over the index (or BM25 top-k from the features) → rows [B, R]
-  KnowledgeIndex.gather → bodies; [CLS] x [SEP] z_body [SEP] → reader → span logits [B, K, S]
-  answer spans located in what was read (spans.locate_answer_spans) → losses.openqa_loss
+    (R = task.openqa.retriever_beam in training; in the reading-comprehension stage,
+    the first gold_block_steps steps, each question's gold block is put first)
+  KnowledgeIndex.gather → whole bodies; [CLS] x [SEP] z_body [SEP] of the best K → reader
+    → span scores, plus the retrieval score ('orqa') → answer logits [B, K, S]
+  answer spans located in what was read (spans.locate_answer_spans); blocks of the beam
+    with an answer anywhere in their body (spans.block_has_answer) → losses.openqa_loss
 The document index stays fixed unless refresh_index (then the document tower trains too
 and the index builder re-embeds the corpus beside the trainer, as in pre-training).
 
@@ -65,7 +69,8 @@ class OpenQATask(base.RealmTask):
   """build_model → OpenQAModel; inputs {'example_index', 'query', 'answers'[, 'bm25']}."""
 
   metric_names = ("loss", "retriever_loss", "reader_loss", "answer_retrieved",
-                  "span_accuracy")
+                  "answer_in_beam", "span_accuracy")
+  evaluates_whole_set = True  # exact match and recall are over every question
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -95,16 +100,18 @@ class OpenQATask(base.RealmTask):
     reader = factory.build_reader(self.experiment)
     return OpenQAModel(reader, retriever, reader_seq_length=c.reader_seq_length,
                        sep_id=self.tokenizer.sep_id, train_document_encoder=c.refresh_index,
-                       name="openqa_model")
+                       answer_logits=c.loss, name="openqa_model")
 
   def build_index(self, strategy) -> KnowledgeIndex:
     m, i = self.experiment.model, self.experiment.index
     store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+    # Bodies are stored whole (a block's body is shorter than its document-tower input),
+    # so the retriever's labels see the whole block even when the reader reads less.
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
-        body_length=self.task_config.reader_seq_length - 3,
-        dimension=m.retriever.projection_size, strategy=strategy, backend=i.backend,
-        embedding_dtype=i.embedding_dtype, rescore=i.rescore)
+        body_length=max(self.task_config.reader_seq_length - 3, m.retriever.block_seq_length),
+        dimension=factory.retriever_output_size(self.experiment), strategy=strategy,
+        backend=i.backend, embedding_dtype=i.embedding_dtype, rescore=i.rescore)
     return self.index
 
   def qa_set(self, path: str, limit: int = 0) -> inputs.QASet:
@@ -116,9 +123,10 @@ class OpenQATask(base.RealmTask):
         self._bm25 = BM25Retriever(store)
       examples = inputs.read_questions(path, c.answer_regex, limit)
       self._qa_sets[path] = inputs.build_qa_set(
-          examples, self.tokenizer, store.text_strings if c.answer_regex else [],
-          c.answer_regex, c.max_answers, self.experiment.model.reader.max_span_width,
-          self._bm25, max(max(evaluation.RECALL_AT), c.num_candidates))
+          examples, self.tokenizer, store.text_strings, c.answer_regex, c.max_answers,
+          self.experiment.model.reader.max_span_width, self._bm25,
+          max(max(evaluation.RECALL_AT), c.num_candidates, c.retriever_beam),
+          corpus_titles=store.title_strings if c.gold_block_steps else ())
     return self._qa_sets[path]
 
   def build_inputs(self, params, input_context=None):
@@ -136,18 +144,47 @@ class OpenQATask(base.RealmTask):
   # ------------------------------------------------------------------------- the step
 
   def num_retrieved(self, training: bool) -> int:
-    k = self.task_config.num_candidates
-    wanted = k if training else max(max(evaluation.RECALL_AT), k)
+    """Training: the retriever beam (ORQA's retriever_beam_size); evaluation: enough for
+    recall@20 (the retriever loss reported in validation is over those)."""
+    c = self.task_config
+    k = c.num_candidates
+    wanted = max(k, c.retriever_beam) if training else max(max(evaluation.RECALL_AT), k)
     return min(wanted, self.index.num_blocks)
 
+  def gold_rows(self, features, training: bool):
+    """[B] gold rows to read first during the reading-comprehension stage, else None.
+
+    The stage is decided in the step from the global step (features['global_step'], set by
+    train_step), so one compiled step serves both stages and a resumed run continues in
+    the right one.
+    """
+    steps = self.task_config.gold_block_steps
+    if not training or not steps or "global_step" not in features:
+      return None
+    in_stage = tf.cast(features["global_step"], tf.int64) < steps
+    return tf.where(in_stage, tf.cast(features["gold_row"], tf.int32), -1)
+
   def forward(self, model, features, training):
-    k = self.task_config.num_candidates
+    c = self.task_config
+    k = c.num_candidates
     out = model(features, index=self.index, num_retrieved=self.num_retrieved(training),
-                num_read=k, training=training)
+                num_read=k, training=training, gold_rows=self.gold_rows(features, training))
+    is_continuation = tf.constant(self.is_continuation)
     correct = spans.locate_answer_spans(
         out.reader_inputs, out.span_starts, out.span_ends, features["answers"]["ids"],
-        features["answers"]["lengths"], tf.constant(self.is_continuation))  # [B, K, S]
-    terms = losses.openqa_loss(out.retrieval_logits[:, :k], out.span_logits, correct)
+        features["answers"]["lengths"], is_continuation)  # [B, K, S]
+    if c.loss == "orqa":
+      beam_correct = spans.block_has_answer(
+          out.body_ids, out.body_lengths, features["answers"]["ids"],
+          features["answers"]["lengths"], is_continuation)  # [B, R]
+      # A block whose read part holds a correct span is a positive even where the
+      # wordpiece windows disagree (e.g. bodies cut to the table width).
+      beam_correct = tf.concat([beam_correct[:, :k] | tf.reduce_any(correct, axis=-1),
+                                beam_correct[:, k:]], axis=1)
+    else:
+      beam_correct = tf.reduce_any(correct, axis=-1)  # [B, K]: the marginal reads these
+    terms = losses.openqa_loss(out.retrieval_logits, beam_correct, out.span_logits, correct,
+                               mode=c.loss)
     batch = tf.cast(tf.shape(terms["loss"])[0], tf.float32)
     loss = losses.global_mean(tf.reduce_sum(terms["loss"]), batch)
     return loss, dict(out=out, correct=correct, terms=terms)
@@ -159,11 +196,14 @@ class OpenQATask(base.RealmTask):
     self.update_metrics(
         metrics, dict(loss=terms["loss"], retriever_loss=terms["retriever_loss"],
                       reader_loss=terms["reader_loss"], answer_retrieved=terms["has_answer"],
+                      answer_in_beam=terms["answer_in_beam"],
                       span_accuracy=tf.cast(picked, tf.float32)),
-        dict(retriever_loss=terms["has_answer"], reader_loss=terms["has_answer"]))
+        dict(retriever_loss=terms["answer_in_beam"], reader_loss=terms["has_answer"]))
     return tf.reduce_mean(terms["loss"])
 
   def train_step(self, inputs_, model, optimizer, metrics=None):
+    # The step the update is for (the reading-comprehension stage is decided from it).
+    inputs_ = dict(inputs_, global_step=tf.identity(optimizer.iterations))
     _, result = self.gradient_step(model, optimizer,
                                    lambda f, t: self.forward(model, f, t), inputs_)
     return {self.loss: self._update(metrics, result)}

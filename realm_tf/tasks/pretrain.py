@@ -79,7 +79,8 @@ class PretrainTask(base.RealmTask):
     store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
-        body_length=m.reader.seq_length - 3, dimension=m.retriever.projection_size,
+        body_length=m.reader.seq_length - 3,
+        dimension=factory.retriever_output_size(self.experiment),  # the embedder's width
         strategy=strategy, backend=i.backend, embedding_dtype=i.embedding_dtype,
         rescore=i.rescore)
     self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)

@@ -11,7 +11,9 @@ class Retriever(tf_keras.Model):
   """Query and document towers (the same object when towers are shared).
 
   call() scores the candidates it is given: p(z|x) = softmax over those candidates. MIPS
-  over the whole corpus uses the same towers through `embed_queries`/`embed_documents`.
+  over the whole corpus uses the same towers through `embed_queries`/`embed_documents`;
+  the scoring options (projection, L2 normalisation, scale) live in the Embedder, so every
+  user of these two methods scores alike.
   """
 
   def __init__(self, query_embedder: Embedder, document_embedder: Optional[Embedder] = None,
@@ -25,12 +27,17 @@ class Retriever(tf_keras.Model):
     return self.document_embedder is self.query_embedder
 
   def embed_queries(self, inputs, training=None) -> tf.Tensor:
-    """[B, Lq] inputs → [B, P]."""
-    return self.query_embedder(inputs, training=training)
+    """[B, Lq] inputs → [B, P], carrying the relevance scale (see Embedder)."""
+    return self.query_embedder(inputs, training=training, query=True)
 
   def embed_documents(self, inputs, training=None) -> tf.Tensor:
-    """[..., Lc] block inputs → [..., P]."""
+    """[..., Lc] block inputs → [..., P] (unit vectors when the towers normalise)."""
     return self.document_embedder(inputs, training=training)
+
+  @property
+  def output_size(self) -> int:
+    """The embedding width (the knowledge index's dimension)."""
+    return self.query_embedder.output_size
 
   @staticmethod
   def relevance(query_embeddings: tf.Tensor, document_embeddings: tf.Tensor) -> tf.Tensor:
