@@ -322,3 +322,15 @@ def test_export_command_line(exported, tmp_path):
        "--output_dir", str(tmp_path), "--kinds", "nope"],
       capture_output=True, text=True, timeout=300, check=False)
   assert bad.returncode != 0 and "unknown export kinds" in bad.stderr
+
+
+def test_answer_strings_return_the_original_text_in_graph(tokenizer):
+  """The served and evaluated answer string: case, accents and punctuation as written; an
+  empty block gives "" and an index past the end is clipped, inside a tf.function too."""
+  texts = ["Café Müller, in PARIS!", "", "Tokyo"]
+  starts, ends = [0, 0, 4], [1, 3, 9]
+  graph = tf.function(lambda t, s, e: evaluation.answer_strings(tokenizer, t, s, e))
+  found = graph(tf.constant(texts), tf.constant(starts), tf.constant(ends)).numpy()
+  assert [s.decode() for s in found] == ["Café Müller", "", "Tokyo"]
+  assert evaluation.span_strings(tokenizer, texts, np.array(starts), np.array(ends)) == [
+      "Café Müller", "", "Tokyo"]
