@@ -226,7 +226,6 @@ def write_markdown(path: str, result: dict):
 def main(argv=None):
   args = parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
   from serving.config import BatchingOptions  # pylint: disable=g-import-not-at-top
@@ -300,7 +299,6 @@ def main(argv=None):
   print(path)
   if not args.work_dir:
     shutil.rmtree(work, ignore_errors=True)
-  del tf
 
 
 if __name__ == "__main__":
