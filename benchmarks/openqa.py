@@ -1,15 +1,31 @@
 """Open-QA quality benchmark: the paper's Tables 1-2 at this machine's scale.
 
     python -m benchmarks.openqa [--datasets squad,nq,wq,trec] [--rows bm25,dense,...]
-                                [--budget_minutes 88] [--train_steps 50] [--batch_size 8]
-                                [--eval_questions 120] [--pretrain_steps 50] [--quick]
+                                [--budget_minutes 115] [--train_steps 300] [--batch_size 8]
+                                [--gold_steps -1] [--retriever_beam 100]
+                                [--eval_questions 0] [--heldout_questions 500]
+                                [--pretrain_steps 50] [--quick] [--fresh]
                                 [--merge [--pretrained_dir DIR]] [--work_dir DIR --keep_work]
+
+Resumable: every finished row is written to benchmarks/results/openqa.json (and the .md
+table) at once, and a rerun with the same sizes skips the rows already there (--fresh
+starts over). The work directory is fixed (--work_dir, default WORK_DIR) so a rerun also
+reuses the prepared corpora, the REALM pre-training run, the indexes, and a cut row's
+checkpoints (it resumes from its newest one).
+
+Recipe per row (issue 11): configs/demo.yaml's retriever scoring (MiniLM mean pooling,
+384-d, L2-normalised, scale 20); ORQA fine-tuning (answer logits = span score + retrieval
+score, retriever loss over a --retriever_beam beam labelled by answer match on the whole
+block); a reading-comprehension stage on gold blocks first (--gold_steps, SQuAD-open only:
+its questions carry their article's title); the span head at 10x the learning rate; reader
+input long enough for whole block bodies. Each row also reports the step-0 (zero-shot)
+recall@k of its retriever over the same blocks and reporting questions.
 
 Datasets (../shared/data/openqa; the questions are never copied into the repository):
   squad  SQuAD-open: corpus squad_open/corpus.jsonl; train on train.jsonl, report dev.jsonl.
   nq, wq, trec  NQ-Open, WebQuestions, CuratedTREC (regex answers): corpus
          wikipedia/vital_articles.jsonl; each train file is shuffled once (seed 0), the first
-         EVAL_QUESTIONS are held out for reporting and training samples the rest.
+         --heldout_questions (500) are held out for reporting and training samples the rest.
 Rows, each fine-tuned the same way (same reader architecture, steps, batch, learning rate):
   bm25          BM25 (bm25s) top-k + MiniLM reader
   dense         MiniLM warm start for both towers and the reader, no REALM pre-training
@@ -21,10 +37,10 @@ results): salient-span masking with the dates-only fallback (no NER tagger is ex
 the null document, no trivial retrievals and asynchronous index refresh, on the SQuAD-open
 corpus as both X and Z; the model then fine-tunes against either corpus.
 
-The sizes are set so that everything runs in under 90 minutes on the 2-core CI machine:
-a 6-layer MiniLM (384 hidden), readers of 128 wordpieces, few steps over a subsample of
-the training questions, and a subsample of each reporting set. Exact match is therefore far
-below the paper's; what the table can show is the relative order of the rows. Times are
+Sizes are flags. The defaults aim at about two hours alone on the 2-core machine (a
+6-layer MiniLM, 384 hidden; readers of 160 wordpieces; a few hundred steps over a sample of
+the training questions; the whole SQuAD-open dev split and 500 held-out questions of each
+other set); a smaller --train_steps or --datasets fits less time. Times are
 wall seconds on this (shared) machine: `finetune_s` is the training loop, `eval_s` the
 evaluation, `index_s` embedding the corpus when the row had to (a shared index is built
 once per document encoder and corpus, and charged to the first row that needs it).
@@ -48,7 +64,7 @@ import time
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine
 from realm_tf.configs import load_config
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
@@ -56,8 +72,10 @@ from realm_tf.training import train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "demo.yaml")
-TRAIN_STEPS, BATCH, EVAL_QUESTIONS = 50, 8, 120
-QUICK = dict(TRAIN_STEPS=3, BATCH=2, EVAL_QUESTIONS=6, PRETRAIN_STEPS=2, CORPUS_DOCS=150)
+TRAIN_STEPS, BATCH, HELDOUT_QUESTIONS = 300, 8, 500
+WORK_DIR = os.path.join(tempfile.gettempdir(), "realm_tf_openqa_bench")
+QUICK = dict(TRAIN_STEPS=4, BATCH=2, EVAL_QUESTIONS=6, HELDOUT_QUESTIONS=6, PRETRAIN_STEPS=2,
+             CORPUS_DOCS=150, GOLD_STEPS=2, RETRIEVER_BEAM=20)
 
 DATASETS = {
     "squad": dict(name="SQuAD-open", corpus="squad", train="openqa/squad_open/train.jsonl",
@@ -81,10 +99,12 @@ ROWS = {
 FINETUNE_OVERRIDES = {
     "task.type": "openqa",
     "task.openqa.num_candidates": 5, "task.openqa.query_seq_length": 32,
-    "task.openqa.reader_seq_length": 128, "task.openqa.max_answers": 8,
+    # 32 + the longest body (125 wordpieces of a 128-wordpiece block) + [SEP]: bodies whole.
+    "task.openqa.reader_seq_length": 160, "task.openqa.max_answers": 8,
+    "task.openqa.loss": "orqa", "trainer.head_learning_rate_multiplier": 10.0,
     "task.openqa.validation_data.global_batch_size": 16,
     "task.openqa.refresh_every_steps": 20,
-    "trainer.learning_rate": 1e-4, "trainer.warmup_steps": 6,
+    "trainer.learning_rate": 5e-5, "trainer.warmup_steps": 20,
     "trainer.summary_interval": 10, "trainer.steps_per_loop": 10,
     "index.backend": "exact", "index.num_shards": 1,
 }
@@ -122,20 +142,26 @@ def _write_lines(path, lines):
   return path
 
 
-def question_files(work: str, key: str, num_train: int, num_eval: int) -> dict:
-  """Subsampled train / report files in `work` (outside the repository)."""
+def question_files(work: str, key: str, num_train: int, num_eval: int,
+                   num_heldout: int = HELDOUT_QUESTIONS) -> dict:
+  """Train / report files in `work` (outside the repository). Sets with a dev split report
+  on `num_eval` of it (0: all of it); the others hold out their first `num_heldout`."""
   spec = DATASETS[key]
   rng = random.Random(0)
   train = _read_jsonl(os.path.join(SHARED_DATA, spec["train"]))
   if "eval" in spec:
     report = _read_jsonl(os.path.join(SHARED_DATA, spec["eval"]))
-    rng.shuffle(report)
-    report, pool = report[:num_eval], train
-    split = f"{spec['eval']} ({num_eval} sampled)"
+    if num_eval and num_eval < len(report):
+      rng.shuffle(report)
+      report = report[:num_eval]
+      split = f"{spec['eval']} ({num_eval} sampled)"
+    else:
+      split = f"{spec['eval']} (all)"
+    pool = train
   else:
     rng.shuffle(train)
-    report, pool = train[:num_eval], train[num_eval:]
-    split = f"held out: the first {num_eval} of {spec['train']} after a seeded shuffle"
+    report, pool = train[:num_heldout], train[num_heldout:]
+    split = f"held out: the first {num_heldout} of {spec['train']} after a seeded shuffle"
   pool = list(pool)
   rng.shuffle(pool)
   return dict(train=_write_lines(os.path.join(work, f"{key}-train.jsonl"), pool[:num_train]),
@@ -164,8 +190,13 @@ def prepare_corpora(work: str, block_length: int, max_docs: int = 0) -> dict:
 
 
 def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
-  """A short REALM pre-training run (MiniLM warm start) on one corpus."""
+  """A short REALM pre-training run (MiniLM warm start) on one corpus; a finished one in
+  `work` is reused (its summary file), a cut one resumes from its checkpoint."""
   model_dir = os.path.join(work, "realm_pretrain")
+  summary_path = os.path.join(work, f"realm_pretrain-{steps}.json")
+  if os.path.exists(summary_path) and layout.training_done(model_dir):
+    with open(summary_path) as f:
+      return dict(json.load(f), model_dir=model_dir)
   overrides = dict(PRETRAIN_OVERRIDES, **{
       "trainer.train_steps": steps, "index.blocks": corpus_dir,
       "task.pretrain.train_data.input_path": os.path.join(corpus_dir, "pretraining-*")})
@@ -173,19 +204,66 @@ def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
   start = time.time()
   result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
   history = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
-  return dict(model_dir=model_dir, seconds=round(time.time() - start, 1), steps=result["step"],
-              overrides=overrides, index_refreshes=result["index_refreshes"],
-              first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
-              last_retrieval_utility=history[-1].get("retrieval_utility"),
-              corpus="SQuAD-open corpus (X and Z)")
+  out = dict(model_dir=model_dir, seconds=round(time.time() - start, 1), steps=result["step"],
+             overrides=overrides, index_refreshes=result["index_refreshes"],
+             first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
+             last_retrieval_utility=history[-1].get("retrieval_utility"),
+             corpus="SQuAD-open corpus (X and Z)")
+  with open(summary_path, "w") as f:
+    json.dump(out, f)
+  return out
 
 
-def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dict:
+def zero_shot_recall(config, index_dir: str, eval_file: str, regex: bool) -> dict:
+  """Step-0 recall@k of the row's retriever, before any fine-tuning: the initial query
+  tower (warm start or REALM pre-training) against the row's first index (built from the
+  initial document tower), or BM25, over the reporting questions."""
+  from realm_tf import tasks  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import answers, inputs  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa.evaluation import RECALL_AT  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  task = tasks.get_task(config)
+  examples = inputs.read_questions(eval_file, regex)
+  k = max(RECALL_AT)
+  if config.task.openqa.retrieval == "bm25":
+    from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
+    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(
+        config.index.blocks))
+    block_ids, _ = BM25Retriever(store).search([e.question for e in examples], k)
+    row_of = {int(b): i for i, b in enumerate(store.block_ids)}
+    rows = [[row_of[int(b)] for b in ids] for ids in block_ids]
+  else:
+    model = task.build_model()
+    task.initialize(model)
+    index = task.build_index(tf.distribute.get_strategy())
+    index.swap(versioned.list_versions(index_dir)[0])  # the step-0 document tower's index
+    store, rows = index.store, []
+    length = config.task.openqa.query_seq_length
+    for i in range(0, len(examples), 64):
+      batch = [e.question for e in examples[i:i + 64]]
+      query = model.retriever.embed_queries(
+          task.tokenizer.encode(tf.constant(batch), length).as_dict(), training=False)
+      rows.extend(index.search(query, k).rows.numpy().tolist())
+  hits = [[answers.contains_answer(store.text_strings[r], e.answers, regex) for r in found]
+          for e, found in zip(examples, rows)]
+  out = {f"step0_recall_at_{n}": sum(any(h[:n]) for h in hits) / len(hits) for n in RECALL_AT}
+  out["step0_s"] = round(time.time() - start, 1)
+  return out
+
+
+def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_steps=-1,
+                 retriever_beam=100) -> dict:
   spec = DATASETS[key]
   model_dir = os.path.join(work, "runs", f"{key}-{row}")
+  if gold_steps < 0:  # a third of the steps on gold blocks where questions name their article
+    gold_steps = steps // 3 if "eval" in spec else 0
   values = dict(FINETUNE_OVERRIDES, **{
       "trainer.train_steps": steps, "task.openqa.train_data.global_batch_size": batch,
-      "trainer.checkpoint_interval": steps, "index.blocks": corpus["dir"],
+      "task.openqa.gold_block_steps": gold_steps,
+      "task.openqa.retriever_beam": retriever_beam,
+      # Checkpoints every 50 steps: a cut row resumes from its newest one.
+      "trainer.checkpoint_interval": min(steps, 50), "index.blocks": corpus["dir"],
       "task.openqa.train_data.input_path": files["train"],
       "task.openqa.validation_data.input_path": files["eval"],
       "task.openqa.answer_regex": spec["regex"]})
@@ -202,7 +280,7 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dic
     # Starts from the pre-trained document encoder's index (the realm row built it); the
     # index builder then writes refreshed versions into this run's own index directory.
     values["task.openqa.refresh_index"] = True
-    if os.path.isdir(index_dir):
+    if os.path.isdir(index_dir) and not os.path.isdir(os.path.join(model_dir, "index")):
       shutil.copytree(index_dir, os.path.join(model_dir, "index"))
     else:
       index_built_here = True
@@ -225,13 +303,26 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch) -> dic
     first = versioned.list_versions(layout.index_dir(model_dir, config.index.index_dir))[0]
     index_seconds = max(0.0, first.manifest["committed_at"] - train_start)
   c = config.task.openqa
-  train_located = run.task.qa_set(c.train_data.input_path, c.train_data.max_examples).located
+  train_set = run.task.qa_set(c.train_data.input_path, c.train_data.max_examples)
+  train_located = train_set.located
+  gold_found = (float((train_set.gold_rows >= 0).mean())
+                if train_set.gold_rows is not None else 0.0)
+  history = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "openqa"]
   parameters = factory.count_parameters(run.model)
   eval_start = time.time()
   ev, _ = train_lib.evaluate_checkpoint(config, model_dir, strategy=strategy)
   eval_seconds = time.time() - eval_start
   total = time.time() - start
-  out = dict(dataset=spec["name"], row=row, description=ROWS[row],
+  step0 = {}
+  if row != "realm_refresh":  # its retriever starts as the realm row's
+    first_index = layout.index_dir(model_dir, config.index.index_dir)
+    step0 = zero_shot_recall(config, first_index, files["eval"], spec["regex"])
+  out = dict(dataset=spec["name"], row=row, description=ROWS[row], **step0,
+             gold_block_steps=c.gold_block_steps, train_gold_found=gold_found,
+             train_history=[{k: r.get(k) for k in ("step", "loss", "reader_loss",
+                                                   "retriever_loss", "span_accuracy",
+                                                   "answer_retrieved", "answer_in_beam")}
+                            for r in history],
              exact_match=ev["exact_match"], recall_at_1=ev["recall@1"],
              recall_at_5=ev["recall@5"], recall_at_20=ev["recall@20"],
              reader_oracle=ev["reader_oracle"], answer_located=ev["answer_located"],
@@ -262,8 +353,10 @@ def markdown(payload: dict) -> str:
   k = _setting(s["finetune"], "task.openqa.num_candidates", "finetune.num_candidates")
   reader_length = _setting(s["finetune"], "task.openqa.reader_seq_length",
                            "finetune.reader_seq_length")
-  pretrain_batch = _setting(p["overrides"], "task.pretrain.train_data.global_batch_size",
-                            "trainer.batch_size")
+  pretrain_batch = (_setting(p["overrides"], "task.pretrain.train_data.global_batch_size",
+                             "trainer.batch_size") if p else 0)
+  multiplier = s["finetune"].get("trainer.head_learning_rate_multiplier")
+  head_rate = f", span head x{multiplier}" if multiplier else ""
   lines = [
       "# Open-QA benchmark (`python -m benchmarks.openqa`)", "",
       f"Measured {payload['machine']['when']} on {payload['machine']['cpu_count']} CPU cores "
@@ -271,19 +364,23 @@ def markdown(payload: dict) -> str:
       + ("." if len(payload["invocations"]) == 1 else ", in " + "; ".join(
           f"{i['minutes']} min ({i['datasets']})" for i in payload["invocations"]) + "."),
       "",
-      f"Scaled down to fit 90 minutes on a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
+      f"Scaled down for a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
       f"reader, k={k} blocks of up to {s['block_length']} wordpieces, reader input "
       f"{reader_length} wordpieces, {s['train_steps']} fine-tuning steps of "
-      f"{s['batch_size']} questions (lr {s['finetune']['trainer.learning_rate']}), "
-      f"{s['eval_questions']} reporting questions per set. REALM pre-training: "
-      f"{p['steps']} steps (batch {pretrain_batch}) on the SQuAD-open corpus, "
-      f"{p['seconds']} s, MLM loss {p['first_loss']:.3f} → {p['last_loss']:.3f}, "
-      f"{p['index_refreshes']} index refresh{'' if p['index_refreshes'] == 1 else 'es'}. "
-      f"EM is on all reporting questions, whether or not the small corpus "
-      f"can answer them.", "",
-      "| dataset (corpus) | row | EM | recall@5 | recall@20 | reader oracle | fine-tune s "
-      "| eval s | index s | parameters |",
-      "|---|---|---|---|---|---|---|---|---|---|"]
+      f"{s['batch_size']} questions (lr {s['finetune']['trainer.learning_rate']}"
+      f"{head_rate}), ORQA loss with a retriever beam of {s.get('retriever_beam', k)}, "
+      f"{s.get('gold_steps', 0)} gold-block steps first (-1: a third, SQuAD-open only). "
+      "Reporting questions per set below. " + (
+          f"REALM pre-training: "
+          f"{p['steps']} steps (batch {pretrain_batch}) on the SQuAD-open corpus, "
+          f"{p['seconds']} s, MLM loss {p['first_loss']:.3f} → {p['last_loss']:.3f}, "
+          f"{p['index_refreshes']} index refresh{'' if p['index_refreshes'] == 1 else 'es'}. "
+          if p else "No REALM pre-training in these rows. ") +
+      "EM is on all reporting questions, whether or not the small corpus "
+      "can answer them.", "",
+      "| dataset (corpus) | row | EM | recall@1 | recall@5 | recall@20 | reader oracle "
+      "| step-0 R@1 / R@5 / R@20 | fine-tune s | eval s | index s | parameters |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|"]
   order = list(DATASETS)
   for r in sorted(payload["rows"],
                   key=lambda r: (order.index(r["key"]), list(ROWS).index(r["row"]))):
@@ -292,16 +389,24 @@ def markdown(payload: dict) -> str:
     note = ""
     if r["row"] == "realm_refresh":
       note = f" ({r['index_refreshes']} refresh{'' if r['index_refreshes'] == 1 else 'es'})"
+    step0 = ("{:.1f} / {:.1f} / {:.1f}".format(*(100 * r[f"step0_recall_at_{n}"]
+                                                 for n in (1, 5, 20)))
+             if "step0_recall_at_5" in r else "as REALM")
     lines.append(
         f"| {r['dataset']} ({corpus}) | {ROWS[r['row']]}{note} | "
-        f"{100 * r['exact_match']:.1f} | {100 * r['recall_at_5']:.1f} | "
-        f"{100 * r['recall_at_20']:.1f} | {100 * r['reader_oracle']:.1f} | "
+        f"{100 * r['exact_match']:.1f} | {100 * r.get('recall_at_1', 0):.1f} | "
+        f"{100 * r['recall_at_5']:.1f} | "
+        f"{100 * r['recall_at_20']:.1f} | {100 * r['reader_oracle']:.1f} | {step0} | "
         f"{r['finetune_s']:.0f} | {r['eval_s']:.0f} | {r['index_s']:.0f} | "
         f"{r['parameters'] / 1e6:.1f}M |")
   for skipped in payload.get("skipped", []):
-    lines.append(f"| {skipped} | not run: time budget | | | | | | | | |")
+    lines.append(f"| {skipped} | not run: time budget | | | | | | | | | | |")
+  if payload.get("partial"):
+    lines += ["", "**Partial results**: the run was still going (or was cut); a rerun with "
+              "the same sizes adds the missing rows."]
   lines += ["", "EM, recall and reader oracle in %; definitions in "
-            "realm_tf/openqa/evaluation.py. Reporting splits:", ""]
+            "realm_tf/openqa/evaluation.py. Step-0 recall: the row's retriever before "
+            "fine-tuning (zero-shot), same blocks and questions. Reporting splits:", ""]
   for key, d in payload["datasets"].items():
     lines.append(f"- {d['name']}: reported on {d['num_eval']} questions ({d['report_split']}); "
                  f"trained on {d['num_train']} sampled from the other {d['train_pool']}.")
@@ -338,16 +443,28 @@ def main(argv=None) -> int:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--datasets", default=",".join(DATASETS))
   parser.add_argument("--rows", default=",".join(ROWS))
-  parser.add_argument("--budget_minutes", type=float, default=88.0,
+  parser.add_argument("--budget_minutes", type=float, default=115.0,
                       help="rows that would end after this are skipped and listed")
   parser.add_argument("--quick", action="store_true",
                       help="a smoke run with tiny sizes (results not written)")
   parser.add_argument("--train_steps", type=int, default=TRAIN_STEPS)
   parser.add_argument("--batch_size", type=int, default=BATCH)
-  parser.add_argument("--eval_questions", type=int, default=EVAL_QUESTIONS)
+  parser.add_argument("--eval_questions", type=int, default=0,
+                      help="questions of a dev split reported on (0: all; SQuAD-open 1,864)")
+  parser.add_argument("--heldout_questions", type=int, default=HELDOUT_QUESTIONS,
+                      help="questions held out for reporting from sets without a dev split")
+  parser.add_argument("--train_questions", type=int, default=0,
+                      help="training questions sampled per set (0: train_steps x batch)")
+  parser.add_argument("--gold_steps", type=int, default=-1,
+                      help="reading-comprehension steps on gold blocks first (-1: a third "
+                           "of train_steps for sets whose questions carry titles)")
+  parser.add_argument("--retriever_beam", type=int, default=100,
+                      help="blocks per question the retriever loss is labelled over")
+  parser.add_argument("--fresh", action="store_true",
+                      help="ignore finished rows in the results (default: skip them)")
   parser.add_argument("--pretrain_steps", type=int, default=PRETRAIN_STEPS)
-  parser.add_argument("--work_dir", default="",
-                      help="reused when it holds corpora or indexes of an earlier run")
+  parser.add_argument("--work_dir", default=WORK_DIR,
+                      help="reused: corpora, pre-training, indexes, cut rows' checkpoints")
   parser.add_argument("--keep_work", action="store_true", help="do not delete --work_dir")
   parser.add_argument("--pretrained_dir", default="",
                       help="a finished REALM pre-training of an earlier invocation (with "
@@ -357,18 +474,51 @@ def main(argv=None) -> int:
                            "same dataset and row are replaced)")
   args = parser.parse_args(argv)
   sizes = dict(TRAIN_STEPS=args.train_steps, BATCH=args.batch_size,
-               EVAL_QUESTIONS=args.eval_questions, PRETRAIN_STEPS=args.pretrain_steps,
-               CORPUS_DOCS=0)
+               EVAL_QUESTIONS=args.eval_questions, HELDOUT_QUESTIONS=args.heldout_questions,
+               PRETRAIN_STEPS=args.pretrain_steps, CORPUS_DOCS=0, GOLD_STEPS=args.gold_steps,
+               RETRIEVER_BEAM=args.retriever_beam,
+               TRAIN_QUESTIONS=args.train_questions)
   if args.quick:
     sizes.update(QUICK)
-  work = args.work_dir or tempfile.mkdtemp(prefix="openqa_bench_")
+    if args.work_dir == WORK_DIR:
+      args.work_dir = WORK_DIR + "_quick"
+  num_train = sizes["TRAIN_QUESTIONS"] or sizes["TRAIN_STEPS"] * sizes["BATCH"]
+  work = args.work_dir
   os.makedirs(work, exist_ok=True)
   start = time.time()
   demo = load_config(CONFIG)
-  corpora = prepare_corpora(work, demo.model.retriever.block_seq_length, sizes["CORPUS_DOCS"])
+  corpora_path = os.path.join(work, f"corpora-{sizes['CORPUS_DOCS']}.json")
+  if os.path.exists(corpora_path):
+    with open(corpora_path) as f:
+      corpora = json.load(f)
+  else:
+    corpora = prepare_corpora(work, demo.model.retriever.block_seq_length,
+                              sizes["CORPUS_DOCS"])
+    with open(corpora_path, "w") as f:
+      json.dump(corpora, f)
   print(f"corpora: {json.dumps(corpora)}", flush=True)
   rows = args.rows.split(",")
   previous = _previous_results() if args.merge else None
+  settings = dict(config="configs/demo.yaml", finetune=FINETUNE_OVERRIDES,
+                  train_steps=sizes["TRAIN_STEPS"], batch_size=sizes["BATCH"],
+                  eval_questions=sizes["EVAL_QUESTIONS"],
+                  heldout_questions=sizes["HELDOUT_QUESTIONS"], train_questions=num_train,
+                  gold_steps=sizes["GOLD_STEPS"], retriever_beam=sizes["RETRIEVER_BEAM"],
+                  pretrain_steps=sizes["PRETRAIN_STEPS"],
+                  block_length=demo.model.retriever.block_seq_length)
+  # A smoke (--quick) writes into its work directory, never over the committed results.
+  results_path = (os.path.join(work, "openqa.quick.json") if args.quick
+                  else os.path.join(RESULTS_DIR, "openqa.json"))
+  done, earlier_datasets, earlier_pretrain = [], {}, {}
+  if not args.fresh and not args.merge and os.path.exists(results_path):
+    with open(results_path) as f:
+      earlier = json.load(f)
+    if earlier.get("settings") == settings:
+      done, earlier_datasets = earlier["rows"], earlier.get("datasets", {})
+      earlier_pretrain = earlier.get("pretrain") or {}
+      print(f"resuming: {len(done)} finished rows in {results_path} are kept", flush=True)
+    else:
+      print(f"{results_path} holds other settings: starting over", flush=True)
   pretrained = None
   if args.pretrained_dir:
     if previous is None or not previous.get("pretrain"):
@@ -377,16 +527,51 @@ def main(argv=None) -> int:
   elif any(r.startswith("realm") for r in rows):
     pretrained = pretrain(work, corpora["squad"]["dir"], sizes["PRETRAIN_STEPS"])
     print(f"pretrain: {json.dumps(pretrained)}", flush=True)
-  datasets, files = {}, {}
+  elif earlier_pretrain:
+    pretrained = dict(earlier_pretrain)  # described by kept rows; no row here needs it
+  datasets, files = dict(earlier_datasets), {}  # kept rows keep their dataset notes
   for key in args.datasets.split(","):
-    files[key] = question_files(work, key, sizes["TRAIN_STEPS"] * sizes["BATCH"],
-                                sizes["EVAL_QUESTIONS"])
+    files[key] = question_files(work, key, num_train, sizes["EVAL_QUESTIONS"],
+                                sizes["HELDOUT_QUESTIONS"])
     corpus = corpora[DATASETS[key]["corpus"]]
     datasets[key] = dict(name=DATASETS[key]["name"], corpus_file=corpus["file"],
                          corpus_blocks=corpus["blocks"], regex=DATASETS[key]["regex"],
                          **{k: v for k, v in files[key].items() if k not in ("train", "eval")})
-  results, skipped, last_seconds = [], [], {}
+  results, skipped, last_seconds = list(done), [], {}
+  finished = {(r["key"], r["row"]) for r in done}
+
+  def payload_now(partial: bool) -> dict:
+    payload = dict(
+        machine=machine(), partial=partial,
+        total_minutes=round((time.time() - start) / 60 + sum(
+            r.get("total_s", 0) for r in done) / 60, 1),
+        settings=settings,
+        corpora={k: {kk: vv for kk, vv in v.items() if kk != "dir"}
+                 for k, v in corpora.items()},
+        pretrain={k: v for k, v in (pretrained or {}).items() if k != "model_dir"},
+        datasets=datasets, rows=results, skipped=skipped,
+        invocations=[dict(datasets=args.datasets, rows=args.rows,
+                          minutes=round((time.time() - start) / 60, 1))])
+    if previous is not None:
+      payload = _merged(previous, payload)
+    return payload
+
+  def save(partial: bool):
+    payload = payload_now(partial)
+    os.makedirs(os.path.dirname(results_path), exist_ok=True)
+    tmp = f"{results_path}.tmp"
+    with open(tmp, "w") as f:
+      json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(tmp, results_path)
+    md_path = results_path[:-len(".json")] + ".md"
+    with open(md_path + ".tmp", "w") as f:
+      f.write(markdown(payload))
+    os.replace(md_path + ".tmp", md_path)
+    return results_path, md_path
+
   for key, row in schedule(args.datasets.split(","), rows):
+    if (key, row) in finished:
+      continue
     # A row starts only if it should end within the budget, judged by the time the same
     # row took on the previous dataset of the same corpus (else of any corpus).
     expected = last_seconds.get((DATASETS[key]["corpus"], row), last_seconds.get(row, 0.0))
@@ -395,37 +580,20 @@ def main(argv=None) -> int:
       continue
     row_start = time.time()
     result = finetune_row(work, row, key, files[key], corpora[DATASETS[key]["corpus"]],
-                          pretrained["model_dir"] if pretrained else "",
-                          sizes["TRAIN_STEPS"], sizes["BATCH"])
+                          (pretrained or {}).get("model_dir", ""),
+                          sizes["TRAIN_STEPS"], sizes["BATCH"], sizes["GOLD_STEPS"],
+                          sizes["RETRIEVER_BEAM"])
     result["key"] = key
     last_seconds[(DATASETS[key]["corpus"], row)] = last_seconds[row] = time.time() - row_start
     results.append(result)
-    print(json.dumps(result), flush=True)
+    save(partial=True)  # the row is kept even if the run is cut after it
+    print(json.dumps({k: v for k, v in result.items() if k != "train_history"}), flush=True)
     tf_keras.backend.clear_session()
     gc.collect()
-  payload = dict(
-      machine=machine(), total_minutes=round((time.time() - start) / 60, 1),
-      settings=dict(config="configs/demo.yaml", finetune=FINETUNE_OVERRIDES,
-                    train_steps=sizes["TRAIN_STEPS"], batch_size=sizes["BATCH"],
-                    eval_questions=sizes["EVAL_QUESTIONS"],
-                    block_length=demo.model.retriever.block_seq_length),
-      corpora={k: {kk: vv for kk, vv in v.items() if kk != "dir"} for k, v in corpora.items()},
-      pretrain={k: v for k, v in (pretrained or {}).items() if k != "model_dir"},
-      datasets=datasets, rows=results, skipped=skipped,
-      invocations=[dict(datasets=args.datasets, rows=args.rows,
-                        minutes=round((time.time() - start) / 60, 1))])
-  if previous is not None:
-    payload = _merged(previous, payload)
+  path, md_path = save(partial=bool(skipped))
   if args.quick:
-    print(markdown(payload))
-    print(f"quick run in {work}: results not written")
-    return 0
-  path = write_result("openqa", payload)
-  md_path = os.path.join(RESULTS_DIR, "openqa.md")
-  with open(md_path + ".tmp", "w") as f:
-    f.write(markdown(payload))
-  os.replace(md_path + ".tmp", md_path)
-  if not args.keep_work:
+    print(markdown(payload_now(False)))
+  if not args.keep_work and not args.quick and not skipped:
     shutil.rmtree(work, ignore_errors=True)
   print(f"wrote {path} and {md_path}")
   return 0

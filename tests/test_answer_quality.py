@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ConfigValueError, TrainerConfig
 from realm_tf.modeling import factory, losses
@@ -15,6 +16,8 @@ from realm_tf.modeling.networks import Embedder
 from realm_tf.openqa import answers, evaluation, inputs, spans
 from realm_tf.openqa.model import gold_first
 from realm_tf.tasks import base
+from tests import task_fixtures
+from tests.synthetic_corpus import _CITIES, _COUNTRIES, write_corpus
 
 SQUAD_OPEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
                           "shared", "data", "openqa", "squad_open")
@@ -209,7 +212,6 @@ def test_gold_first_moves_or_inserts_the_gold_block():
 
 
 def test_gold_stage_is_decided_by_the_global_step(repo_dir):
-  from realm_tf import tasks  # pylint: disable=g-import-not-at-top
   config = load_config(str(repo_dir / "configs" / "tiny.yaml"),
                        ["task.type=openqa", "task.openqa.gold_block_steps=10"])
   task = tasks.get_task(config)
@@ -267,8 +269,6 @@ def test_bad_scoring_and_finetuning_options_are_refused(repo_dir, override, mess
 def test_the_step_reads_gold_blocks_first_then_retrieved_ones(tmp_path, repo_dir):
   """In the step: while global_step < gold_block_steps each question reads its gold block
   (its article's block with the answer) first; afterwards the retrieved blocks only."""
-  from tests import task_fixtures  # pylint: disable=g-import-not-at-top
-  from tests.synthetic_corpus import _CITIES, _COUNTRIES, write_corpus  # pylint: disable=g-import-not-at-top
   corpus = str(tmp_path / "corpus")
   write_corpus(corpus)
   questions = tmp_path / "questions.jsonl"

@@ -4,8 +4,9 @@ Strings: exact match after the normalisation of DrQA's and ORQA's evaluation scr
 Unicode NFD first (so a precomposed 'é' and 'e' + combining acute compare equal, whichever
 form the corpus or the reference uses), then SQuAD v1.1's steps (lower-case, drop ASCII
 punctuation and the articles a/an/the, collapse white space): the rule NQ-Open,
-WebQuestions and SQuAD-open results are reported under. Regular expressions (CuratedTREC): DrQA's and ORQA's
-rule, `re.match` of the pattern, case-insensitive, against the raw predicted string.
+WebQuestions and SQuAD-open results are reported under. Regular expressions
+(CuratedTREC): DrQA's and ORQA's rule, `re.match` of the pattern, case-insensitive, against
+the raw predicted string.
 
 This module is plain Python: it scores predictions on the host and prepares answer
 strings before they are tokenized; nothing here runs in a training step.

@@ -104,11 +104,12 @@ def build_optimizer(trainer: TrainerConfig, runtime=None):
                       f"got {type(optimizer).__name__}")
     settings = {k: v for k, v in optimizer.get_config().items()
                 if k not in ("learning_rate", "name", "decay")}
+    # pylint: disable=protected-access
     optimizer = AdamWeightDecayWithHeadRate(
         learning_rate=learning_rate, head_multiplier=multiplier,
-        exclude_from_weight_decay=optimizer._exclude_from_weight_decay,  # pylint: disable=protected-access
-        include_in_weight_decay=optimizer._include_in_weight_decay,  # pylint: disable=protected-access
-        **settings)
+        exclude_from_weight_decay=optimizer._exclude_from_weight_decay,
+        include_in_weight_decay=optimizer._include_in_weight_decay, **settings)
+    # pylint: enable=protected-access
   if runtime is not None:
     optimizer = performance.configure_optimizer(
         optimizer, use_float16=runtime.mixed_precision_dtype == "float16",
