@@ -41,13 +41,16 @@ def test_ict_trains_and_exports_the_retriever(ict_run):
 
 def test_pretraining_refreshes_the_index_while_training(tmp_path, repo_dir, corpus, ict_run):
   """The trainer hands snapshots to a child `beam.index_builder`, which re-embeds the
-  corpus; newer indexes are swapped in while training goes on."""
+  corpus; newer indexes are swapped in while training goes on. index.max_staleness_steps
+  bounds how far the builder may fall behind, so the test does not depend on the relative
+  speed of trainer and builder on a loaded machine."""
   model_dir = str(tmp_path / "realm")
   config = tf_.tiny_config(
-      repo_dir, corpus, "pretrain", trainer__train_steps=300, trainer__steps_per_loop=20,
+      repo_dir, corpus, "pretrain", trainer__train_steps=200, trainer__steps_per_loop=20,
       trainer__summary_interval=20, trainer__checkpoint_interval=100,
       task__pretrain__refresh_every_steps=20, task__pretrain__init_checkpoint=ict_run[0],
-      task__pretrain__start_index_builder=True)
+      task__pretrain__start_index_builder=True, index__max_staleness_steps=60,
+      index__first_index_timeout_seconds=300)
   result = train_lib.run_experiment(config, model_dir)
   history = layout.read_metrics(model_dir)
   versions = [r["index_version"] for r in history]
@@ -58,7 +61,7 @@ def test_pretraining_refreshes_the_index_while_training(tmp_path, repo_dir, corp
       # A newer index was built from a newer snapshot: staleness falls back.
       assert after["index_version"] > before["index_version"]
       assert after["index_staleness_steps"] < before["index_staleness_steps"] + 20
-  assert all(r["index_staleness_steps"] >= 0 for r in history)
+  assert all(0 <= r["index_staleness_steps"] <= 60 + 20 for r in history)
   assert all(np.isfinite(r["loss"]) for r in history)
   assert history[-1]["loss"] < history[0]["loss"]
   assert all(r["trivial_block_retrieved"] == 0.0 for r in history)

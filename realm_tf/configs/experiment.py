@@ -161,6 +161,10 @@ class IndexConfig(base_config.Config):
   poll_seconds: float = 5.0
   # Longest wait for a first index (e.g. one `beam.embed_corpus` is still building).
   first_index_timeout_seconds: float = 3600.0
+  # > 0: between train loops, wait (up to first_index_timeout_seconds) while the index is
+  # more than this many steps older than the trainer. 0: never wait (the paper's fully
+  # asynchronous refresh); a bound keeps a slow builder from leaving the index far behind.
+  max_staleness_steps: int = 0
 
 
 # ----------------------------------------------------------------------------- tasks

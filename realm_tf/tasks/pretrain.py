@@ -170,7 +170,7 @@ class PretrainTask(base.RealmTask):
             refresh_every_steps=self.task_config.refresh_every_steps if train else 0,
             train_steps=self.experiment.trainer.train_steps,
             first_index_timeout_seconds=i.first_index_timeout_seconds,
-            poll_seconds=i.poll_seconds,
+            poll_seconds=i.poll_seconds, max_staleness_steps=i.max_staleness_steps,
             start_builder=train and self.task_config.start_index_builder),
         retriever=model.retriever,
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(

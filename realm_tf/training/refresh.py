@@ -81,6 +81,7 @@ class RefreshSettings:
   poll_seconds: float
   start_builder: bool = False
   builder_args: Sequence[str] = ()
+  max_staleness_steps: int = 0  # 0: never wait for the builder
 
 
 class IndexRefresher:
@@ -140,6 +141,23 @@ class IndexRefresher:
     now = time.time()
     if now - self._last_poll >= self.settings.poll_seconds:
       self._last_poll = now
+      self.index.maybe_swap(self.settings.index_dir)
+    bound = self.settings.max_staleness_steps
+    if bound > 0 and global_step - self.index.encoder_step > bound:
+      self._wait_for_fresher(global_step, bound)
+
+  def _wait_for_fresher(self, global_step: int, bound: int):
+    """Blocks until the index is at most `bound` steps behind (index.max_staleness_steps)."""
+    deadline = time.time() + self.settings.first_index_timeout_seconds
+    logging.info("Index %s is %d steps behind step %d (bound %d): waiting for the builder",
+                 self.index.version, global_step - self.index.encoder_step, global_step, bound)
+    while global_step - self.index.encoder_step > bound:
+      if time.time() > deadline:
+        raise TimeoutError(
+            f"{self.settings.index_dir}: no index within {bound} steps of step {global_step} "
+            f"after {self.settings.first_index_timeout_seconds:.0f}s "
+            f"(index.max_staleness_steps); is the index builder running?")
+      time.sleep(min(self.settings.poll_seconds, 1.0) or 0.1)
       self.index.maybe_swap(self.settings.index_dir)
 
   def logs(self, global_step: int) -> dict[str, float]:
