@@ -64,7 +64,8 @@ def finetuned(tmp_path_factory, repo_dir, data):
       "trainer.learning_rate": 1e-2, "trainer.warmup_steps": 20})
   strategy = tf.distribute.get_strategy()
   start = train_lib.run_experiment(config, model_dir, strategy, stop_at_step=0)
-  before, _ = train_lib.evaluate_checkpoint(config, model_dir, strategy=strategy)
+  before, _ = train_lib.evaluate_checkpoint(config, model_dir, strategy=strategy,
+                                            name="validation")
   # Resumed from the step-0 checkpoint: trains to STEPS, evaluating at the end.
   run = train_lib.Run(config, model_dir, strategy)
   after = run.train()

@@ -175,7 +175,8 @@ class Run:
                   start_step=self.start_step, reached_train_steps=reached,
                   checkpoint=self.runner.checkpoint_manager.latest_checkpoint,
                   train_seconds=time.time() - start)
-    history = layout.read_metrics(self.model_dir)
+    history = [r for r in layout.read_metrics(self.model_dir)
+               if r.get("mode") == self.experiment.task.type]
     if history:
       result["last_train_loop"] = history[-1]
     if hasattr(self.task, "refresher") and self.task.refresher is not None:
