@@ -167,9 +167,9 @@ def test_google_bert_checkpoint_loads_encoder_and_mlm_head(tmp_path, tokenizer):
   prefix = str(tmp_path / "bert_model.ckpt")
   values = _write_google_checkpoint(prefix, rng)
   config = load_config(overrides=[
-      f"encoder.{k}={v}" for k, v in TINY.items()] + [
-      "encoder.dropout_rate=0.0", "encoder.attention_dropout_rate=0.0",
-      "warm_start.source=google_bert", f"warm_start.path={prefix}"])
+      f"model.encoder.{k}={v}" for k, v in TINY.items()] + [
+      "model.encoder.dropout_rate=0.0", "model.encoder.attention_dropout_rate=0.0",
+      "model.warm_start.source=google_bert", f"model.warm_start.path={prefix}"])
   model = factory.build_knowledge_augmented_encoder(config)
   ids = rng.integers(1, TINY["vocab_size"], size=(2, 7)).astype(np.int32)
   types = np.array([[0, 0, 0, 1, 1, 1, 1]] * 2, np.int32)
