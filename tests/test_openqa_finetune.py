@@ -13,7 +13,8 @@ from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
 from realm_tf.tasks.openqa import restore_from_pretraining
 from realm_tf.training import train_lib
-from tests.synthetic_corpus import _CITIES, _COUNTRIES, _RIVERS, write_corpus
+from tests.synthetic_corpus import _CITIES, write_corpus
+from tests.task_fixtures import write_questions
 
 STEPS = 300
 
@@ -40,14 +41,8 @@ def _evaluations(model_dir, name="validation"):
 def data(tmp_path_factory):
   root = tmp_path_factory.mktemp("openqa")
   write_corpus(str(root / "corpus"))
-  questions = root / "questions.jsonl"
-  with open(questions, "w") as f:
-    for country, city, river in zip(_COUNTRIES, _CITIES, _RIVERS):
-      f.write(json.dumps({"question": f"What is the capital of {country}?",
-                          "answer": [city]}) + "\n")
-      f.write(json.dumps({"question": f"Which river flows through {city}?",
-                          "answer": [f"the {river}"]}) + "\n")
-  return str(root / "corpus"), str(questions)
+  questions = write_questions(str(root / "questions.jsonl"))
+  return str(root / "corpus"), questions
 
 
 @pytest.fixture(scope="module")

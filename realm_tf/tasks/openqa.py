@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import block_store
-from realm_tf.io import layout
+from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory, losses
 from realm_tf.openqa import evaluation, inputs, spans
 from realm_tf.openqa.bm25 import BM25Retriever
@@ -272,7 +272,6 @@ class OpenQATask(base.RealmTask):
     i, c = self.experiment.index, self.task_config
     index_dir = layout.index_dir(self.model_dir, i.index_dir)
     refreshing = train and c.refresh_index
-    from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
     needs_build = versioned.latest_version(index_dir) is None
     self.refresher = refresh.IndexRefresher(
         self.model_dir, self.index, refresh.RefreshSettings(

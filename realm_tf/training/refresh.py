@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from realm_tf.io import layout, versioned
+from realm_tf.io import layout, storage, versioned
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.training import snapshots
 
@@ -30,8 +30,8 @@ from realm_tf.training import snapshots
 class IndexBuilderProcess:
   """`python -m beam.index_builder` as a child process owned by the trainer.
 
-  Spawned (not imported: the library never imports the `beam` entry points). Its output
-  goes to model_dir/index_builder.log through tf.io.gfile, copied by a pipe reader thread,
+  Spawned (not imported: the library never imports the `beam` entry points). A pipe reader
+  thread appends its output to model_dir/index_builder.log through storage.open_for_append,
   so model_dir may be on an object store.
   """
 
@@ -41,7 +41,6 @@ class IndexBuilderProcess:
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "beam.index_builder", "--model_dir", model_dir, *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    self._lines: list[bytes] = []
     self._reader = threading.Thread(target=self._copy_output, daemon=True,
                                     name="index-builder-log")
     self._reader.start()
@@ -49,18 +48,15 @@ class IndexBuilderProcess:
                  self.log_path)
 
   def _copy_output(self):
-    for line in self.process.stdout:
-      self._lines.append(line)
-      if len(self._lines) % 20 == 0:
-        self._flush()
-    self._flush()
-
-  def _flush(self):
     try:
-      with tf.io.gfile.GFile(self.log_path, "wb") as f:
-        f.write(b"".join(self._lines))
+      with storage.open_for_append(self.log_path) as log:
+        for line in self.process.stdout:
+          log.write(line.decode("utf-8", errors="replace"))
+          log.flush()
     except tf.errors.OpError as e:  # the log must never stop training
       logging.warning("Could not write %s: %s", self.log_path, e)
+      for _ in self.process.stdout:  # keep draining so the builder never blocks on a pipe
+        pass
 
   def stop(self, timeout: float = 120.0):
     try:
