@@ -48,8 +48,8 @@ def build(config, strategy=None, model_dir: str = "", seed: int = 0):
   task = tasks.get_task(config, model_dir)
   with strategy.scope():
     model = task.build_model()
-  if hasattr(task, "build_index"):
-    index = task.build_index(strategy)
+  index = task.build_index(strategy) if hasattr(task, "build_index") else None
+  if index is not None:  # None: a pre-training run without retrieval
     index.set_embeddings(random_embeddings(index, seed), version=0)
   return task, model
 

@@ -25,6 +25,8 @@ OPENQA_LOSSES = ("orqa", "marginal")
 ACTIVATIONS = ("gelu", "gelu_approximate", "relu")
 WARM_START_SOURCES = ("", "minilm", "google_bert")
 MASKINGS = ("salient_spans", "random_tokens", "random_spans")
+SALIENT_SPAN_FALLBACKS = ("skip", "random_spans")
+PRETRAIN_TRAINABLES = ("all", "mlm_head")
 INDEX_BACKENDS = ("exact", "scann")
 EMBEDDING_DTYPES = ("float32", "bfloat16")
 INIT_SOURCES = ("warm_start", "ict", "realm")
@@ -212,6 +214,23 @@ class PretrainTaskConfig(cfg.TaskConfig):
   # Run `beam.index_builder` as a child process of the trainer (else: on other machines
   # sharing model_dir, or an index built once by `beam.embed_corpus` stays fixed).
   start_index_builder: bool = False
+  # Salient-span masking of a sentence with no salient span: 'skip' it (the authors' choice:
+  # a random span there rarely needs world knowledge) or mask 'random_spans' instead.
+  salient_span_fallback: str = "skip"
+  # Masking of validation_data (held-out sentences): salient spans whatever `masking` trains
+  # with, so the masking ablations are scored on the same held-out spans.
+  validation_masking: str = "salient_spans"
+  # False: x reads only the null document (no index, no index builder): the no-retrieval
+  # baseline, and the MLM-head warm-up below.
+  retrieval: bool = True
+  # 'all', or 'mlm_head': only the MLM head's own weights train (the encoder, and the word
+  # embeddings its output is tied to, stay frozen). A warm-up for warm starts that ship no
+  # MLM head (MiniLM), whose fresh head would otherwise start REALM at chance; needs
+  # retrieval=false.
+  trainable: str = "all"
+  # A pre-training run (e.g. that warm-up) whose knowledge-augmented encoder, MLM head
+  # included, a fresh run starts from; init_checkpoint still gives the retriever.
+  mlm_init_checkpoint: str = ""
 
 
 @dataclasses.dataclass
@@ -365,6 +384,13 @@ class ExperimentConfig(cfg.ExperimentConfig):
       _positive(task.train_data.global_batch_size, f"task.{key}.train_data.global_batch_size")
     p = self.task.pretrain
     _one_of(p.masking, MASKINGS, "task.pretrain.masking")
+    _one_of(p.validation_masking, MASKINGS, "task.pretrain.validation_masking")
+    _one_of(p.salient_span_fallback, SALIENT_SPAN_FALLBACKS,
+            "task.pretrain.salient_span_fallback")
+    _one_of(p.trainable, PRETRAIN_TRAINABLES, "task.pretrain.trainable")
+    if p.trainable == "mlm_head" and p.retrieval:
+      raise ConfigValueError("task.pretrain.trainable=mlm_head trains the MLM head alone, "
+                             "without retrieval: set task.pretrain.retrieval=false")
     if p.num_candidates < 1 + int(p.include_null_document):
       raise ConfigValueError(f"task.pretrain.num_candidates {p.num_candidates} leaves no "
                              f"retrieved block")

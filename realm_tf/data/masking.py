@@ -109,7 +109,8 @@ def mask_query(token_ids: tf.Tensor, token_starts: tf.Tensor, token_ends: tf.Ten
     span_starts, span_ends: [S] byte offsets of its salient spans (end exclusive).
     seed: [2] int seed for the stateless random ops (e.g. fold_in of a run seed and
       the example index).
-    mode: 'salient_spans' (one span; random spans when the query has none),
+    mode: 'salient_spans' (one span; random spans when the query has none, flagged by
+      'has_salient_span' so a caller can skip such queries instead, as the authors did),
       'random_tokens' or 'random_spans'.
     mask_id: the [MASK] id.
     max_predictions: P, the padded number of predictions.
@@ -119,7 +120,8 @@ def mask_query(token_ids: tf.Tensor, token_starts: tf.Tensor, token_ends: tf.Ten
   Returns:
     input_ids [T] with [MASK] at the chosen wordpieces; masked_lm_positions [P] int32,
     masked_lm_ids [P] (the original ids) and masked_lm_weights [P] float32 (1 for a
-    real prediction, 0 for padding), in increasing position order.
+    real prediction, 0 for padding), in increasing position order; has_salient_span []
+    bool (False only in 'salient_spans' mode for a query whose spans all fell away).
   """
   if mode not in MODES:
     raise ValueError(f"masking mode must be one of {MODES}, got {mode!r}")
@@ -133,6 +135,7 @@ def mask_query(token_ids: tf.Tensor, token_starts: tf.Tensor, token_ends: tf.Ten
   def spans(stream):
     return random_span_choice(num_tokens, budget, _stream(seed, stream), max_span_length)
 
+  found = tf.constant(True)
   if mode == "random_tokens":
     chosen = random_token_choice(num_tokens, budget, _stream(seed, _TOKENS_STREAM))
   elif mode == "random_spans":
@@ -154,6 +157,7 @@ def mask_query(token_ids: tf.Tensor, token_starts: tf.Tensor, token_ends: tf.Ten
       "masked_lm_positions": tf.pad(positions + position_offset, padding),
       "masked_lm_ids": tf.pad(masked_ids, padding),
       "masked_lm_weights": weights,
+      "has_salient_span": found,
   }
   for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
     outputs[key] = tf.ensure_shape(outputs[key], [max_predictions])

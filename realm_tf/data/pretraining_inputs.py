@@ -11,6 +11,11 @@ per-replica batch, M = max predictions):
                                    "no trivial retrievals")
 The record's document uid (a string) stays in the dataset function: it is not needed once
 exclusion is by block id, and no string may reach an accelerator.
+
+Salient-span masking skips sentences with no salient span by default (the authors did:
+a random span of such a sentence rarely needs world knowledge, so it teaches retrieval
+nothing); `skip_unsalient=False` masks random spans there instead. Queries are numbered
+before the filter, so a seed gives the same masks whatever is skipped.
 """
 from typing import Optional
 
@@ -26,7 +31,8 @@ def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_leng
                          masking_mode: str, max_predictions: int, seed: int,
                          repeat: bool = True, shuffle_buffer: int = 10000,
                          input_context: Optional[tf.distribute.InputContext] = None,
-                         max_examples: int = 0) -> tf.data.Dataset:
+                         max_examples: int = 0, skip_unsalient: bool = True
+                         ) -> tf.data.Dataset:
   """One example at a time: the query packed and masked (deterministic per position)."""
   dataset = tf.data.TFRecordDataset(files(file_pattern))
   if input_context is not None and input_context.num_input_pipelines > 1:
@@ -55,20 +61,24 @@ def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_leng
         masked_lm=dict(positions=tf.cast(masked["masked_lm_positions"], tf.int32),
                        ids=tf.cast(masked["masked_lm_ids"], tf.int32),
                        weights=tf.cast(masked["masked_lm_weights"], tf.float32)),
-        block_id=record["block_id"])
+        block_id=record["block_id"]), masked["has_salient_span"]
 
-  return dataset.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE,
-                                 deterministic=True)
+  dataset = dataset.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE,
+                                    deterministic=True)
+  if skip_unsalient and masking_mode == "salient_spans":
+    dataset = dataset.filter(lambda features, salient: salient)
+  return dataset.map(lambda features, salient: features)
 
 
 def pretraining_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_length: int,
                         masking_mode: str, max_predictions: int, batch_size: int, seed: int,
                         skip_batches: int = 0, repeat: bool = True, shuffle_buffer: int = 10000,
                         input_context: Optional[tf.distribute.InputContext] = None,
-                        max_examples: int = 0) -> tf.data.Dataset:
+                        max_examples: int = 0, skip_unsalient: bool = True,
+                        drop_remainder: bool = True) -> tf.data.Dataset:
   """Batches of pre-training features; `skip_batches` resumes the deterministic order."""
   dataset = masked_query_dataset(file_pattern, tokenizer, query_seq_length, masking_mode,
                                  max_predictions, seed, repeat, shuffle_buffer, input_context,
-                                 max_examples)
-  dataset = dataset.batch(batch_size, drop_remainder=True).skip(skip_batches)
+                                 max_examples, skip_unsalient)
+  dataset = dataset.batch(batch_size, drop_remainder=drop_remainder).skip(skip_batches)
   return dataset.prefetch(tf.data.AUTOTUNE)

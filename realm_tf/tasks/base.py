@@ -219,7 +219,7 @@ class RealmTask(base_task.Task):
     loss, outputs dict). Mixed float16 scales the loss as tf-models' LossScaleOptimizer
     expects.
     """
-    variables = model.trainable_variables
+    variables = self.trainable_variables(model)
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def forward_backward(features):
@@ -234,6 +234,10 @@ class RealmTask(base_task.Task):
       grads = optimizer.get_unscaled_gradients(grads)
     apply_gradients(optimizer, zip(grads, variables))
     return loss, outputs
+
+  def trainable_variables(self, model) -> list:
+    """The variables a train step updates (all of the model's, unless a task freezes some)."""
+    return model.trainable_variables
 
   # ------------------------------------------------------------------ driver hooks (host)
 

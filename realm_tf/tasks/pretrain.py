@@ -11,8 +11,13 @@ One step, per replica (B queries, K = k retrieved + the null document, M masked 
   loss = −Σ_m log Σ_z p(z|x) p(y_m|z,x) / (global number of masked tokens)
 Everything between the input batch and the loss is in the compiled step; only numbers
 cross between host and device.
+
+With task.pretrain.retrieval=false every x reads the null document alone (K = 1, no index,
+no retriever in the step): the no-retrieval baseline, and, with trainable=mlm_head, the
+warm-up of a fresh MLM head on a frozen encoder.
 """
 import logging
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -47,8 +52,8 @@ def prepend_null(blocks, null: dict, batch_size):
 class PretrainTask(base.RealmTask):
   """build_model → RealmPretrainer; inputs {'query', 'masked_lm', 'block_id'}."""
 
-  metric_names = ("loss", "mlm_accuracy", "retrieval_utility", "null_document_probability",
-                  "trivial_block_retrieved")
+  metric_names = ("loss", "mlm_accuracy", "span_accuracy", "retrieval_utility",
+                  "null_document_probability", "trivial_block_retrieved")
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -57,25 +62,38 @@ class PretrainTask(base.RealmTask):
 
   @property
   def num_retrieved(self) -> int:
+    if not self.task_config.retrieval:
+      return 0
     return self.task_config.num_candidates - int(self.task_config.include_null_document)
+
+  @property
+  def reads_null_document(self) -> bool:
+    return self.task_config.include_null_document or not self.task_config.retrieval
 
   def build_model(self):
     return factory.build_realm_pretrainer(self.experiment)
 
   def build_inputs(self, params, input_context=None):
     training = bool(params.is_training)
+    c = self.task_config
     return pretraining_inputs.pretraining_dataset(
         params.input_path, self.tokenizer, self.experiment.model.retriever.query_seq_length,
-        self.task_config.masking, self.task_config.max_predictions_per_seq,
+        c.masking if training else c.validation_masking, c.max_predictions_per_seq,
         base.per_replica_batch(params.global_batch_size, input_context),
         seed=self.experiment.trainer.seed,
         skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
         repeat=training, shuffle_buffer=params.shuffle_buffer_size if training else 0,
-        input_context=input_context, max_examples=params.max_examples)
+        input_context=input_context, max_examples=params.max_examples,
+        skip_unsalient=c.salient_span_fallback == "skip",
+        drop_remainder=training or params.drop_remainder)
 
-  def build_index(self, strategy) -> KnowledgeIndex:
-    """The corpus Z as the step retrieves it (variables sharded over `strategy`)."""
+  def build_index(self, strategy) -> Optional[KnowledgeIndex]:
+    """The corpus Z as the step retrieves it (variables sharded over `strategy`); None
+    without retrieval."""
     m, i = self.experiment.model, self.experiment.index
+    self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)
+    if not self.task_config.retrieval:
+      return None
     store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
@@ -83,7 +101,6 @@ class PretrainTask(base.RealmTask):
         dimension=factory.retriever_output_size(self.experiment),  # the embedder's width
         strategy=strategy, backend=i.backend, embedding_dtype=i.embedding_dtype,
         rescore=i.rescore)
-    self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)
     return self.index
 
   # ------------------------------------------------------------------------- the step
@@ -92,20 +109,30 @@ class PretrainTask(base.RealmTask):
     """(this replica's share of the global mean loss, outputs) for one batch."""
     query = features["query"]
     batch = tf.shape(query["input_word_ids"])[0]
-    q = model.retriever.embed_queries(query, training=training)  # [B, P]
-    retrieved = self.index.search(q, self.num_retrieved,
-                                  exclude_block_ids=features["block_id"])  # [B, k]
-    blocks = self.index.gather(retrieved.rows)
-    if self.task_config.include_null_document:
-      document, body_ids, body_lengths = prepend_null(blocks, self._null, batch)
-    else:
-      document, body_ids, body_lengths = blocks.document, blocks.body_ids, blocks.body_lengths
+    if self.task_config.retrieval:
+      q = model.retriever.embed_queries(query, training=training)  # [B, P]
+      retrieved = self.index.search(q, self.num_retrieved,
+                                    exclude_block_ids=features["block_id"])  # [B, k]
+      block_ids = retrieved.block_ids
+      blocks = self.index.gather(retrieved.rows)
+      if self.task_config.include_null_document:
+        document, body_ids, body_lengths = prepend_null(blocks, self._null, batch)
+      else:
+        document, body_ids, body_lengths = (blocks.document, blocks.body_ids,
+                                            blocks.body_lengths)
+    else:  # the null document alone: an empty body, no retriever
+      q, document = None, None
+      block_ids = tf.zeros([batch, 0], tf.int64)  # [B, 0]: nothing retrieved
+      body_ids = tf.zeros([batch, 1, 1], tf.int32)  # [B, 1, Lb=1], length 0
+      body_lengths = tf.zeros([batch, 1], tf.int32)
     reader = pack_reader_inputs(query["input_word_ids"], query["input_mask"], body_ids,
                                 body_lengths, self.experiment.model.reader.seq_length,
                                 self.tokenizer.sep_id)
     reader.pop("body_start")
-    out = model(dict(candidates=document, reader=reader, masked_lm=features["masked_lm"]),
-                query_embeddings=q, training=training)
+    inputs = dict(reader=reader, masked_lm=features["masked_lm"])
+    if document is not None:
+      inputs["candidates"] = document
+    out = model(inputs, query_embeddings=q, training=training)
     weights = features["masked_lm"]["weights"]  # [B, M]
     loss_sum, weight_sum = losses.masked_lm_marginal_loss(
         out.retrieval_logits, out.token_log_probs, weights)
@@ -113,7 +140,7 @@ class PretrainTask(base.RealmTask):
     return loss, dict(retrieval_logits=out.retrieval_logits,
                       token_log_probs=out.token_log_probs,
                       mlm_predictions=out.mlm_predictions, loss_sum=loss_sum,
-                      weight_sum=weight_sum, block_ids=retrieved.block_ids)
+                      weight_sum=weight_sum, block_ids=block_ids)
 
   def train_step(self, inputs, model, optimizer, metrics=None):
     _, out = self.gradient_step(model, optimizer,
@@ -130,10 +157,14 @@ class PretrainTask(base.RealmTask):
     loss = out["loss_sum"] / tf.maximum(weight_sum, 1.0)
     correct = tf.cast(tf.equal(out["mlm_predictions"], features["masked_lm"]["ids"]),
                       tf.float32)
-    null = 0 if self.task_config.include_null_document else None
+    null = 0 if self.reads_null_document else None
+    # A span is right when every one of its wordpieces is (examples with no mask skipped).
+    has_mask = tf.reduce_sum(weights, axis=1) > 0  # [B]
+    span_right = tf.reduce_all((correct > 0) | (weights == 0), axis=1)  # [B]
     values = dict(
         loss=loss,
         mlm_accuracy=tf.reduce_sum(correct * weights) / tf.maximum(weight_sum, 1.0),
+        span_accuracy=tf.boolean_mask(tf.cast(span_right, tf.float32), has_mask),
         null_document_probability=(tf.nn.softmax(out["retrieval_logits"], -1)[:, 0]
                                    if null is not None else tf.zeros([1])),
         # 0 unless exclusion is broken: the source block must never be among the candidates.
@@ -148,19 +179,40 @@ class PretrainTask(base.RealmTask):
   # ------------------------------------------------------------------------- host side
 
   def initialize(self, model):
-    """A fresh run's retriever starts from the ICT run at init_checkpoint (if set); the
-    encoders were already warm-started by build_model."""
-    if self.task_config.init_checkpoint:
-      path = layout.latest_checkpoint(self.task_config.init_checkpoint)
+    """A fresh run's retriever starts from the ICT run at init_checkpoint (if set), its
+    knowledge-augmented encoder (MLM head included) from the run at mlm_init_checkpoint
+    (if set, e.g. the MLM-head warm-up); otherwise the encoders keep build_model's warm
+    start."""
+    c = self.task_config
+    if c.init_checkpoint:
+      path = layout.latest_checkpoint(c.init_checkpoint)
       tf.train.Checkpoint(model=model.retriever).read(path).expect_partial()
       base.log_restore("Retriever (ICT)", path)
+    if c.mlm_init_checkpoint:
+      path = layout.latest_checkpoint(c.mlm_init_checkpoint)
+      # The same object path as in a pre-training checkpoint (model → the pretrainer's
+      # knowledge_augmented_encoder attribute), so only that subtree is read.
+      tf.train.Checkpoint(model=tf.train.Checkpoint(
+          knowledge_augmented_encoder=model.knowledge_augmented_encoder)).read(
+              path).assert_existing_objects_matched().expect_partial()
+      base.log_restore("Knowledge-augmented encoder and MLM head", path)
+
+  def trainable_variables(self, model) -> list:
+    """trainable=mlm_head: the MLM head's transform, layer norm and output bias only (its
+    output matrix is the encoder's word embedding table, which stays frozen)."""
+    if self.task_config.trainable == "all":
+      return model.trainable_variables
+    encoder = model.knowledge_augmented_encoder
+    frozen = {v.ref() for v in encoder.encoder.trainable_variables}
+    return [v for v in encoder.masked_lm.trainable_variables if v.ref() not in frozen]
 
   def on_evaluate_begin(self, model, global_step: int):
-    if self.index.version is None:
+    if self.task_config.retrieval and self.index.version is None:
       self._start_refresher(model, global_step, train=False)
 
   def on_train_begin(self, model, global_step: int):
-    self._start_refresher(model, global_step, train=True)
+    if self.task_config.retrieval:
+      self._start_refresher(model, global_step, train=True)
 
   def _start_refresher(self, model, global_step: int, train: bool):
     i = self.experiment.index
@@ -179,6 +231,8 @@ class PretrainTask(base.RealmTask):
     self.refresher.start(global_step, training=train)
 
   def train_actions(self, trainer):
+    if not self.task_config.retrieval:
+      return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
   def host_logs(self, global_step: int) -> dict[str, float]:
@@ -190,4 +244,4 @@ class PretrainTask(base.RealmTask):
       logging.info("Pre-training index refresh: %s", self.refresher.summary())
 
   def steps_per_loop_divisors(self):
-    return [self.task_config.refresh_every_steps]
+    return [self.task_config.refresh_every_steps] if self.task_config.retrieval else []

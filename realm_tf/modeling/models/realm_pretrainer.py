@@ -25,7 +25,9 @@ class RealmPretrainer(tf_keras.Model):
 
   Features (a nest; names say which network reads them):
     query       BERT inputs [B, Lq]      x for the query tower
-    candidates  BERT inputs [B, K, Lc]   the retrieved blocks for the document tower
+    candidates  BERT inputs [B, K, Lc]   the retrieved blocks for the document tower, or
+                                         None when the only candidate is the null document
+                                         (no retrieval): p(z|x) = 1, no retriever runs
     reader      BERT inputs [B, K, Lr]   join_bert(x, z_body) for the encoder
     masked_lm   positions, ids [B, M]
     candidate_mask [B, K]                optional: 0 for padding candidates
@@ -39,12 +41,16 @@ class RealmPretrainer(tf_keras.Model):
   def call(self, features: dict, query_embeddings: Optional[tf.Tensor] = None,
            training=None) -> RealmPretrainerOutputs:
     """query_embeddings [B, P]: pass the ones the step already computed for the search."""
-    if query_embeddings is None:
-      query_embeddings = self.retriever.embed_queries(features["query"], training=training)
-    documents = self.retriever.embed_documents(features["candidates"],
-                                               training=training)  # [B, K, P]
-    retrieval_logits = tf.cast(Retriever.relevance(
-        query_embeddings, tf.cast(documents, query_embeddings.dtype)), tf.float32)  # [B, K]
+    if features.get("candidates") is None:
+      shape = tf.shape(features["reader"]["input_word_ids"])
+      retrieval_logits = tf.zeros(shape[:2], tf.float32)  # [B, 1]: the null document
+    else:
+      if query_embeddings is None:
+        query_embeddings = self.retriever.embed_queries(features["query"], training=training)
+      documents = self.retriever.embed_documents(features["candidates"],
+                                                 training=training)  # [B, K, P]
+      retrieval_logits = tf.cast(Retriever.relevance(
+          query_embeddings, tf.cast(documents, query_embeddings.dtype)), tf.float32)  # [B, K]
     reader_inputs = dict(features["reader"],
                          masked_lm_positions=features["masked_lm"]["positions"],
                          masked_lm_ids=features["masked_lm"]["ids"])

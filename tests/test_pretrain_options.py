@@ -1,0 +1,177 @@
+"""Pre-training set-ups of the paper's ablations (issue 14) on the tiny config: sentences
+without a salient span skipped, the no-retrieval arm (null document only), the MLM-head
+warm-up on a frozen encoder and a run starting from it, held-out masking fixed across
+masking ablations, and span-level accuracy against a NumPy reference."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf.configs.experiment import ConfigValueError
+from realm_tf.corpus import schema
+from realm_tf.data import pretraining_inputs
+from realm_tf.training import train_lib
+from tests import task_fixtures as tf_
+from tests.synthetic_corpus import write_corpus
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  path = str(tmp_path_factory.mktemp("corpus"))
+  write_corpus(path)
+  return path
+
+
+def _config(repo_dir, corpus, *overrides, **named):
+  return tf_.tiny_config(repo_dir, corpus, "pretrain", "", *overrides, **named)
+
+
+def _write_sentences(path, rows):
+  with tf.io.TFRecordWriter(path) as writer:
+    for text, spans in rows:
+      starts = [text.encode().index(s.encode()) for s in spans]
+      writer.write(schema.PRETRAINING.serialize(dict(
+          text=text, block_id=7, doc_uid="d", salient_span_starts=starts,
+          salient_span_ends=[a + len(s.encode()) for a, s in zip(starts, spans)],
+          salient_span_labels=["LOC"] * len(spans))))
+  return path
+
+
+def test_sentences_without_a_salient_span_are_skipped_unless_asked(tmp_path, tokenizer):
+  rows = [("Talmont is the capital of Veloria.", ["Talmont"]),
+          ("It rained all week long there.", []),
+          ("The river Amsel flows through Ruvik.", ["Amsel"]),
+          ("Nobody knows why.", [])]
+  path = _write_sentences(str(tmp_path / "x.tfrecord"), rows)
+
+  def masked_texts(skip, mode="salient_spans"):
+    data = pretraining_inputs.masked_query_dataset(
+        path, tokenizer, 16, mode, 4, seed=0, repeat=False, shuffle_buffer=0,
+        skip_unsalient=skip)
+    return [tuple(e["query"]["input_word_ids"].numpy()) for e in data]
+
+  kept = masked_texts(True)
+  assert len(kept) == 2  # only the two sentences with a span
+  assert len(masked_texts(False)) == 4  # random spans for the other two
+  assert len(masked_texts(True, "random_spans")) == 4  # the flag is about salient spans
+  # Numbering comes before the filter: the kept sentences get the masks they get unfiltered.
+  assert kept == [t for t, (_, spans) in zip(masked_texts(False), rows) if spans]
+
+
+def test_no_retrieval_reads_the_null_document_alone(repo_dir, corpus):
+  config = _config(repo_dir, corpus, task__pretrain__retrieval=False,
+                   index__blocks="", runtime__enable_xla=True)
+  task, model = tf_.build(config)
+  assert task.index is None and task.num_retrieved == 0
+  optimizer = task.create_task_optimizer()
+  features = tf_.first_batch(task, config)
+  metrics = task.build_metrics()
+  logs = task.train_step(features, model, optimizer, metrics)
+  assert np.isfinite(logs["loss"].numpy())
+  values = {m.name: m.result().numpy() for m in metrics}
+  assert values["null_document_probability"] == pytest.approx(1.0)
+  assert values["retrieval_utility"] == pytest.approx(0.0)
+  assert values["trivial_block_retrieved"] == 0.0
+
+  # The loss is the plain MLM loss of the encoder reading [CLS] x [SEP] [SEP].
+  query, mlm = features["query"], features["masked_lm"]
+  length = config.model.reader.seq_length
+  ids = query["input_word_ids"].numpy()
+  reader_ids = np.zeros([ids.shape[0], length], np.int32)
+  mask = np.zeros_like(reader_ids)
+  for b, row in enumerate(ids):
+    n = int(query["input_mask"].numpy()[b].sum())
+    reader_ids[b, :n] = row[:n]
+    reader_ids[b, n] = task.tokenizer.sep_id
+    mask[b, :n + 1] = 1
+  out = model.knowledge_augmented_encoder(dict(
+      input_word_ids=reader_ids[:, None], input_mask=mask[:, None],
+      input_type_ids=np.where(np.arange(length)[None, :] >= (mask.sum(1) - 1)[:, None], 1,
+                              0).astype(np.int32)[:, None] * mask[:, None],
+      masked_lm_positions=mlm["positions"], masked_lm_ids=mlm["ids"]), training=False)
+  weights = mlm["weights"].numpy()
+  expected = -(out["token_log_probs"].numpy()[:, 0] * weights).sum() / weights.sum()
+  loss, _ = task.forward(model, features, False)
+  assert float(loss) == pytest.approx(expected, rel=1e-4)
+
+
+def test_mlm_head_warm_up_trains_the_head_alone(repo_dir, corpus):
+  config = _config(repo_dir, corpus, task__pretrain__retrieval=False,
+                   task__pretrain__trainable="mlm_head", index__blocks="")
+  task, model = tf_.build(config)
+  optimizer = task.create_task_optimizer()
+  trained = task.trainable_variables(model)
+  head = model.knowledge_augmented_encoder.masked_lm
+  table = model.knowledge_augmented_encoder.encoder.get_embedding_table()
+  assert trained and all(v.ref() in {w.ref() for w in head.trainable_variables}
+                         for v in trained)
+  assert table.ref() not in {v.ref() for v in trained}  # the tied output matrix is frozen
+  before = {v.ref(): v.numpy().copy() for v in model.trainable_variables}
+  for _ in range(2):  # the warm-up schedule's learning rate is 0 at the first step
+    task.train_step(tf_.first_batch(task, config), model, optimizer, task.build_metrics())
+  changed = {v.ref() for v in model.trainable_variables
+             if not np.array_equal(before[v.ref()], v.numpy())}
+  assert changed == {v.ref() for v in trained}
+
+
+def test_a_run_starts_from_the_warm_up_encoder_and_head(tmp_path, repo_dir, corpus):
+  warm_dir = str(tmp_path / "warmup")
+  warm = _config(repo_dir, corpus, task__pretrain__retrieval=False,
+                 task__pretrain__trainable="mlm_head", index__blocks="",
+                 trainer__train_steps=2, trainer__checkpoint_interval=2,
+                 trainer__steps_per_loop=2, trainer__summary_interval=2,
+                 trainer__learning_rate=0.1)
+  run = train_lib.Run(warm, warm_dir, evaluate=False)
+  run.train()
+  head = {v.name: v.numpy() for v in run.model.knowledge_augmented_encoder.masked_lm.variables}
+
+  config = _config(repo_dir, corpus, task__pretrain__mlm_init_checkpoint=warm_dir)
+  task, model = tf_.build(config)
+  fresh = {v.name: v.numpy() for v in model.knowledge_augmented_encoder.masked_lm.variables}
+  assert any(not np.allclose(fresh[k], head[k]) for k in head)
+  task.initialize(model)
+  for v in model.knowledge_augmented_encoder.masked_lm.variables:
+    np.testing.assert_allclose(v.numpy(), head[v.name])
+
+
+def test_held_out_masking_is_salient_spans_whatever_training_masks(repo_dir, corpus):
+  pattern = os.path.join(corpus, "pretraining-*")
+  config = _config(repo_dir, corpus, task__pretrain__masking="random_tokens",
+                   task__pretrain__validation_data__input_path=pattern)
+  salient = _config(repo_dir, corpus, task__pretrain__validation_data__input_path=pattern)
+  task, _ = tf_.build(config)
+  reference, _ = tf_.build(salient)
+  held_out = tf_.first_batch(task, config, training=False)
+  expected = tf_.first_batch(reference, salient, training=False)
+  np.testing.assert_array_equal(held_out["masked_lm"]["ids"], expected["masked_lm"]["ids"])
+  train = tf_.first_batch(task, config)
+  train_salient = tf_.first_batch(reference, salient)
+  assert not np.array_equal(train["query"]["input_word_ids"],
+                            train_salient["query"]["input_word_ids"])
+
+
+def test_span_accuracy_matches_numpy(repo_dir, corpus):
+  config = _config(repo_dir, corpus)
+  task, model = tf_.build(config)
+  features = tf_.first_batch(task, config)
+  _, out = task.forward(model, features, False)
+  # Make some spans right by construction: copy the gold ids into the predictions.
+  ids = features["masked_lm"]["ids"].numpy()
+  weights = features["masked_lm"]["weights"].numpy()
+  predictions = out["mlm_predictions"].numpy().copy()
+  predictions[::2] = ids[::2]
+  out = dict(out, mlm_predictions=tf.constant(predictions))
+  metrics = task.build_metrics(training=False)
+  task._logs(features, out, metrics)  # pylint: disable=protected-access
+  got = {m.name: m.result().numpy() for m in metrics}["span_accuracy"]
+  has = weights.sum(1) > 0
+  right = ((predictions == ids) | (weights == 0)).all(1)
+  assert got == pytest.approx(right[has].mean())
+
+
+def test_warm_up_needs_retrieval_off(repo_dir, corpus):
+  with pytest.raises(ConfigValueError, match="task.pretrain.retrieval=false"):
+    _config(repo_dir, corpus, task__pretrain__trainable="mlm_head")
+  with pytest.raises(ConfigValueError, match="salient_span_fallback"):
+    _config(repo_dir, corpus, task__pretrain__salient_span_fallback="drop")
