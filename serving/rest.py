@@ -18,6 +18,7 @@ import http.server
 import json
 import logging
 import re
+import reprlib
 import socket
 import threading
 import urllib.parse
@@ -38,6 +39,10 @@ from serving.servable import DEFAULT_SIGNATURE, Signature
 log = logging.getLogger(__name__)
 
 _DRAIN_FACTOR = 4
+# Deeper JSON lists than any signature's rank are refused before they are walked: numpy
+# allows at most 64 dimensions, and walking a list ~1000 deep would exhaust the stack.
+MAX_RANK = 32
+_INT64_MAX = (1 << 63) - 1
 _ROUTE = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"
     r"(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
@@ -48,6 +53,11 @@ _ROUTE = re.compile(
 # JSON ↔ ndarray.
 
 
+def _describe(value) -> str:
+  """A short printable form of any JSON value (reprlib bounds its length and depth)."""
+  return f"{type(value).__name__} {reprlib.repr(value)[:50]}"
+
+
 def _string_leaf(value, name: str) -> bytes:
   if isinstance(value, str):
     return value.encode("utf-8")
@@ -56,8 +66,7 @@ def _string_leaf(value, name: str) -> bytes:
       return base64.b64decode(value["b64"], validate=True)
     except (binascii.Error, ValueError):
       raise errors.invalid_argument(f"input {name!r}: invalid base64 in {{'b64': ...}}") from None
-  raise errors.invalid_argument(f"input {name!r} expects strings; got {type(value).__name__} "
-                                f"{json.dumps(value)[:50]}")
+  raise errors.invalid_argument(f"input {name!r} expects strings; got {_describe(value)}")
 
 
 def _nested_shape(value) -> tuple:
@@ -95,13 +104,16 @@ def _number_leaf(value, name: str, dtype: tf.DType):
       raise errors.invalid_argument(f"input {name!r} expects {dtype.name}; got a boolean")
   elif not isinstance(value, (int, float)) or dtype == tf.bool:
     raise errors.invalid_argument(f"input {name!r} expects {dtype.name} numbers; got "
-                                  f"{type(value).__name__} {json.dumps(value)[:50]}")
+                                  f"{_describe(value)}")
   return value
 
 
 def json_to_array(value, dtype: tf.DType, name: str) -> np.ndarray:
   """One input's JSON value as an ndarray of the signature's dtype; rejects ragged lists."""
   shape = _nested_shape(value)
+  if len(shape) > MAX_RANK:
+    raise errors.invalid_argument(f"input {name!r} is nested {len(shape)} lists deep; at most "
+                                  f"{MAX_RANK} are accepted")
   flat = _leaves(value, shape, name)
   if dtype == tf.string:
     array = np.empty(len(flat), dtype=object)
@@ -223,6 +235,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       raise errors.not_found(f"no such REST route: {path}")
     name = urllib.parse.unquote(match["name"])
     version = int(match["version"]) if match["version"] else None
+    if version is not None and version > _INT64_MAX:
+      raise errors.invalid_argument(f"version {match['version']} does not fit in an int64")
     label = urllib.parse.unquote(match["label"]) if match["label"] else None
     return name, version, label, match["action"]
 
@@ -291,8 +305,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     raw = self.rfile.read(length)
     try:
       return json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # bad UTF-8 or JSON, or an integer past Python's digit limit
       raise errors.invalid_argument(f"the request body is not JSON: {e}") from None
+    except RecursionError:
+      raise errors.invalid_argument("the request body is not JSON: nested too deeply") from None
 
 
 class _BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):

@@ -49,7 +49,8 @@ def decode_inputs(protos: Mapping[str, tensor_pb2.TensorProto], max_decoded_byte
     except TypeError:
       raise errors.invalid_argument(
           f"input {name!r}: the TensorProto has an invalid dtype {proto.dtype}") from None
-    if dtype in (tf.resource, tf.variant) or proto.dtype == 0:
+    # Reference dtypes (DT_*_REF) name graph edges, not values, and have no numpy type.
+    if dtype in (tf.resource, tf.variant) or dtype.base_dtype != dtype or proto.dtype == 0:
       raise errors.invalid_argument(f"input {name!r}: dtype {dtype.name} cannot be sent")
     count = _num_elements(proto, name)
     total += _decoded_bytes(proto, dtype, count)
@@ -59,7 +60,7 @@ def decode_inputs(protos: Mapping[str, tensor_pb2.TensorProto], max_decoded_byte
           f"(shape {[d.size for d in proto.tensor_shape.dim]}, dtype {dtype.name})")
     try:
       array = tf.make_ndarray(proto)
-    except (ValueError, TypeError, IndexError) as e:
+    except (ValueError, TypeError, IndexError, OverflowError) as e:  # e.g. -1 as uint8
       raise errors.invalid_argument(f"input {name!r}: malformed TensorProto: {e}") from None
     arrays[name] = array
   return arrays

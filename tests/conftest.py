@@ -17,6 +17,15 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "fault: kills (SIGKILL/SIGTERM) or corrupts processes and files on purpose; "
+      "each is bounded by subprocess timeouts. Run them alone with `pytest -m fault`.")
+  config.addinivalue_line(
+      "markers", "fuzz: hypothesis property tests of every reader of untrusted input "
+      "(`pytest -m fuzz`).")
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

@@ -17,18 +17,29 @@ def decode_object(payload: bytes) -> Dict[str, Any]:
     raise SetAsideError(records.INVALID_UTF8, str(e)) from None
   try:
     value = json.loads(line)
-  except json.JSONDecodeError as e:
+  except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
     raise SetAsideError(records.INVALID_JSON, str(e)) from None
+  except RecursionError:  # arrays/objects nested past the interpreter's recursion limit
+    raise SetAsideError(records.INVALID_JSON, "nested too deeply") from None
   if not isinstance(value, dict):
     raise SetAsideError(records.INVALID_JSON, f"a line must hold an object, not {type(value).__name__}")
   return value
 
 
 def _string_field(obj: Dict[str, Any], *names: str) -> str:
-  """The first of `names` holding a string; a missing or non-string field is bad input."""
+  """The first of `names` holding a string; a missing or non-string field is bad input.
+
+  JSON's \\u escapes can spell lone surrogates ("\\ud800"), which are not text: such a
+  string could not be written as UTF-8 by any later step, so it is set aside here.
+  """
   for name in names:
-    if isinstance(obj.get(name), str):
-      return obj[name]
+    value = obj.get(name)
+    if isinstance(value, str):
+      try:
+        value.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise SetAsideError(records.INVALID_UTF8, f"field {name!r}: {e}") from None
+      return value
   raise SetAsideError(records.MISSING_FIELD, f"no string field {' or '.join(names)}")
 
 

@@ -25,8 +25,11 @@ MISSING_FIELD = "missing_field"
 UNPARSABLE_WIKITEXT = "unparsable_wikitext"
 EMPTY = "empty"
 TOO_LARGE = "too_large"
+# A compressed input whose stream is corrupt or truncated: the records before the damage
+# come through; one record with this reason stands for the unreadable rest of the file.
+UNREADABLE = "unreadable"
 BAD_INPUT = frozenset({MALFORMED_XML, INVALID_UTF8, INVALID_JSON, MISSING_FIELD,
-                       UNPARSABLE_WIKITEXT, EMPTY, TOO_LARGE})
+                       UNPARSABLE_WIKITEXT, EMPTY, TOO_LARGE, UNREADABLE})
 
 
 class SetAsideError(Exception):
@@ -46,13 +49,15 @@ class RawRecord:
 
   `index` is the record's 0-based ordinal in its file, `line` the 1-based line it starts
   on; `defect` is a BAD_INPUT reason the reader already saw (a page never closed, a
-  record past the size guard), else ''.
+  record past the size guard, an unreadable compressed stream), else '', and `detail`
+  what the reader saw.
   """
   path: str
   index: int
   line: int
   payload: bytes
   defect: str = ""
+  detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

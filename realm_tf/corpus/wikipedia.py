@@ -68,11 +68,13 @@ def article(payload: bytes, max_chars: int) -> Tuple[str, str]:
     raise SetAsideError(records.TOO_LARGE, f"{len(page.wikitext)} chars > {max_chars}")
   try:
     code = wikitext.parse(page.wikitext)
+    if wikitext.is_disambiguation(page.title, code):
+      raise SetAsideError(records.DISAMBIGUATION)
+    text = wikitext.to_plain_text(code)
   except ParserError as e:
     raise SetAsideError(records.UNPARSABLE_WIKITEXT, str(e)) from None
-  if wikitext.is_disambiguation(page.title, code):
-    raise SetAsideError(records.DISAMBIGUATION)
-  text = wikitext.to_plain_text(code)
+  except RecursionError:  # templates or links nested thousands deep: vandalism, not prose
+    raise SetAsideError(records.UNPARSABLE_WIKITEXT, "markup nested too deeply") from None
   if not text:
     raise SetAsideError(records.EMPTY, "no prose after removing markup")
   return page.title, text

@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from realm_tf.corpus import readers
+from realm_tf.io import storage
 from realm_tf.openqa import answers as answers_lib
 from realm_tf.openqa.bm25 import BM25Retriever
 from realm_tf.text.tokenization import Tokenizer
@@ -37,18 +39,36 @@ class QAExample:
   title: str = ""  # the source article, where the question set records it
 
 
-def read_questions(path: str, regex: bool = False, limit: int = 0) -> list[QAExample]:
-  """Reads a question file; ValueError naming the file and line for a bad record."""
+# A question line is a sentence and a few answers; anything near this is not a question.
+MAX_QUESTION_RECORD_BYTES = 1 << 20
+
+
+def read_questions(path: str, regex: bool = False, limit: int = 0,
+                   max_record_bytes: int = MAX_QUESTION_RECORD_BYTES) -> list[QAExample]:
+  """Reads a question file; ValueError naming the file and line for a bad record.
+
+  Lines are read with a byte bound (storage.open_buffered + readers.bounded_lines), so an
+  enormous or unterminated line costs at most the bound in memory before it is refused.
+  """
   examples = []
-  with tf.io.gfile.GFile(path) as f:
-    for line_number, line in enumerate(f, 1):
+  with storage.open_buffered(path) as f:
+    for line_number, (raw, overlong) in enumerate(
+        readers.bounded_lines(f, max_record_bytes), 1):
+      where = f"{path}:{line_number}"
+      if overlong:
+        raise ValueError(f"{where}: the record is longer than {max_record_bytes} bytes")
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 ({e})") from None
       if not line.strip():
         continue
-      where = f"{path}:{line_number}"
       try:
         record = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not JSON ({e})") from e
+      except ValueError as e:  # JSONDecodeError, or an integer past Python's digit limit
+        raise ValueError(f"{where}: not JSON ({e})") from None
+      except RecursionError:
+        raise ValueError(f"{where}: not JSON (nested too deeply)") from None
       if not isinstance(record, dict):
         raise ValueError(f"{where}: expected an object with 'question' and 'answer'")
       question, answer = record.get("question"), record.get("answer")
@@ -59,15 +79,20 @@ def read_questions(path: str, regex: bool = False, limit: int = 0) -> list[QAExa
       if (not isinstance(answer, list) or not answer
           or not all(isinstance(a, str) for a in answer)):
         raise ValueError(f"{where}: 'answer' must be a non-empty list of strings")
+      title = record.get("title")
+      title = title if isinstance(title, str) else ""
+      try:  # JSON's \\u escapes can spell lone surrogates, which no later step can encode
+        for text in [question, title, *answer]:
+          text.encode("utf-8")
+      except UnicodeEncodeError as e:
+        raise ValueError(f"{where}: a string is not valid Unicode ({e})") from None
       if regex:
         for pattern in answer:
           try:
             answers_lib.compile_pattern(pattern)
           except Exception as e:  # pylint: disable=broad-except
             raise ValueError(f"{where}: {e}") from e
-      title = record.get("title")
-      examples.append(QAExample(question.strip(), list(answer),
-                                title=title if isinstance(title, str) else ""))
+      examples.append(QAExample(question.strip(), list(answer), title=title))
       if limit and len(examples) >= limit:
         break
   if not examples:

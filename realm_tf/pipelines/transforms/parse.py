@@ -25,7 +25,7 @@ class _ParseFn(beam.DoFn):
   def process(self, raw: RawRecord):
     try:
       if raw.defect:
-        raise SetAsideError(raw.defect, "flagged by the reader")
+        raise SetAsideError(raw.defect, raw.detail or "flagged by the reader")
       title, text = self._parser(raw.payload, self._max_chars)
     except SetAsideError as e:
       set_aside_counter(e.reason).inc()
