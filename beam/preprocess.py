@@ -3,7 +3,7 @@
     python -m beam.preprocess --input_format wikipedia_xml \\
         --input enwiki-latest-pages-articles.xml.bz2 --output_dir corpus/ \\
         [--max_block_length 288] [--tagger_dir tagger/] [--ict_keep_query_prob 0.1] \\
-        [--tagger_model_copies N] \\
+        [--tagger_model_copies N] [--title_gazetteer] \\
         [runner options, e.g. --direct_num_workers 2 --direct_running_mode multi_processing,
          or --runner DataflowRunner --project P --region R --temp_location gs://...
             --setup_file ./setup.py]
@@ -30,8 +30,12 @@ _HELP = {
     "max_block_length": "wordpieces of [CLS] title [SEP] body [SEP]",
     "max_title_length": "titles longer than this many wordpieces are cut",
     "query_length": "wordpieces of [CLS] x [SEP] for pre-training queries",
-    "tagger_dir": "exported salient-span tagger SavedModel; without it, dates only",
+    "tagger_dir": "exported salient-span tagger SavedModel; without it (and without "
+                  "--title_gazetteer), dates only",
     "tagger_batch_size": "sentences per tagger call",
+    "title_gazetteer": "also mark exact, case-sensitive, word-bounded mentions of other "
+                       "articles' titles as entities (label TITLE); without --tagger_dir, "
+                       "salient spans are then these plus dates",
     "ict_keep_query_prob": "probability that an ICT query stays in its evidence block",
     "seed": "seed of the per-block ICT draws",
     "max_chars": "records with more characters of text are set aside as too_large",

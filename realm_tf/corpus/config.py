@@ -20,6 +20,9 @@ class PreprocessConfig(base_config.Config):
   query_length: int = 96
   tagger_dir: str = ""
   tagger_batch_size: int = 64
+  # Mentions of other articles' titles as entities (realm_tf.corpus.gazetteer): salient
+  # spans for a machine with no tagger, or added to the tagger's.
+  title_gazetteer: bool = False
   ict_keep_query_prob: float = 0.1
   seed: int = 0
   max_chars: int = 1_000_000

@@ -74,7 +74,8 @@ PRETRAINING = RecordSchema("pretraining", (
     Feature("salient_span_starts", tf.int64, is_list=True,
             doc="UTF-8 byte offsets into text, as Tokenizer.tokenize_with_offsets gives"),
     Feature("salient_span_ends", tf.int64, is_list=True, doc="exclusive byte offsets"),
-    Feature("salient_span_labels", tf.string, is_list=True, doc="PER, LOC, ORG, MISC, DATE"),
+    Feature("salient_span_labels", tf.string, is_list=True,
+            doc="PER, LOC, ORG, MISC (tagger), TITLE (title gazetteer), DATE"),
 ))
 
 ICT = RecordSchema("ict", (

@@ -14,6 +14,10 @@ The pipeline, step by step (each a PTransform under realm_tf/pipelines/transform
                └─ FingerprintInputs ─┐                     ChecksumFiles (every written file) ─┘
      counts of every step ───────────┴─ WriteStats → manifest.json, written last by the launcher
 
+With --title_gazetteer, BuildTitleGazetteer turns the unique documents' titles into one
+TitleGazetteer that MakePretrainingExamples reads as a side input (title mentions of other
+articles become salient spans, beside the tagger's entities and the dates).
+
 The launcher only matches the input pattern and checks paths: it never reads the corpus.
 """
 import dataclasses
@@ -35,6 +39,7 @@ from realm_tf.pipelines.transforms.ict import MakeIctExamples
 from realm_tf.pipelines.transforms.parse import ParseDocuments
 from realm_tf.pipelines.transforms.pretraining import MakePretrainingExamples
 from realm_tf.pipelines.transforms.read import FingerprintInputs, MatchInputs, ReadRawRecords
+from realm_tf.pipelines.transforms.salient_spans import BuildTitleGazetteer
 from realm_tf.pipelines.transforms.stats import CountAs, CountSetAsideByReason, WriteStats
 from realm_tf.pipelines.transforms.write import WriteDeadLetters, WriteExamples
 
@@ -69,9 +74,12 @@ def build_pipeline(pipeline: beam.Pipeline, config: PreprocessConfig, output_dir
   blocks = unique.documents | "PackBlocks" >> PackBlocks(
       config.max_block_length, config.max_title_length, config.vocab_file,
       config.tokenize_batch_size)
+  gazetteer = None
+  if config.title_gazetteer:
+    gazetteer = unique.documents | "BuildTitleGazetteer" >> BuildTitleGazetteer()
   pretraining = blocks | "MakePretrainingExamples" >> MakePretrainingExamples(
       config.query_length, config.vocab_file, config.tagger_dir, config.tagger_batch_size,
-      config.tokenize_batch_size, getattr(config, "tagger_model_copies", 0))
+      config.tokenize_batch_size, getattr(config, "tagger_model_copies", 0), gazetteer)
   ict = blocks | "MakeIctExamples" >> MakeIctExamples(config.ict_keep_query_prob, config.seed)
   set_aside = (parsed.set_aside, unique.set_aside) | "AllSetAside" >> beam.Flatten()
 
@@ -122,11 +130,15 @@ def run_preprocess(config: PreprocessConfig,
     if not filesystems.is_dir_like(config.tagger_dir):
       raise FileNotFoundError(f"--tagger_dir {config.tagger_dir} does not exist (no files "
                               "under it)")
-    salient_spans = "entities_and_dates"
-  else:
+  elif not config.title_gazetteer:
     _LOG.warning("No --tagger_dir: pre-training examples get date spans only. Train and "
-                 "export the tagger (python -m realm_tf.tagger train) for entities.")
-    salient_spans = "dates_only"
+                 "export the tagger (python -m realm_tf.tagger train) for entities, or "
+                 "add --title_gazetteer.")
+  salient_spans = {(True, False): "entities_and_dates",
+                   (False, True): "title_mentions_and_dates",
+                   (True, True): "entities_title_mentions_and_dates",
+                   (False, False): "dates_only"}[(bool(config.tagger_dir),
+                                                  bool(config.title_gazetteer))]
   vocab_file = config.vocab_file or minilm_vocab_file()
   output_dir = config.output_dir.rstrip("/")
   deleted = publish.prepare_output_dir(output_dir, config.overwrite)

@@ -1,6 +1,7 @@
 """Blocks → REALM pre-training examples: queries x with their salient spans.
 
   blocks → PackQueries → TagSalientSpans (entities + dates) → PRETRAINING feature dicts
+                              ▲ optional side input: the corpus's title gazetteer
 """
 from typing import Dict, Iterator, List
 
@@ -39,8 +40,11 @@ class MakePretrainingExamples(beam.PTransform):
 
   def __init__(self, query_length: int, vocab_file: str = "", tagger_dir: str = "",
                tagger_batch_size: int = 64, batch_size: int = 64,
-               tagger_model_copies: int = 0):
+               tagger_model_copies: int = 0, gazetteer=None):
+    """gazetteer: an optional one-element PCollection of TitleGazetteer (title mentions
+    as entities)."""
     super().__init__()
+    self._gazetteer = gazetteer
     self._tagger_model_copies = tagger_model_copies
     self._fn = _PackQueriesFn(query_length, vocab_file)
     self._tagger_dir = tagger_dir or None
@@ -52,5 +56,6 @@ class MakePretrainingExamples(beam.PTransform):
             | "Batch" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_size)
             | "PackQueries" >> beam.ParDo(self._fn)
             | "TagSalientSpans" >> TagSalientSpans(self._tagger_dir, self._tagger_batch_size,
-                                                  self._tagger_model_copies)
+                                                  self._tagger_model_copies,
+                                                  self._gazetteer)
             | "ToFeatures" >> beam.Map(examples.pretraining_example))

@@ -1,9 +1,12 @@
-"""TagSalientSpans: named entities (the exported CoNLL-2003 tagger) plus regex dates.
+"""TagSalientSpans: named entities (the exported CoNLL-2003 tagger and/or a gazetteer of
+the corpus's titles) plus regex dates.
 
 REALM's salient span masking needs, for every pre-training sentence, the character spans
 of its entities and dates. Entities come from the tagger SavedModel through Beam's
-`RunInference` (batched, the model loaded once per worker process and shared); dates come
-from `realm_tf.corpus.dates`. Both are merged into one sorted, non-overlapping list.
+`RunInference` (batched, the model loaded once per worker process and shared), and from
+mentions of other articles' titles (`realm_tf.corpus.gazetteer`, given as a side input);
+dates come from `realm_tf.corpus.dates`. All are merged into one sorted, non-overlapping
+list.
 """
 from typing import Any, Iterable, Optional, Sequence
 
@@ -16,6 +19,7 @@ from apache_beam.ml.inference.base import (
 )
 
 from realm_tf.corpus.dates import find_dates
+from realm_tf.corpus.gazetteer import TitleGazetteer
 from realm_tf.tagger.spans import resolve_overlaps
 
 SALIENT_SPANS_KEY = "salient_spans"
@@ -70,35 +74,68 @@ def _text_of(record: dict) -> str:
   return text
 
 
-def _with_salient_spans(record: dict, entity_spans: Sequence[dict]) -> dict:
-  """A copy of `record` (Beam elements are immutable) with entities and dates merged."""
-  spans = resolve_overlaps(list(entity_spans) + find_dates(_text_of(record)))
-  return {**record, SALIENT_SPANS_KEY: spans}
+def _with_salient_spans(record: dict, entity_spans: Sequence[dict],
+                        gazetteer: Optional[TitleGazetteer] = None) -> dict:
+  """A copy of `record` (Beam elements are immutable) with entities, title mentions (of
+  documents other than the record's 'doc_uid') and dates merged."""
+  text = _text_of(record)
+  spans = list(entity_spans) + find_dates(text)
+  if gazetteer is not None:
+    spans += gazetteer.find(text, record.get("doc_uid", ""))
+  return {**record, SALIENT_SPANS_KEY: resolve_overlaps(spans)}
 
 
 class TagSalientSpans(beam.PTransform):
   """dicts with 'text' → the same dicts plus 'salient_spans'.
 
   Each span is {'start', 'end', 'label'}: character offsets into 'text' (end exclusive),
-  label 'PER', 'LOC', 'ORG' or 'MISC' from the tagger, or 'DATE' from the regexes; the list
-  is sorted and non-overlapping (see `resolve_overlaps`). With no `tagger_dir`, only dates.
+  label 'PER', 'LOC', 'ORG' or 'MISC' from the tagger, 'TITLE' from the gazetteer, or
+  'DATE' from the regexes; the list is sorted and non-overlapping (see
+  `resolve_overlaps`). `gazetteer`: a PCollection holding one TitleGazetteer (see
+  `BuildTitleGazetteer`), read as a side input. With neither tagger nor gazetteer, only
+  dates.
   """
 
   def __init__(self, tagger_dir: Optional[str] = None, batch_size: int = 64,
-               model_copies: int = 0):
+               model_copies: int = 0, gazetteer=None):
     super().__init__()
     self._tagger_dir = tagger_dir
     self._batch_size = batch_size
     self._model_copies = model_copies
+    self._gazetteer = gazetteer
 
   def expand(self, records):
+    side = {}
+    if self._gazetteer is not None:
+      side["gazetteer"] = beam.pvalue.AsSingleton(self._gazetteer)
     if self._tagger_dir is None:
-      return records | "AddDateSpans" >> beam.Map(_with_salient_spans, entity_spans=())
+      return records | "AddDateSpans" >> beam.Map(_with_salient_spans, entity_spans=(),
+                                                  **side)
     handler = KeyedModelHandler(
         SavedModelSpanTaggerHandler(self._tagger_dir, self._batch_size,
                                     self._model_copies))
     return (records
             | "KeyByRecord" >> beam.Map(lambda record: (record, _text_of(record)))
             | "TagEntities" >> RunInference(handler)
-            | "AddDateSpans" >> beam.MapTuple(
-                lambda record, result: _with_salient_spans(record, result.inference)))
+            | "AddDateSpans" >> beam.Map(_with_tagged_spans, **side))
+
+
+def _with_tagged_spans(keyed: tuple, gazetteer: Optional[TitleGazetteer] = None) -> dict:
+  """(record, the tagger's PredictionResult) → the record with every salient span."""
+  record, result = keyed
+  return _with_salient_spans(record, result.inference, gazetteer)
+
+
+class BuildTitleGazetteer(beam.PTransform):
+  """Documents (anything with .title and .uid) → a one-element PCollection: the corpus's
+  TitleGazetteer, for TagSalientSpans' side input.
+
+  Every worker holds the whole gazetteer: right for corpora of thousands to a few hundred
+  thousand articles; all of Wikipedia's titles would be better served by the tagger.
+  """
+
+  def expand(self, documents):
+    return (documents
+            | "TitleAndUid" >> beam.Map(lambda d: (d.title, d.uid))
+            | "AllTitles" >> beam.combiners.ToList()
+            | "Gazetteer" >> beam.Map(TitleGazetteer))
