@@ -1,159 +1,654 @@
-"""REALM pre-training benchmark: speed with and without the index builder, and whether
-retrieval becomes useful, against the same run with a frozen index.
+"""REALM pre-training at small scale: the paper's Table 2 ablations on this machine.
 
-    python -m benchmarks.pretrain [--steps 200] [--tagger_dir DIR] [--work_dir DIR]
+    python -m benchmarks.pretrain [--arms a,b,c,d,e] [--steps 300] [--batch_size 8]
+        [--refresh_every 5] [--stale_factor 30] [--warmup_steps 300] [--ict_steps 0]
+        [--news_records 800] [--wiki_x_records 1500] [--heldout_sentences 256]
+        [--eval_every 50] [--recall_questions 500] [--tagger_dir DIR | --tagger_epochs 1]
+        [--work_dir DIR] [--quick] [--fresh]
 
-Knowledge corpus Z: the first --wiki_records pages of the Wikipedia pages-articles sample,
-cut into blocks by beam.preprocess. Pre-training corpus X: the same articles (REALM's
-Wikipedia X = Z setting, where blocks of x's own article are excluded) plus the first
---news_records BBC articles, with salient spans from the tagger (--tagger_dir) and dates.
-Sizes are cut to what a 2-core CPU can step through in minutes (see `overrides`). The
-retriever is warm-started by a short ICT run; encoders start from MiniLM (configs/demo.yaml
-with the overrides below, sized for a 2-core CPU). Two pre-training runs from the same
-start: `refresh` (the index builder re-embeds Z every --refresh_every steps while training
-goes on) and `frozen` (the first index is never refreshed, and no builder runs).
-Results: benchmarks/results/pretrain.json.
+Set-up (issue 14), as the paper's CC-News row:
+  Z  the vital-articles corpus (wikipedia/vital_articles.jsonl, ~13k blocks of 128
+     wordpieces): the knowledge corpus every arm retrieves from.
+  X  sentences of the BBC news stand-in for CC-News (news/bbc.jsonl, first --news_records
+     articles) and of Wikipedia (the first --wiki_x_records vital articles; only the
+     source block is excluded from retrieval). Salient spans come from the CoNLL-trained
+     tagger (trained here unless --tagger_dir names an export) plus the date regexes;
+     sentences with no salient span are skipped (task.pretrain.salient_span_fallback).
+  Held out: every document whose uid hashes to 0 mod 10 (news and Wikipedia alike) is
+     never trained on; the first --heldout_sentences of its masked sentences are the
+     held-out evaluation of every arm (salient spans, fixed masks, same retrieval corpus).
+Start, shared by every arm: MiniLM warm start for all towers (all-MiniLM-L6-v2 was trained
+for retrieval; --ict_steps > 0 adds an ICT warm start of the retriever first), then an
+MLM-head warm-up: MiniLM ships no MLM head, so a fresh head is trained on a frozen encoder
+with no retrieval (task.pretrain.trainable=mlm_head) for --warmup_steps; its time and
+held-out accuracy are reported. The step-0 index (the start retriever's embeddings of Z)
+is computed once and published into every retrieval arm's index directory.
+Arms, the same steps, batch, learning rate and start:
+  a  REALM, asynchronous refresh: a snapshot every --refresh_every steps for the index
+     builder running beside the trainer (it re-embeds Z while training goes on).
+  b  REALM, frozen step-0 index (no refresh).
+  c  REALM, a stale index: snapshots every --stale_factor x --refresh_every steps.
+  d  no retrieval: the null document only (a plain MLM on the same sentences).
+  e  REALM with random-span masking instead of salient spans (refreshed as a).
+Per arm: held-out masked-span accuracy (whole span right), token accuracy and
+log-likelihood (marginal p(y|x), per masked wordpiece) every --eval_every steps and at the
+end; retrieval utility and null-document probability over training steps (and held out);
+index staleness and refreshes; steps/s; zero-shot recall@5 of its retriever on NQ-Open,
+WebQuestions and CuratedTREC questions against Z before (the shared start) and after.
+Resumable: each arm checkpoints every --eval_every steps and its result is written to
+benchmarks/results/pretrain.json as it finishes; a rerun with the same settings skips
+finished arms and resumes a cut one from its checkpoint (prepared data, tagger, warm-up and
+start index are reused from --work_dir). Sizes are flags: a user with an accelerator
+reruns it larger (e.g. --steps 20000 --batch_size 512 on a TPU, as the paper's 200k).
+Results: benchmarks/results/pretrain.{json,md} and pretrain_curves.png.
 """
 import argparse
+import gc
+import hashlib
 import json
 import os
-import shutil
+import random
+import subprocess
+import sys
 import tempfile
 import time
 
 import numpy as np
 import tensorflow as tf
+import tf_keras
 
-from benchmarks.common import SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(REPO, "configs", "demo.yaml")
+WORK_DIR = os.path.join(tempfile.gettempdir(), "realm_tf_pretrain_bench")
+ARMS = {
+    "a": "REALM, asynchronous index refresh",
+    "b": "REALM, frozen step-0 index",
+    "c": "REALM, stale index (refreshed {stale}x less often)",
+    "d": "No retrieval (null document only)",
+    "e": "REALM, random-span masking (refreshed as a)",
+}
+RECALL_SETS = {  # zero-shot recall questions, held out as benchmarks.openqa holds them out
+    "nq": ("NQ-Open", "openqa/nq_open/train_subset.jsonl", False),
+    "wq": ("WebQuestions", "openqa/webquestions/train.jsonl", False),
+    "trec": ("CuratedTREC", "openqa/curatedtrec/train.jsonl", True),
+}
+QUERY_LENGTH, BLOCK_LENGTH, READER_LENGTH = 48, 128, 176  # 48 + 128: whole bodies read
+QUICK = dict(steps=4, batch_size=2, refresh_every=2, stale_factor=2, warmup_steps=2,
+             news_records=20, wiki_x_records=20, heldout_sentences=4, eval_every=2,
+             recall_questions=10, z_records=200, tagger_epochs=0)
 
 
-def _preprocess(input_format: str, path: str, output_dir: str, tagger_dir: str = "",
-                max_records: int = 0):
-  from beam import preprocess  # pylint: disable=g-import-not-at-top
+def log(message: str):
+  print(f"[pretrain-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+def train_tagger(work: str, epochs: int) -> str:
+  """The CoNLL-2003 salient-span tagger (realm_tf.tagger), trained once into `work`."""
+  out = os.path.join(work, f"tagger-{epochs}")
+  if _has_export(out):
+    return out
+  log(f"training the salient-span tagger ({epochs} epoch(s) of CoNLL-2003)")
+  subprocess.run([sys.executable, "-m", "realm_tf.tagger", "train", "--conll_dir",
+                  os.path.join(SHARED_DATA, "ner", "conll2003"), "--output_dir", out,
+                  "--epochs", str(epochs)], check=True)
+  return out
+
+
+def _has_export(path: str) -> bool:
+  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+  return os.path.isdir(path) and versioned.latest_version(path) is not None
+
+
+def preprocess(name: str, input_format: str, source: str, output_dir: str, tagger_dir: str,
+               max_records: int):
+  """beam.preprocess (DirectRunner) into `output_dir`, once."""
   if os.path.exists(os.path.join(output_dir, "manifest.json")):
     return
-  args = ["--input_format", input_format, "--input", path, "--output_dir", output_dir,
-          "--max_block_length", "128", "--query_length", "32",
-          "--max_records", str(max_records)]
+  from beam import preprocess as beam_preprocess  # pylint: disable=g-import-not-at-top
+  log(f"preprocessing {name} (first {max_records or 'all'} records)")
+  args = ["--input_format", input_format, "--input", source, "--output_dir", output_dir,
+          "--max_block_length", str(BLOCK_LENGTH), "--query_length", str(QUERY_LENGTH),
+          "--max_records", str(max_records), "--overwrite"]
   if tagger_dir:
     args += ["--tagger_dir", tagger_dir]
-  preprocess.main(args)
+  beam_preprocess.main(args)
 
 
-def _history(model_dir):
-  """The train loops of a pre-training run (metrics.jsonl also holds evaluations)."""
+def held_out(doc_uid: bytes) -> bool:
+  return hashlib.sha256(doc_uid).digest()[0] % 10 == 0
+
+
+def split_sentences(sources: list[str], out_dir: str, heldout_sentences: int) -> dict:
+  """pretraining-* of `sources` → train.tfrecord and heldout.tfrecord, split by document
+  (a held-out document's sentences are never trained on); the held-out file keeps its
+  first `heldout_sentences` sentences that have a salient span."""
+  done = os.path.join(out_dir, "split.json")
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
+  os.makedirs(out_dir, exist_ok=True)
+  counts = dict(train=0, heldout=0, heldout_documents=0, skipped_unsalient_heldout=0)
+  docs = set()
+  paths = {f"{k}_file": os.path.join(out_dir, f"{k}.tfrecord") for k in ("train", "heldout")}
+  with tf.io.TFRecordWriter(paths["train_file"] + ".tmp") as train, \
+      tf.io.TFRecordWriter(paths["heldout_file"] + ".tmp") as heldout:
+    for source in sources:
+      files = sorted(tf.io.gfile.glob(os.path.join(source, "pretraining-*")))
+      for record in tf.data.TFRecordDataset(files):
+        parsed = schema.PRETRAINING.parse(record)
+        uid = parsed["doc_uid"].numpy()
+        if not held_out(uid):
+          train.write(record.numpy())
+          counts["train"] += 1
+        elif counts["heldout"] < heldout_sentences:
+          if not len(parsed["salient_span_starts"].numpy()):
+            counts["skipped_unsalient_heldout"] += 1
+            continue
+          heldout.write(record.numpy())
+          counts["heldout"] += 1
+          docs.add(uid)
+  for path in paths.values():
+    os.replace(path + ".tmp", path)
+  counts["heldout_documents"] = len(docs)
+  out = dict(counts, **paths)
+  with open(done, "w") as f:
+    json.dump(out, f)
+  return out
+
+
+def check_exclusion(z_dir: str, wiki_x_dir: str):
+  """Wikipedia sentences must name their source block by an id Z has, or "no trivial
+  retrievals" would exclude nothing (ids are content hashes: the same block, same id)."""
+  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
+  z = set(np.asarray(block_store.BlockStore.from_tfrecords(
+      block_store.blocks_pattern(z_dir)).block_ids).tolist())
+  files = sorted(tf.io.gfile.glob(os.path.join(wiki_x_dir, "pretraining-*")))
+  ids = [int(schema.PRETRAINING.parse(r)["block_id"]) for r in tf.data.TFRecordDataset(files)]
+  missing = sum(i not in z for i in ids)
+  if missing:
+    raise RuntimeError(f"{missing} of {len(ids)} Wikipedia sentences of {wiki_x_dir} name a "
+                       f"block that is not in Z ({z_dir}): blocks were cut differently")
+
+
+def recall_questions(work: str, num: int) -> dict:
+  """The first `num` of each set after a seeded shuffle (benchmarks.openqa's held-out
+  reporting split), as files in `work` (never in the repository)."""
+  out = {}
+  for key, (name, relative, regex) in RECALL_SETS.items():
+    with open(os.path.join(SHARED_DATA, relative), encoding="utf-8") as f:
+      lines = [line for line in f if line.strip()]
+    random.Random(0).shuffle(lines)
+    path = os.path.join(work, f"recall-{key}.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+      f.writelines(lines[:num])
+    out[key] = dict(name=name, path=path, regex=regex, questions=min(num, len(lines)),
+                    source=relative)
+  return out
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def load_config(overrides: dict):
+  from realm_tf.configs import load_config as load  # pylint: disable=g-import-not-at-top
+  return load(CONFIG, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def start_retriever(config, ict_dir: str):
+  """The shared start's retriever: MiniLM warm start, or the ICT run's retriever."""
   from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
-  return [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
+  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
+  retriever = factory.build_retriever(config)
+  if ict_dir:
+    tf.train.Checkpoint(model=retriever).read(layout.latest_checkpoint(ict_dir)).expect_partial()
+  return retriever
 
 
-def _summary(history, batch_size: int, skip_first: int = 1) -> dict:
-  """Means over the run's halves; the first loop (tracing, first index) is left out."""
-  rows = history[skip_first:] or history
-  half = len(rows) // 2
-  mean = lambda key, part: float(np.mean([r[key] for r in part])) if part else float("nan")
-  return dict(
-      steps_per_second=mean("examples_per_second", rows) / batch_size,
-      examples_per_second=mean("examples_per_second", rows),
-      retrieval_utility_first_half=mean("retrieval_utility", rows[:half]),
-      retrieval_utility_second_half=mean("retrieval_utility", rows[half:]),
-      mlm_accuracy_first_half=mean("mlm_accuracy", rows[:half]),
-      mlm_accuracy_second_half=mean("mlm_accuracy", rows[half:]),
-      loss_first_half=mean("loss", rows[:half]), loss_second_half=mean("loss", rows[half:]),
-      mean_index_staleness_steps=mean("index_staleness_steps", rows),
-      index_refreshes=int(rows[-1]["index_refreshes"]))
+def trained_retriever(config, model_dir: str):
+  """The retriever of a pre-training run's newest checkpoint."""
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
+  retriever = factory.build_retriever(config.replace(model=dict(warm_start=dict(source=""))))
+  tf.train.Checkpoint(model=tf.train.Checkpoint(retriever=retriever)).read(
+      layout.latest_checkpoint(model_dir)).assert_existing_objects_matched().expect_partial()
+  return retriever
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--steps", type=int, default=60)
-  parser.add_argument("--ict_steps", type=int, default=30)
-  parser.add_argument("--refresh_every", type=int, default=10)
-  parser.add_argument("--batch_size", type=int, default=4)
-  parser.add_argument("--tagger_dir", default="")
-  parser.add_argument("--wiki_records", type=int, default=100)
-  parser.add_argument("--news_records", type=int, default=300)
-  parser.add_argument("--work_dir", default="")
-  parser.add_argument("--runs", nargs="+", default=["refresh", "frozen"],
-                      choices=["refresh", "frozen"],
-                      help="which arms to (re)run; others are kept from the last result")
-  args = parser.parse_args()
+def build_index(config):
+  from realm_tf import tasks  # pylint: disable=g-import-not-at-top
+  task = tasks.get_task(config)
+  return task.build_index(tf.distribute.get_strategy()), task.tokenizer
 
-  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+
+def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarray]:
+  """recall@{1,5,20} per question set over Z, and Z's embeddings by this retriever."""
+  from realm_tf.openqa import inputs  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  index, tokenizer = build_index(config)
+  embeddings = recall.embed_corpus(retriever, index, tokenizer, BLOCK_LENGTH)
+  index.set_embeddings(embeddings, version=0)
+  out = {}
+  for key, spec in questions.items():
+    examples = inputs.read_questions(spec["path"], spec["regex"])
+    out[key] = recall.recall_at(retriever, index, tokenizer, examples, QUERY_LENGTH,
+                                regex=spec["regex"])
+  out["seconds"] = round(time.time() - start, 1)
+  return out, embeddings
+
+
+def publish_start_index(index_dir: str, block_ids: np.ndarray, embeddings: np.ndarray):
+  """The start retriever's embeddings of Z as a committed version 0 of `index_dir` (what
+  the index builder would publish for the step-0 snapshot), unless one is there."""
+  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.index_export import ShardData, write_export  # pylint: disable=g-import-not-at-top
+  if versioned.latest_version(index_dir) is not None:
+    return
+  write_export(index_dir, 0, [ShardData(embeddings, block_ids)], build_scann=False,
+               extra=dict(encoder=dict(step=0, committed_at=time.time())))
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+def history(model_dir: str) -> tuple[list, list]:
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  records = layout.read_metrics(model_dir)
+  return ([r for r in records if r.get("mode") == "pretrain"],
+          [r for r in records if r.get("mode") == "eval"])
+
+
+def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps: int) -> dict:
+  """The MLM head alone, on a frozen MiniLM, reading no document."""
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
   from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
-
-  work = args.work_dir or tempfile.mkdtemp(prefix="pretrain-bench-")
-  wiki, news = os.path.join(work, "wiki"), os.path.join(work, "news")
+  model_dir = os.path.join(work, "warmup")
+  summary = os.path.join(work, f"warmup-{steps}.json")
+  if os.path.exists(summary) and layout.training_done(model_dir):
+    with open(summary) as f:
+      return json.load(f)
+  log(f"MLM-head warm-up: {steps} steps, encoder frozen, no retrieval")
+  config = load_config(dict(common, **{
+      "task.pretrain.retrieval": False, "task.pretrain.trainable": "mlm_head",
+      "trainer.train_steps": steps, "trainer.learning_rate": 1e-3,
+      "trainer.warmup_steps": max(1, steps // 10),
+      "task.pretrain.train_data.global_batch_size": batch,
+      # Only x and [SEP] are read: a short reader input gives the same numbers.
+      "model.reader.seq_length": QUERY_LENGTH + 2,
+      "trainer.validation_interval": steps, "trainer.checkpoint_interval": steps}))
   start = time.time()
-  _preprocess("wikipedia_xml", os.path.join(SHARED_DATA, "wikipedia",
-                                            "enwiki-pages-articles-sample.xml.bz2"), wiki,
-              args.tagger_dir, args.wiki_records)
-  _preprocess("ccnews", os.path.join(SHARED_DATA, "news", "bbc.jsonl"), news, args.tagger_dir,
-              args.news_records)
-  preprocess_seconds = time.time() - start
-  overrides = [
-      f"index.blocks={wiki}",
-      f"task.pretrain.train_data.input_path={wiki}/pretraining-*,{news}/pretraining-*",
-      f"task.pretrain.train_data.global_batch_size={args.batch_size}",
-      "trainer.learning_rate=5e-5", "trainer.warmup_steps=20",
-      f"trainer.summary_interval={args.refresh_every}",
-      f"trainer.steps_per_loop={args.refresh_every}",
-      f"trainer.checkpoint_interval={args.steps}", "model.retriever.query_seq_length=32",
-      "model.retriever.block_seq_length=128", "model.reader.seq_length=128",
-      "task.pretrain.num_candidates=4", "task.pretrain.max_predictions_per_seq=6",
-      "index.backend=exact", "index.num_shards=1", "index.poll_seconds=2",
-      "model.encoder.dropout_rate=0.0", "model.encoder.attention_dropout_rate=0.0"]
-  demo = os.path.join(REPO, "configs", "demo.yaml")
+  run = train_lib.Run(config, model_dir)
+  result = run.train()
+  train_seconds = time.time() - start
+  _, evals = history(model_dir)
+  last = evals[-1] if evals else run.evaluate(validation_steps)
+  out = dict(steps=result["step"], seconds=round(train_seconds, 1),
+             heldout_span_accuracy=last.get("span_accuracy"),
+             heldout_token_accuracy=last.get("mlm_accuracy"),
+             heldout_loss=last.get("loss"),
+             train_curve=[{k: r.get(k) for k in ("step", "loss", "mlm_accuracy")}
+                          for r in history(model_dir)[0]])
+  with open(summary, "w") as f:
+    json.dump(out, f)
+  del run
+  tf_keras.backend.clear_session()
+  gc.collect()
+  return out
 
-  ict_dir = os.path.join(work, "ict")
-  start = time.time()
-  if not os.path.exists(os.path.join(ict_dir, "export")):
-    train_lib.run_experiment(load_config(demo, overrides + [
-        "task.type=ict", f"task.ict.train_data.input_path={wiki}/ict-*",
-        f"trainer.train_steps={args.ict_steps}", "task.ict.train_data.global_batch_size=8"]),
-                             ict_dir, tf.distribute.get_strategy())
-  ict_seconds = time.time() - start
 
-  results = {}
-  # `frozen`: the builder embeds the step-0 snapshot once (same ICT start as `refresh`),
-  # then idles, since no further snapshots are exported.
-  for name, refresh in (("refresh", args.refresh_every), ("frozen", 0)):
-    if name not in args.runs:
+def arm_overrides(arm: str, args, common: dict, warmup_dir: str, ict_dir: str) -> dict:
+  values = dict(common, **{
+      "trainer.train_steps": args.steps,
+      "task.pretrain.train_data.global_batch_size": args.batch_size,
+      "task.pretrain.mlm_init_checkpoint": warmup_dir,
+      "trainer.validation_interval": args.eval_every,
+      "trainer.checkpoint_interval": args.eval_every,
+      "task.pretrain.start_index_builder": True,
+      "task.pretrain.refresh_every_steps": args.refresh_every})
+  if ict_dir:
+    values["task.pretrain.init_checkpoint"] = ict_dir
+  if arm == "b":
+    values["task.pretrain.refresh_every_steps"] = 0
+  elif arm == "c":
+    values["task.pretrain.refresh_every_steps"] = args.refresh_every * args.stale_factor
+  elif arm == "d":
+    values.update({"task.pretrain.retrieval": False, "task.pretrain.start_index_builder": False,
+                   "task.pretrain.refresh_every_steps": 0,
+                   "model.reader.seq_length": QUERY_LENGTH + 2})
+  elif arm == "e":
+    values["task.pretrain.masking"] = "random_spans"
+  return values
+
+
+def run_arm(arm: str, args, work: str, common: dict, warmup_dir: str, ict_dir: str,
+            start: dict, questions: dict, validation_steps: int) -> dict:
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
+  model_dir = os.path.join(work, "arms", arm)
+  config = load_config(arm_overrides(arm, args, common, warmup_dir, ict_dir))
+  if config.task.pretrain.retrieval:
+    publish_start_index(layout.index_dir(model_dir), start["block_ids"], start["embeddings"])
+  train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer
+  resumed_from = layout.checkpoint_step(model_dir)
+  log(f"arm {arm}: {ARMS[arm].format(stale=args.stale_factor)}"
+      + (f" (resuming at step {resumed_from})" if resumed_from else ""))
+  run = train_lib.Run(config, model_dir)
+  if not resumed_from:  # the step-0 held-out evaluation of this arm's start
+    run.evaluate(validation_steps)
+  wall = time.time()
+  result = run.train()
+  wall = time.time() - wall
+  final_eval = history(model_dir)[1][-1]
+  if final_eval.get("step") != run.global_step:
+    final_eval = dict(run.evaluate(validation_steps), step=run.global_step)
+  train, evals = history(model_dir)
+  del run
+  tf_keras.backend.clear_session()
+  gc.collect()
+  if config.task.pretrain.retrieval:
+    log(f"arm {arm}: zero-shot recall of its retriever over Z")
+    after, _ = zero_shot_recall(config, trained_retriever(config, model_dir), questions)
+  else:
+    after = dict(start["recall"], note="no retrieval: the retriever is not trained")
+  tf_keras.backend.clear_session()
+  gc.collect()
+  loops = [r for r in train if r.get("step", 0) > resumed_from]
+  rate = [r["examples_per_second"] for r in loops[1:] or loops]  # the first loop traces
+  keys = ("step", "loss", "mlm_accuracy", "span_accuracy", "retrieval_utility",
+          "null_document_probability", "index_version", "index_staleness_steps",
+          "index_refreshes", "examples_per_second")
+  return dict(
+      arm=arm, description=ARMS[arm].format(stale=args.stale_factor),
+      refresh_every_steps=config.task.pretrain.refresh_every_steps,
+      masking=config.task.pretrain.masking, retrieval=config.task.pretrain.retrieval,
+      steps=result["step"], train_seconds=round(wall, 1),
+      steps_per_second=round(float(np.mean(rate)) / args.batch_size, 3) if rate else None,
+      heldout=dict(span_accuracy=final_eval.get("span_accuracy"),
+                   token_accuracy=final_eval.get("mlm_accuracy"),
+                   log_likelihood=-final_eval["loss"] if "loss" in final_eval else None,
+                   retrieval_utility=final_eval.get("retrieval_utility"),
+                   null_document_probability=final_eval.get("null_document_probability")),
+      index_refreshes=result.get("index_refreshes", 0),
+      mean_staleness_steps=(round(float(np.mean([r["index_staleness_steps"] for r in loops
+                                                 if "index_staleness_steps" in r])), 1)
+                            if any("index_staleness_steps" in r for r in loops) else None),
+      recall_after=after,
+      train_curve=[{k: r[k] for k in keys if k in r} for r in train],
+      eval_curve=[{k: r[k] for k in ("step", "loss", "mlm_accuracy", "span_accuracy",
+                                     "retrieval_utility", "null_document_probability")
+                   if k in r} for r in evals])
+
+
+# ---------------------------------------------------------------------------- reports
+
+
+def _fmt(value, digits=3):
+  return "–" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(payload: dict) -> str:
+  s, start = payload["settings"], payload.get("start", {})
+  warm = payload.get("warmup", {})
+  lines = [
+      "# REALM pre-training ablations (benchmarks/pretrain.py)", "",
+      f"Machine: {payload['machine']['cpu_count']} CPU cores, TensorFlow "
+      f"{payload['machine']['tensorflow']}, load average at the end "
+      f"{payload['machine']['load_average_1_5_15']}; total {payload['total_minutes']} min"
+      + (" (partial: some arms not run yet)" if payload.get("partial") else "") + ".",
+      f"Z: {payload['data']['z_blocks']} blocks of the vital-articles corpus. X: "
+      f"{payload['data']['train_sentences']} training sentences (BBC news, first "
+      f"{s['news_records']} articles; vital articles, first {s['wiki_x_records']}); held out: "
+      f"{payload['data']['heldout_sentences']} masked sentences of "
+      f"{payload['data']['heldout_documents']} documents never trained on. Salient spans: "
+      f"{payload['data']['salient_spans']}.",
+      f"Every arm: {s['steps']} steps of batch {s['batch_size']} from the same start "
+      f"(MiniLM{' + ICT' if s['ict_steps'] else ''}; MLM head warmed up for "
+      f"{s['warmup_steps']} steps in {warm.get('seconds', '–')} s, reaching held-out span "
+      f"accuracy {_fmt(warm.get('heldout_span_accuracy'))} with no retrieval), "
+      f"{s['num_candidates']} candidates (the null document included), refresh every "
+      f"{s['refresh_every']} steps in a and e, every {s['refresh_every'] * s['stale_factor']} "
+      f"in c.", "",
+      "| arm | held-out span acc. | token acc. | log-lik. / token | retrieval utility "
+      "(held out) | p(null) | refreshes | mean staleness (steps) | steps/s | "
+      "R@5 NQ / WQ / TREC after |",
+      "|---|---|---|---|---|---|---|---|---|---|"]
+  before = start.get("recall", {})
+  lines.append(
+      "| start (step 0, retrieval) | " + " | ".join(["–"] * 8) + " | " + " / ".join(
+          _fmt(before.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
+  for arm in sorted(payload["arms"]):
+    r = payload["arms"][arm]
+    h = r["heldout"]
+    after = r["recall_after"]
+    lines.append(
+        f"| {arm}: {r['description']} | {_fmt(h['span_accuracy'])} | "
+        f"{_fmt(h['token_accuracy'])} | {_fmt(h['log_likelihood'])} | "
+        f"{_fmt(h['retrieval_utility'])} | {_fmt(h['null_document_probability'])} | "
+        f"{r['index_refreshes']} | {_fmt(r['mean_staleness_steps'], 1)} | "
+        f"{_fmt(r['steps_per_second'], 3)} | "
+        + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
+  if payload.get("skipped"):
+    lines += ["", "Not run (time budget): " + ", ".join(payload["skipped"])]
+  lines += ["", "Curves: pretrain_curves.png (held-out span accuracy and retrieval utility "
+            "over steps; training retrieval utility, p(null) and staleness).", ""]
+  return "\n".join(lines)
+
+
+def plot(payload: dict, path: str):
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  panels = [("eval_curve", "span_accuracy", "held-out span accuracy"),
+            ("eval_curve", "loss", "held-out −log p(y|x) per wordpiece"),
+            ("eval_curve", "retrieval_utility", "held-out retrieval utility"),
+            ("train_curve", "retrieval_utility", "training retrieval utility"),
+            ("train_curve", "null_document_probability", "training p(null document)"),
+            ("train_curve", "index_staleness_steps", "index staleness (steps)")]
+  fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+  for ax, (curve, key, title) in zip(axes.flat, panels):
+    for arm in sorted(payload["arms"]):
+      points = [(p["step"], p[key]) for p in payload["arms"][arm][curve] if key in p]
+      if points:
+        ax.plot(*zip(*points), marker="." if curve == "eval_curve" else None,
+                label=f"{arm}: {payload['arms'][arm]['description']}")
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+  fig.suptitle("REALM pre-training ablations (benchmarks/pretrain.py)")
+  fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+  fig.savefig(path + ".tmp.png", dpi=90)
+  os.replace(path + ".tmp.png", path)
+  plt.close(fig)
+
+
+# ------------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--arms", default=",".join(ARMS))
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch_size", type=int, default=8)
+  parser.add_argument("--num_candidates", type=int, default=5,
+                      help="k retrieved + the null document")
+  parser.add_argument("--learning_rate", type=float, default=5e-5)
+  parser.add_argument("--refresh_every", type=int, default=5)
+  parser.add_argument("--stale_factor", type=int, default=30)
+  parser.add_argument("--warmup_steps", type=int, default=300)
+  parser.add_argument("--warmup_batch_size", type=int, default=32)
+  parser.add_argument("--ict_steps", type=int, default=0)
+  parser.add_argument("--news_records", type=int, default=800)
+  parser.add_argument("--wiki_x_records", type=int, default=1500)
+  parser.add_argument("--z_records", type=int, default=0, help="vital articles in Z (0: all)")
+  parser.add_argument("--heldout_sentences", type=int, default=256)
+  parser.add_argument("--eval_every", type=int, default=50)
+  parser.add_argument("--recall_questions", type=int, default=500)
+  parser.add_argument("--tagger_dir", default="", help="an exported tagger (else trained)")
+  parser.add_argument("--tagger_epochs", type=int, default=1,
+                      help="epochs when the tagger is trained here (0: dates only)")
+  parser.add_argument("--budget_minutes", type=float, default=120.0,
+                      help="arms that would end after this are skipped and listed")
+  parser.add_argument("--work_dir", default=WORK_DIR)
+  parser.add_argument("--quick", action="store_true",
+                      help="a smoke run with tiny sizes (results in the work dir only)")
+  parser.add_argument("--fresh", action="store_true", help="ignore finished arms")
+  args = parser.parse_args(argv)
+  if args.quick:
+    for key, value in QUICK.items():
+      setattr(args, key, value)
+    if args.work_dir == WORK_DIR:
+      args.work_dir = WORK_DIR + "_quick"
+  work = args.work_dir
+  os.makedirs(work, exist_ok=True)
+  begin = time.time()
+  results_path = (os.path.join(work, "pretrain.quick.json") if args.quick
+                  else os.path.join(RESULTS_DIR, "pretrain.json"))
+  settings = {k: v for k, v in vars(args).items()
+              if k not in ("arms", "work_dir", "quick", "fresh", "tagger_dir",
+                           "budget_minutes")}
+
+  # Data: tagger, Z, X (news + Wikipedia), the held-out split, recall questions.
+  stage = time.time()
+  tagger = args.tagger_dir or (train_tagger(work, args.tagger_epochs)
+                               if args.tagger_epochs else "")
+  tagger_seconds = time.time() - stage
+  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  vital = os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl")
+  if args.z_records:
+    vital_subset = os.path.join(work, f"vital-{args.z_records}.jsonl")
+    with open(vital, encoding="utf-8") as f, open(vital_subset, "w", encoding="utf-8") as out:
+      out.writelines(line for _, line in zip(range(args.z_records), f))
+    vital = vital_subset
+  stage = time.time()
+  z_dir = os.path.join(work, "z")
+  prepare_blocks(vital, z_dir, BLOCK_LENGTH)
+  with open(os.path.join(z_dir, "manifest.json")) as f:
+    z_blocks = json.load(f)["counts"]["blocks"]
+  tag = "tagged" if tagger else "dates"
+  preprocess("news", "ccnews", os.path.join(SHARED_DATA, "news", "bbc.jsonl"),
+             os.path.join(work, f"x-news-{tag}-{args.news_records}"), tagger,
+             args.news_records)
+  preprocess("wikipedia X", "jsonl", vital,
+             os.path.join(work, f"x-wiki-{tag}-{args.wiki_x_records}"), tagger,
+             args.wiki_x_records)
+  split = split_sentences(
+      [os.path.join(work, f"x-news-{tag}-{args.news_records}"),
+       os.path.join(work, f"x-wiki-{tag}-{args.wiki_x_records}")],
+      os.path.join(work, f"x-split-{tag}-{args.news_records}-{args.wiki_x_records}-"
+                         f"{args.heldout_sentences}"), args.heldout_sentences)
+  data_seconds = time.time() - stage
+  check_exclusion(z_dir, os.path.join(work, f"x-wiki-{tag}-{args.wiki_x_records}"))
+  questions = recall_questions(work, args.recall_questions)
+  validation_steps = max(1, split["heldout"] // args.batch_size)
+  common = {
+      "task.type": "pretrain", "index.blocks": z_dir,
+      "task.pretrain.train_data.input_path": split["train_file"],
+      "task.pretrain.validation_data.input_path": split["heldout_file"],
+      "task.pretrain.validation_data.global_batch_size": args.batch_size,
+      "task.pretrain.num_candidates": args.num_candidates,
+      "task.pretrain.max_predictions_per_seq": 10,
+      "model.retriever.query_seq_length": QUERY_LENGTH,
+      "model.retriever.block_seq_length": BLOCK_LENGTH,
+      "model.reader.seq_length": READER_LENGTH,
+      "trainer.learning_rate": args.learning_rate, "trainer.warmup_steps": 30,
+      "trainer.summary_interval": 5, "trainer.steps_per_loop": 5,
+      "trainer.validation_steps": validation_steps, "trainer.max_to_keep": 2,
+      "index.backend": "exact", "index.num_shards": 1, "index.poll_seconds": 2.0,
+  }
+  data = dict(z_blocks=z_blocks, train_sentences=split["train"],
+              heldout_sentences=split["heldout"], heldout_documents=split["heldout_documents"],
+              salient_spans="CoNLL tagger + dates" if tagger else "dates only",
+              tagger_seconds=round(tagger_seconds, 1), data_seconds=round(data_seconds, 1))
+  data["recall_questions"] = {k: dict(name=v["name"], questions=v["questions"],
+                                      source=v["source"]) for k, v in questions.items()}
+
+  # The shared start: optional ICT, the MLM-head warm-up, the step-0 index and recall.
+  ict_dir = ""
+  if args.ict_steps:
+    from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+    from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
+    ict_dir = os.path.join(work, f"ict-{args.ict_steps}")
+    if not layout.training_done(ict_dir):
+      log(f"ICT warm start: {args.ict_steps} steps")
+      train_lib.run_experiment(load_config(dict(common, **{
+          "task.type": "ict", "task.ict.train_data.input_path": os.path.join(z_dir, "ict-*"),
+          "task.ict.train_data.global_batch_size": 16,
+          "trainer.train_steps": args.ict_steps})), ict_dir)
+  warmup = run_warmup(work, common, args.warmup_steps, args.warmup_batch_size,
+                      validation_steps)
+  start_path = os.path.join(work, f"start-{'ict' if ict_dir else 'minilm'}")
+  base_config = load_config(common)
+  if os.path.exists(start_path + ".npz"):
+    with np.load(start_path + ".npz", allow_pickle=False) as saved:
+      embeddings, block_ids = saved["embeddings"], saved["block_ids"]
+    with open(start_path + ".json") as f:
+      before = json.load(f)
+  else:
+    log("zero-shot recall of the start retriever over Z (and the step-0 index)")
+    before, embeddings = zero_shot_recall(base_config, start_retriever(base_config, ict_dir),
+                                          questions)
+    index, _ = build_index(base_config)
+    block_ids = np.asarray(index.store.block_ids, np.int64)
+    np.savez(start_path + ".npz", embeddings=embeddings, block_ids=block_ids)
+    with open(start_path + ".json", "w") as f:
+      json.dump(before, f)
+    tf_keras.backend.clear_session()
+    gc.collect()
+  start = dict(recall=before, embeddings=embeddings, block_ids=block_ids)
+
+  # The arms.
+  done = {}
+  if not args.fresh and os.path.exists(results_path):
+    with open(results_path) as f:
+      earlier = json.load(f)
+    if earlier.get("settings") == settings:
+      done = earlier.get("arms", {})
+      log(f"keeping finished arms {sorted(done)} of {results_path}")
+  arms, skipped, last_seconds = dict(done), [], 0.0
+
+  def save(partial: bool):
+    payload = dict(machine=machine(), partial=partial, settings=settings,
+                   total_minutes=round((time.time() - begin) / 60, 1), data=data,
+                   warmup={k: v for k, v in warmup.items()},
+                   start=dict(recall=before), arms=arms, skipped=skipped)
+    os.makedirs(os.path.dirname(results_path), exist_ok=True)
+    with open(results_path + ".tmp", "w") as f:
+      json.dump(payload, f, indent=2, sort_keys=True)
+    os.replace(results_path + ".tmp", results_path)
+    md = results_path[:-len(".json")] + ".md"
+    with open(md + ".tmp", "w") as f:
+      f.write(markdown(payload))
+    os.replace(md + ".tmp", md)
+    plot(payload, os.path.join(os.path.dirname(results_path), "pretrain_curves.png"))
+    return results_path
+
+  for arm in args.arms.split(","):
+    if arm in done:
       continue
-    model_dir = os.path.join(work, name)
-    shutil.rmtree(model_dir, ignore_errors=True)
-    config = load_config(demo, overrides + [
-        "task.type=pretrain", f"trainer.train_steps={args.steps}",
-        f"task.pretrain.refresh_every_steps={refresh}",
-        f"task.pretrain.init_checkpoint={ict_dir}", "task.pretrain.start_index_builder=true"])
-    start = time.time()
-    result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
-    history = _history(model_dir)
-    results[name] = dict(seconds=time.time() - start, result=result,
-                         summary=_summary(history, args.batch_size),
-                         curve=[{k: r[k] for k in (
-                             "step", "loss", "mlm_accuracy", "retrieval_utility",
-                             "null_document_probability", "index_version",
-                             "index_staleness_steps", "examples_per_second")}
-                                for r in history])
-    print(name, json.dumps(results[name]["summary"]), flush=True)
-  previous = os.path.join(os.path.dirname(__file__), "results", "pretrain.json")
-  if set(args.runs) != {"refresh", "frozen"} and os.path.exists(previous):
-    with open(previous) as f:
-      results = dict(json.load(f)["runs"], **results)
-
-  payload = dict(machine=machine(), settings=dict(
-      steps=args.steps, ict_steps=args.ict_steps, refresh_every_steps=args.refresh_every,
-      batch_size=args.batch_size, overrides=overrides, config="configs/demo.yaml",
-      salient_spans="tagger + dates" if args.tagger_dir else "dates only"),
-      corpus=dict(Z=f"wikipedia/enwiki-pages-articles-sample.xml.bz2 (first "
-                    f"{args.wiki_records} pages)",
-                  X=[f"wikipedia/enwiki-pages-articles-sample.xml.bz2 (same pages)",
-                     f"news/bbc.jsonl (first {args.news_records} articles)"]),
-      preprocess_seconds=preprocess_seconds, ict_seconds=ict_seconds, runs=results)
-  print(write_result("pretrain", payload))
+    if (time.time() - begin + last_seconds) / 60 > args.budget_minutes:
+      skipped.append(f"{arm}: {ARMS[arm].format(stale=args.stale_factor)}")
+      continue
+    arm_start = time.time()
+    arms[arm] = run_arm(arm, args, work, common, os.path.join(work, "warmup"), ict_dir, start,
+                        questions, validation_steps)
+    last_seconds = time.time() - arm_start
+    arms[arm]["total_seconds"] = round(last_seconds, 1)
+    save(partial=True)
+    log(f"arm {arm}: {json.dumps(arms[arm]['heldout'])}")
+  path = save(partial=bool(skipped) or set(arms) != set(ARMS))
+  log(f"wrote {path}")
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

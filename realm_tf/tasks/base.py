@@ -17,6 +17,7 @@ import logging
 import math
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 from official.core import base_task
@@ -24,6 +25,7 @@ from official.modeling import optimization, performance
 from official.modeling.optimization import legacy_adamw
 
 from realm_tf.configs.experiment import ExperimentConfig, TrainerConfig
+from realm_tf.io import layout
 from realm_tf.text.tokenization import Tokenizer
 
 
@@ -262,6 +264,18 @@ class RealmTask(base_task.Task):
   def on_train_end(self, model, global_step: int, reached_train_steps: bool):
     """Host work after the last step (e.g. tell the index builder training is done)."""
     del model, global_step, reached_train_steps
+
+  def on_evaluate_end(self, global_step: int, logs: dict):
+    """After each evaluation: its scalar metrics as one `eval` line of metrics.jsonl (the
+    curves of held-out metrics over steps; TensorBoard gets them from orbit too)."""
+    if not self.model_dir:
+      return
+    scalars = {}
+    for name, value in logs.items():
+      value = np.asarray(value)
+      if value.size == 1 and np.issubdtype(value.dtype, np.number):
+        scalars[name] = float(value)
+    layout.append_metrics(self.model_dir, dict(scalars, step=global_step, mode="eval"))
 
   def steps_per_loop_divisors(self) -> list[int]:
     """Intervals (in steps) a train loop must not straddle (e.g. the snapshot interval)."""

@@ -308,6 +308,10 @@ class OpenQATask(base.RealmTask):
   def steps_per_loop_divisors(self):
     return [self.task_config.refresh_every_steps] if self.task_config.refresh_index else []
 
+  def on_evaluate_end(self, global_step: int, logs: dict):
+    """Nothing more: reduce_aggregated_logs already wrote the evaluation (save_evaluation)."""
+    del global_step, logs
+
 
 def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
                     predictions: list[dict]) -> dict:

@@ -119,7 +119,8 @@ class IndexRefresher:
                      "`python -m beam.index_builder --model_dir %s`, or set "
                      "start_index_builder)", self.settings.index_dir, self.model_dir)
     deadline = time.time() + self.settings.first_index_timeout_seconds
-    while not self.index.maybe_swap(self.settings.index_dir):
+    # An index already loaded (an evaluation before training, in the same run) counts.
+    while not self.index.maybe_swap(self.settings.index_dir) and self.index.version is None:
       if time.time() > deadline:
         self.stop(global_step, reached_train_steps=False)
         raise TimeoutError(

@@ -61,6 +61,11 @@ class RealmTrainer(base_trainer.Trainer):
     logs.update(self.task.host_logs(int(self.global_step.numpy())))
     return logs
 
+  def eval_end(self, aggregated_logs=None):
+    logs = super().eval_end(aggregated_logs)
+    self.task.on_evaluate_end(int(self.global_step.numpy()), logs)
+    return logs
+
 
 class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
   """tf-models' runner with checkpoints in <model_dir>/checkpoints (realm_tf.io.layout)."""
