@@ -20,8 +20,10 @@ $(STAMP): setup.py
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider tests
 
+# Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
+# make demo DEMO_FLAGS="--num_articles 3000 --pretrain_steps 100".
 demo: setup
-	$(PY) -m realm_tf.demo --config configs/demo.yaml
+	$(PY) -m realm_tf.demo --config configs/demo.yaml $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info
