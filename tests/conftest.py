@@ -26,6 +26,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "fuzz: hypothesis property tests of every reader of untrusted input "
       "(`pytest -m fuzz`).")
+  config.addinivalue_line(
+      "markers", "demo: the `make demo` pipeline end to end on the tiny config, every stage "
+      "as its own process (`pytest -m demo`; part of the whole suite too).")
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 
