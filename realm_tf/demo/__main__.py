@@ -1,12 +1,12 @@
 """`python -m realm_tf.demo`: the whole REALM pipeline on a small real corpus.
 
     python -m realm_tf.demo [--config configs/demo.yaml] [--run_dir runs/demo]
-        [--num_articles 2000] [--ict_steps 40] [--warmup_steps 100] [--pretrain_steps 40]
-        [--finetune_steps 40] [--train_file questions.jsonl] [--ask "who wrote ...?"] ...
+        [--num_articles N] [--ict_steps N] [--warmup_steps N] [--pretrain_steps N]
+        [--finetune_steps N] [--train_file questions.jsonl] [--ask "who wrote ...?"] ...
 
 Every stage writes under --run_dir and is reused when run again with the same settings
-(see realm_tf.demo.pipeline for the stages and what each runs). The defaults take about
-15 minutes on a 2-core CPU with the MiniLM config.
+(see realm_tf.demo.pipeline for the stages and what each runs). The defaults are sized
+for about 15 minutes on a 2-core CPU with the MiniLM config (configs/demo.yaml).
 """
 import os
 import sys

@@ -212,8 +212,10 @@ class Demo:
                                 "--output_dir", export, "--epochs", "1",
                                 "--max_steps", str(self.o.tagger_steps)),
                   directory, "tagger", self.log)
-      with open(os.path.join(export, "manifest.json"), encoding="utf-8") as f:
-        scores = json.load(f)["scores"]
+      from realm_tf.tagger.export import read_manifest  # pylint: disable=g-import-not-at-top
+      scores = read_manifest(export)["scores"]
+      self.log(f"  entity F1 {scores['dev']['f1']:.3f} on eng.testa, "
+               f"{scores['test']['f1']:.3f} on eng.testb")
       return dict(tagger_dir=export, dev_f1=scores["dev"]["f1"], test_f1=scores["test"]["f1"])
 
     return self.stages.run("tagger", "salient-span tagger: CoNLL-2003, briefly",
@@ -265,9 +267,12 @@ class Demo:
         return fits_query(tokenizer, records.masked_sentences(candidates),
                           c.model.retriever.query_seq_length,
                           c.task.pretrain.max_predictions_per_seq)
+      # Questions must fit the Open-QA query ([CLS] question [SEP]; about 4 wordpieces
+      # for 3 words, and 3 for the blank).
+      max_words = max(6, (c.task.openqa.query_seq_length - 5) * 3 // 4)
       split = questions_lib.split_corpus(
           sentences, blocks, o.num_masked, o.num_eval_questions, o.max_train_questions,
-          seed=o.seed, can_mask=can_mask)
+          seed=o.seed, can_mask=can_mask, max_question_words=max_words)
       titles = records.titles_of(blocks)
       files = dict(
           pretraining=os.path.join(directory, "pretraining-train.tfrecord"),

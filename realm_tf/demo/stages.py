@@ -33,6 +33,11 @@ PROGRESS = re.compile(
     r"records in, \d+ accepted|Building index|Embedding .* into|Published .*/index/|"
     r"Index builder started|serving gRPC on|Published .*/realm_qa/")
 
+# The prefix (time, level, source) of absl and logging lines, dropped on the console.
+_LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] |"
+                         r"^\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ (realm_tf\.\w+: )?|"
+                         r"^INFO:\S+:")
+
 
 def clock(seconds: float) -> str:
   seconds = int(round(seconds))
@@ -163,8 +168,7 @@ class Command:
         self.on_line(line)
       if PROGRESS.search(line):
         # Drop the logging prefix (time, level, file) of absl and logging lines.
-        self._show(re.sub(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] |^\S+ \S+ INFO \S+: |^INFO:\S+:",
-                          "", line)[:160])
+        self._show(_LOG_PREFIX.sub("", line)[:160])
 
   def _heartbeat(self):
     while not self._stop.wait(5.0):
