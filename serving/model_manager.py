@@ -6,18 +6,24 @@ on disk. A new version is loaded and warmed up while the old one keeps serving, 
 AVAILABLE, and only then is the old one retired: new requests stop reaching it at once,
 requests already running on it finish, and it is END (and dropped) after the last one.
 A version that fails to load or warm up is END with its error and is left out of the
-policy until its saved_model file changes, so it never displaces a serving version.
+policy until its saved_model file changes, so it never displaces a serving version. A
+version exported by realm_tf carries its manifest (assets.extra/realm_manifest.json, every
+file with size and CRC32C): its files are checked against it before TensorFlow reads them,
+so a truncated or corrupted copy is refused by file name (DATA_LOSS) instead of loading
+damaged weights. Versions from other tools have none and load as TF Serving loads them.
 
 States follow TF Serving's ModelVersionStatus: START → LOADING → AVAILABLE → UNLOADING →
 END (END with an error status when loading failed).
 """
 import dataclasses
 import logging
+import os
 import threading
 from typing import Callable, Optional
 
 import grpc
 
+from realm_tf.io import versioned
 from serving import errors
 from serving import paths
 from serving import warmup
@@ -41,6 +47,15 @@ class _Model:
   records: dict = dataclasses.field(default_factory=dict)  # version → latest ServableVersion
   failed: dict = dataclasses.field(default_factory=dict)  # version → stamp that failed
   reported_empty: bool = False  # "no versions" is logged once, not at every poll
+
+
+def _check_files(version_path: str) -> None:
+  """The version's files against the manifest its exporter shipped with it, if any."""
+  try:
+    versioned.verify_copy(version_path, manifest_dir=os.path.dirname(warmup.WARMUP_FILE))
+  except versioned.VersionError as e:
+    raise errors.ServingError(grpc.StatusCode.DATA_LOSS,
+                              f"refused, the files do not match the manifest: {e}") from None
 
 
 class ModelManager:
@@ -139,11 +154,19 @@ class ModelManager:
     def servable_candidates():
       return {v for v, d in listing.versions.items() if model.failed.get(v) != d.stamp}
 
-    desired = spec.policy.select(servable_candidates())
-    for version in sorted(desired - set(model.available), reverse=True):
-      self._load(model, listing.versions[version])
+    # A version that fails leaves the candidates, so the policy may then pick an older one
+    # (a broken newest version at start must not leave the model with nothing to serve
+    # until the next poll). Each version is tried at most once per poll.
+    attempted = set()
+    while True:
+      desired = spec.policy.select(servable_candidates())
+      missing = sorted(desired - set(model.available) - attempted, reverse=True)
+      if not missing:
+        break
+      for version in missing:
+        attempted.add(version)
+        self._load(model, listing.versions[version])
 
-    desired = spec.policy.select(servable_candidates())  # without the ones that just failed
     with self._lock:
       if self._models.get(spec.name) is not model:
         return  # removed by a reload meanwhile
@@ -179,6 +202,7 @@ class ModelManager:
     log.info("model %r: loading version %d from %s", name, version, version_dir.path)
     try:
       paths.check_tree_inside(version_dir.path, model.spec.base_path)
+      _check_files(version_dir.path)
       servable.load()
       replayed = warmup.replay(servable, self._max_batch_size, self._max_decoded_bytes)
     except Exception as e:  # pylint: disable=broad-except

@@ -3,6 +3,8 @@
     <output_dir>/<kind>/<version>/saved_model.pb, variables/, assets.extra/
         assets.extra/tf_serving_warmup_requests   replayed by TF Serving before serving
         assets.extra/realm_provenance.json        what was exported (model, index, config)
+        assets.extra/realm_manifest.json          every file with size and CRC32C: the
+                                                  server refuses a damaged version with it
 
 Kinds (strings in, strings out, tokenization in graph):
   query_encoder   question [B] → embeddings [B, P]            (QueryEncoder)
@@ -39,7 +41,7 @@ from realm_tf.export import serving_warmup
 from realm_tf.export.encoders import BlockEncoder, QueryEncoder
 from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher
 from realm_tf.io import layout, versioned
-from realm_tf.retrieval.index_export import load_npy, shard_name
+from realm_tf.retrieval.index_export import load_shard_array, shard_name
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 
 KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
@@ -140,8 +142,9 @@ def _index_scann_states(run: ServingRun):
     if not tf.io.gfile.exists(os.path.join(path, "scann")):
       return None
     states.append((tf.saved_model.load(os.path.join(path, "scann")),
-                   load_npy(os.path.join(path, "block_ids.npy")),
-                   load_npy(os.path.join(path, "embeddings.npy")).astype(np.float32)))
+                   load_shard_array(export, info["shard"], len(shards), "block_ids.npy"),
+                   load_shard_array(export, info["shard"], len(shards),
+                                    "embeddings.npy").astype(np.float32)))
   return states or None
 
 
@@ -232,7 +235,7 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
       json.dump(record, f, indent=2, sort_keys=True, default=str)
     serving_warmup.write_warmup_requests(writer.path, warmup, model_name=kind)
     committed = writer.commit(dict(kind=kind, export_seconds=round(time.time() - start, 3)))
-  versioned.copy_version(committed, published)
+  versioned.copy_version(committed, published, manifest_dir=serving_warmup.WARMUP_DIR)
   logging.info("Published %s (%.1f s)", published, time.time() - start)
   return published
 

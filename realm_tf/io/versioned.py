@@ -33,8 +33,10 @@ ifGenerationMatch=0 upload on GCS). Hence:
   on versions among the newest `keep` never can.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
-verify_version, Lease, garbage_collect, write_json_atomic, read_json, verify_published,
-copy_version (to hand a version to a reader with its own layout, e.g. TF Serving)
+verify_version, read_verified (one file, checked as it is read), Lease, garbage_collect,
+write_json_atomic, read_json, verify_published,
+copy_version (to hand a version to a reader with its own layout, e.g. TF Serving; the copy
+carries its manifest, which verify_copy checks)
 (for flat outputs such as a corpus, whose manifest.json also lists its files) (plus the older
 new_tmp_dir/commit pair, now thin wrappers over VersionWriter).
 """
@@ -55,6 +57,7 @@ from realm_tf.io import storage
 
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST = "manifest.json"  # name of a flat (non-versioned) output's manifest
+COPIED_MANIFEST = "realm_manifest.json"  # a copy_version copy's manifest (see there)
 LEASES = "_leases"
 WRITER_MARKER = "_WRITER.json"  # inside a data dir while it is written; not a data file
 _MANIFEST_RE = re.compile(r"^(\d{12})\.manifest\.json$")
@@ -146,11 +149,26 @@ def file_entries(directory: str, known: Optional[Dict[str, dict]] = None) -> Lis
   return entries
 
 
+def file_path(directory: str, name: str) -> str:
+  """`directory`/`name` for a file name read from a manifest.
+
+  A manifest is data from shared storage: a name that is absolute, has a scheme, or has
+  an empty, '.' or '..' component could steer a reader (or copy_version's writes) outside
+  the version, so it is refused with a VerificationError.
+  """
+  parts = str(name).replace("\\", "/").split("/")
+  if (not isinstance(name, str) or name.startswith("/") or "://" in name
+      or any(part in ("", ".", "..") for part in parts)):
+    raise VerificationError(f"{directory}: the manifest names a file {name!r} outside "
+                            "its directory; refusing it")
+  return os.path.join(directory, name)
+
+
 def verify_files(directory: str, entries: Iterable[dict], checksums: bool = False) -> None:
   """Raises VerificationError naming every missing, truncated or corrupted file."""
   problems = []
   for entry in entries:
-    path = os.path.join(directory, entry["name"])
+    path = file_path(directory, entry["name"])
     try:
       size = tf.io.gfile.stat(path).length
     except tf.errors.NotFoundError:
@@ -348,6 +366,30 @@ def verify_published(output_dir: str, checksums: bool = False) -> dict:
   return manifest
 
 
+def read_verified(version: Version, name: str) -> bytes:
+  """One file of a committed version, checked against its manifest entry as it is read.
+
+  Size and CRC32C are compared on the bytes the caller gets, so a reader that loads the
+  file anyway (an index shard's embeddings) pays no second read for the checksum.
+  Raises VerificationError naming the file.
+  """
+  path = file_path(version.path, name)
+  entry = next((e for e in version.manifest.get("files", []) if e["name"] == name), None)
+  if entry is None:
+    raise VerificationError(f"{path}: not listed in the manifest of version "
+                            f"{version.version}")
+  try:
+    data = storage.read_bytes(path)
+  except tf.errors.NotFoundError:
+    raise VerificationError(f"{path}: missing") from None
+  if len(data) != int(entry["size"]):
+    raise VerificationError(f"{path}: {len(data)} bytes, manifest says {entry['size']} "
+                            "(truncated or replaced)")
+  if crc32c_of_bytes(data) != entry["crc32c"]:
+    raise VerificationError(f"{path}: CRC32C does not match the manifest (corrupted)")
+  return data
+
+
 def verify_version(version: Version, checksums: bool = False) -> Version:
   """Checks every file the manifest lists: size always, CRC32C if `checksums`.
 
@@ -358,23 +400,28 @@ def verify_version(version: Version, checksums: bool = False) -> Version:
 
 
 def copy_version(version: Version, dest_dir: str,
-                 last: Iterable[str] = ("saved_model.pb", "saved_model.pbtxt")) -> str:
+                 last: Iterable[str] = ("saved_model.pb", "saved_model.pbtxt"),
+                 manifest_dir: str = "") -> str:
   """Copies a committed version's files to `dest_dir`, the `last` files at the end.
 
   For consumers with their own commit convention, such as TF Serving's
   `<base_path>/<integer version>/`, which loads a version once its saved_model.pb exists:
   copying that file last makes a half-copied directory invisible to it on any file
   system. Every file is checked against the manifest's size before and after the copy.
-  Re-running after a crash completes the copy. Returns `dest_dir`.
+  The manifest itself goes along as `<dest_dir>/<manifest_dir>/realm_manifest.json`
+  (written before the `last` files), so whoever loads the copy can check it with
+  verify_copy wherever it was copied to. Re-running after a crash completes the copy.
+  Returns `dest_dir`.
   """
   entries = version.manifest.get("files", [])
   verify_files(version.path, entries)
+  write_json_atomic(os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST), version.manifest)
   last = set(last)
   ordered = ([e for e in entries if e["name"] not in last] +
              [e for e in entries if e["name"] in last])
   for entry in ordered:
-    source = os.path.join(version.path, entry["name"])
-    target = os.path.join(dest_dir, entry["name"])
+    source = file_path(version.path, entry["name"])
+    target = file_path(dest_dir, entry["name"])
     try:
       if tf.io.gfile.stat(target).length == int(entry["size"]):
         continue  # copied by an earlier, interrupted run
@@ -386,6 +433,20 @@ def copy_version(version: Version, dest_dir: str,
     tf.io.gfile.copy(source, target, overwrite=True)
   verify_files(dest_dir, entries)
   return dest_dir
+
+
+def verify_copy(dest_dir: str, manifest_dir: str = "") -> Optional[dict]:
+  """Checks a copy_version copy against the manifest it carries (sizes and CRC32C).
+
+  Returns the manifest, or None for a directory without one (not made by copy_version);
+  raises VerificationError naming each missing, truncated or corrupted file.
+  """
+  path = os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST)
+  if not tf.io.gfile.exists(path):
+    return None
+  manifest = read_json(path)
+  verify_files(dest_dir, manifest.get("files", []), checksums=True)
+  return manifest
 
 
 # ------------------------------------------------------------------------------- leases

@@ -100,7 +100,9 @@ def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
   version = encoder.manifest.get("step", 0) if config.version is None else config.version
   with versioned.Lease(_encoder_root(encoder), encoder.version, holder="embed build_index",
                        ttl_seconds=config.lease_ttl_seconds):
-    versioned.verify_version(encoder)  # sizes: a truncated snapshot fails here, by name
+    # Sizes and CRC32C (a snapshot is small next to the corpus it embeds): a truncated or
+    # corrupted snapshot fails here, by file name, never as wrong embeddings.
+    versioned.verify_version(encoder, checksums=True)
     export_dir = versioned.VersionWriter(config.output_dir, version).path
     manifest = dict(
         encoder=dict(path=encoder.path, step=encoder.manifest.get("step"),

@@ -56,6 +56,15 @@ def load_npy(path: str) -> np.ndarray:
     return np.load(io.BytesIO(f.read()), allow_pickle=False)
 
 
+def load_shard_array(export: "IndexExport", shard: int, num_shards: int,
+                     name: str) -> np.ndarray:
+  """`<shard dir>/<name>` (embeddings.npy, block_ids.npy) of a committed export, checked
+  against the manifest (size and CRC32C) on the bytes as read: a truncated or corrupted
+  shard is refused by file name instead of loading wrong embeddings."""
+  data = versioned.read_verified(export, f"{shard_name(shard, num_shards)}/{name}")
+  return np.load(io.BytesIO(data), allow_pickle=False)
+
+
 def new_export_dir(index_dir: str, version: int) -> str:
   """A fresh, uncommitted directory for `version`'s shards (a VersionWriter's)."""
   return versioned.VersionWriter(index_dir, version).path

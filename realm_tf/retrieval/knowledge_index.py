@@ -28,7 +28,6 @@ go to the host and only ids and scores come back. The searcher is a Python refer
 (the config validator says so).
 """
 import logging
-import os
 import threading
 from typing import NamedTuple, Optional
 
@@ -38,7 +37,7 @@ import tensorflow as tf
 from realm_tf.data.block_store import BlockStore
 from realm_tf.io import versioned
 from realm_tf.retrieval.exact import exact_top_k
-from realm_tf.retrieval.index_export import load_npy, shard_name
+from realm_tf.retrieval.index_export import load_shard_array
 from realm_tf.text.tokenization import Tokenizer
 
 BACKENDS = ("exact", "scann")
@@ -83,15 +82,16 @@ def tokenize_blocks(store: BlockStore, tokenizer: Tokenizer, block_seq_length: i
 
 def row_ordered_embeddings(export: versioned.Version, block_ids: np.ndarray) -> np.ndarray:
   """[N, P] float32: the export's embeddings in the order of `block_ids` (ascending); an
-  error naming the export if it and the corpus disagree on which blocks exist."""
+  error naming the export if it and the corpus disagree on which blocks exist, or naming
+  the file if one is truncated or corrupted (checked against the manifest as read)."""
   ids, vectors = [], []
   shards = export.manifest["shards"]
   for info in shards:
     if not info["num_blocks"]:
       continue
-    path = os.path.join(export.path, shard_name(info["shard"], len(shards)))
-    ids.append(load_npy(os.path.join(path, "block_ids.npy")))
-    vectors.append(load_npy(os.path.join(path, "embeddings.npy")).astype(np.float32))
+    ids.append(load_shard_array(export, info["shard"], len(shards), "block_ids.npy"))
+    vectors.append(load_shard_array(export, info["shard"], len(shards),
+                                    "embeddings.npy").astype(np.float32))
   if not ids:
     raise ValueError(f"index {export.path} holds no blocks")
   ids, vectors = np.concatenate(ids), np.concatenate(vectors)
@@ -133,6 +133,7 @@ class KnowledgeIndex(tf.Module):
     self.version: Optional[int] = None
     self.export: Optional[versioned.Version] = None
     self.num_swaps = 0
+    self._failed_version = -1  # newest export that failed to load (not retried)
     self._host_searcher = None  # backend 'scann': the current host-side searcher
     self._lock = threading.Lock()
     tables = tokenize_blocks(store, tokenizer, block_seq_length, body_length)
@@ -188,7 +189,8 @@ class KnowledgeIndex(tf.Module):
     searcher = None
     if self.backend == "scann":
       from realm_tf.retrieval.loading import load_searcher  # pylint: disable=g-import-not-at-top
-      searcher = load_searcher(export, "scann", self.rescore)
+      # The index arrives through shared storage: every file is checksummed.
+      searcher = load_searcher(export, "scann", self.rescore, verify_checksums=True)
     self.set_embeddings(vectors, export.version, export=export, host_searcher=searcher)
     logging.info("Knowledge index: version %d (%d blocks, %s) swapped in", export.version,
                  self.num_blocks, export.path)
@@ -215,14 +217,17 @@ class KnowledgeIndex(tf.Module):
 
   def maybe_swap(self, index_dir: str) -> bool:
     """Swaps in the newest committed export under `index_dir` if it is newer; a broken
-    export is logged and skipped (the current one keeps serving)."""
+    export (damaged files, other blocks) is logged once and skipped until a newer one is
+    committed, and the current one keeps serving."""
     latest = versioned.latest_version(index_dir)
-    if latest is None or (self.version is not None and latest.version <= self.version):
+    current = -1 if self.version is None else self.version
+    if latest is None or latest.version <= max(current, self._failed_version):
       return False
     try:
       self.swap(latest)
     except Exception as e:  # pylint: disable=broad-except
-      logging.error("Index %s could not be loaded, keeping version %s: %s", latest.path,
+      self._failed_version = latest.version
+      logging.error("Index %s is refused, keeping version %s: %s", latest.path,
                     self.version, e)
       return False
     return True

@@ -7,7 +7,7 @@ import tensorflow as tf
 from realm_tf.retrieval.exact import ExactSearcher
 from realm_tf.io import versioned
 from realm_tf.retrieval.index_export import (
-    ExportError, IndexExport, latest_export, load_npy, shard_name)
+    ExportError, IndexExport, latest_export, load_shard_array, shard_name)
 from realm_tf.retrieval.sharded import ShardedSearcher
 
 BACKENDS = ("scann", "exact")
@@ -35,27 +35,34 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
       an IndexExport.
     backend: 'scann' (the shards' serialised ScaNN searchers) or 'exact'.
     rescore: with ScaNN, re-score candidates exactly with the stored embeddings.
-    verify_checksums: also check every file's CRC32C against the manifest (reads the
-      export twice; sizes are always checked).
+    verify_checksums: also check the CRC32C of the ScaNN searchers' files against the
+      manifest (sizes are always checked; the embeddings and block ids always have their
+      CRC32C checked as they are read).
 
   Raises:
-    VerificationError: a file is missing, truncated or (with verify_checksums) corrupted.
+    VerificationError: a file is missing, truncated or corrupted (a ScaNN file: with
+      verify_checksums).
   """
   if backend not in BACKENDS:
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
   export = path_or_export if isinstance(path_or_export, IndexExport) else resolve_export(
       path_or_export)
   # Sizes of every file against the manifest: a truncated shard is refused by name here
-  # instead of failing (or worse, loading) deep inside numpy or ScaNN.
-  versioned.verify_version(export, checksums=verify_checksums)
+  # instead of failing (or worse, loading) deep inside numpy or ScaNN. The .npy files are
+  # checksummed as they are read below, so only the others get a CRC32C pass here.
+  files = export.manifest.get("files", [])
+  versioned.verify_files(export.path, files)
+  if verify_checksums:
+    versioned.verify_files(export.path, [e for e in files if not e["name"].endswith(".npy")],
+                           checksums=True)
   shards_info = export.manifest["shards"]
   shards = []
   for info in shards_info:
     if not info["num_blocks"]:
       continue  # a shard that received no blocks has nothing to search
     path = os.path.join(export.path, shard_name(info["shard"], len(shards_info)))
-    embeddings = load_npy(os.path.join(path, "embeddings.npy"))
-    block_ids = load_npy(os.path.join(path, "block_ids.npy"))
+    embeddings = load_shard_array(export, info["shard"], len(shards_info), "embeddings.npy")
+    block_ids = load_shard_array(export, info["shard"], len(shards_info), "block_ids.npy")
     if backend == "exact":
       shards.append(ExactSearcher(embeddings, block_ids, name=f"exact_{info['shard']}"))
       continue

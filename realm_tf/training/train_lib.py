@@ -4,8 +4,11 @@
              ─ index (pre-training / Open-QA: corpus Z sharded over the replicas)
              ─ datasets (numeric nests only; resumed runs skip exactly the consumed batches)
              ─ tf-models base_trainer.Trainer + OrbitExperimentRunner:
-                 CheckpointManager(init_fn=task.initialize), orbit.Controller, tf-models'
-                 recovery / preemption actions, the task's host actions, a progress line
+                 CheckpointManager(init_fn=task.initialize) resuming from the newest
+                 checkpoint that reads back whole (checkpoints.refuse_damaged),
+                 orbit.Controller, tf-models' recovery / preemption actions (SIGTERM saves a
+                 checkpoint on one host too: preemption.py), the task's host actions, a
+                 progress line
              ─ task.on_train_begin (first index) ─ train [and evaluate] ─ task.on_train_end
 
 Everything a run is lives in its ExperimentConfig, saved as <model_dir>/params.yaml before
@@ -27,6 +30,7 @@ from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
 from realm_tf.openqa.corpus import JSONL_SUFFIXES, prepare_blocks
 from realm_tf.tasks.base import RealmTask, steps_per_loop
+from realm_tf.training import checkpoints, preemption
 from realm_tf.training.progress import ProgressReporter
 
 
@@ -77,6 +81,19 @@ class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
         checkpoint_interval=self.params.trainer.checkpoint_interval,
         init_fn=self.trainer.initialize)
 
+  def _build_controller(self, trainer, evaluator, save_summary=True, train_actions=None,
+                        eval_actions=None, **kwargs):
+    """Adds the single-host SIGTERM save (preemption.PreemptionWatch) after the other train
+    actions, so the last loop's progress line is written before the process exits."""
+    self.preemption = preemption.PreemptionWatch(
+        self.strategy, self.checkpoint_manager, self.trainer.global_step,
+        enabled=trainer is not None and self.params.trainer.preemption_on_demand_checkpoint)
+    if self.preemption.action is not None:
+      train_actions = list(train_actions or []) + [self.preemption]
+    return super()._build_controller(trainer, evaluator, save_summary=save_summary,
+                                     train_actions=train_actions, eval_actions=eval_actions,
+                                     **kwargs)
+
 
 def distribute(strategy, task: RealmTask, data_config):
   """The task's dataset for `data_config`, one pipeline per host; only numbers reach the
@@ -117,6 +134,8 @@ class Run:
     check_xla_placement(experiment, self.strategy)
     tf_keras.utils.set_random_seed(experiment.trainer.seed)
     set_precision(experiment)
+    if train:  # a damaged newest checkpoint is set aside before anything reads it
+      checkpoints.refuse_damaged(layout.checkpoint_dir(model_dir))
     self.start_step = layout.checkpoint_step(model_dir) if train else 0
     self.task = tasks.get_task(experiment, model_dir, self.start_step)
     task_config = experiment.task_config
@@ -165,7 +184,7 @@ class Run:
     reached = False
     try:
       controller = self.runner.controller
-      with self.strategy.scope():
+      with self.strategy.scope(), self.runner.preemption.armed():
         if self.evaluate_enabled:
           eval_steps = -1 if self.task.evaluates_whole_set else t.validation_steps
           controller.train_and_evaluate(train_steps=steps, eval_steps=eval_steps,
