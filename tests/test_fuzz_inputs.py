@@ -14,7 +14,6 @@ Example counts are set per property (EXAMPLES); the README's reliability section
 import gzip
 import io
 import json
-import os
 import urllib.request
 
 import apache_beam as beam
