@@ -202,7 +202,7 @@ class Demo:
       self.log(f"  {len(chosen)} of {len(articles)} articles → {out}")
       return dict(articles=out, count=len(chosen), available=len(articles))
 
-    return self.stages.run("corpus", "corpus: Wikipedia lead sections as JSON lines",
+    return self.stages.run("corpus", "Wikipedia lead sections as JSON lines",
                            dict(source=source, num_articles=o.num_articles), [], body)
 
   def tagger(self, conll: str) -> dict:
@@ -331,7 +331,7 @@ class Demo:
       run_command(argv, directory, "index", self.log)
       return dict(index_dir=output)
 
-    return self.stages.run("index", "index: the corpus embedded by the ICT retriever "
+    return self.stages.run("index", "the corpus embedded by the ICT retriever "
                            "(beam.embed_corpus)", dict(shards=i.num_shards,
                                                        backend=i.backend), upstream, body)
 
@@ -438,7 +438,7 @@ class Demo:
                                 models, "--kinds", "realm_qa"), directory, "export", self.log)
       return dict(models=models, base_path=os.path.join(models, "realm_qa"))
 
-    return self.stages.run("export", "export: the realm_qa SavedModel (TF Serving layout)", {},
+    return self.stages.run("export", "the realm_qa SavedModel (TF Serving layout)", {},
                            upstream, body)
 
   def serve(self, base_path: str, asked: List[dict]) -> List[dict]:
