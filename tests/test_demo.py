@@ -45,14 +45,20 @@ def _write_articles(path) -> list[dict]:
 
 def _run_demo(repo_dir, run_dir, articles):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-  result = subprocess.run(
+  process = subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, "-m", "realm_tf.demo", "--config", str(repo_dir / "configs" / "tiny.yaml"),
        "--run_dir", str(run_dir), "--articles_file", str(articles), "--conll_dir=",
        "--ask", "What is the capital of Veloria?", *SIZES],
-      cwd=repo_dir, capture_output=True, text=True, timeout=900, check=False, env=env)
-  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+      cwd=repo_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+  try:
+    stdout, stderr = process.communicate(timeout=900)
+  except subprocess.TimeoutExpired:
+    process.terminate()  # the demo stops its running stage's processes on SIGTERM
+    stdout, stderr = process.communicate(timeout=120)
+    pytest.fail(f"the demo did not finish within 900 s:\n{stdout[-3000:]}{stderr[-3000:]}")
+  assert process.returncode == 0, stdout[-4000:] + stderr[-4000:]
   with open(run_dir / "summary.json", encoding="utf-8") as f:
-    return result.stdout, json.load(f)
+    return stdout, json.load(f)
 
 
 def _server_pid(stdout: str) -> int:

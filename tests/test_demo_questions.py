@@ -86,6 +86,8 @@ def test_split_keeps_held_out_sentences_and_questions_apart():
   assert len(train) == 3 and not (heldout & train) and not (masked & (heldout | train))
   rows = [c.as_json() for c in split.train_questions + split.heldout_questions]
   assert violations(rows, blocks) == []
+  # However many are asked for, at most half of the questions are held out.
+  assert len(split_corpus(sentences, blocks, 2, 100, 100, seed=0).heldout_questions) == 3
   # Seeded: the same split again.
   again = split_corpus(sentences, blocks, 2, 3, 100, seed=0)
   assert again.heldout_questions == split.heldout_questions

@@ -9,6 +9,7 @@ Every stage writes under --run_dir and is reused when run again with the same se
 for about 15 minutes on a 2-core CPU with the MiniLM config (configs/demo.yaml).
 """
 import os
+import signal
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
@@ -64,6 +65,9 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # the stages' own logs are in their log.txt
+  # SIGTERM unwinds like Ctrl-C, so the running stage's process group (a trainer and its
+  # index builder, the server) is stopped before the demo exits.
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
   # pylint: disable=g-import-not-at-top
   from realm_tf.demo.fill_in import format_results
   from realm_tf.demo.pipeline import Demo, format_answers, format_summary

@@ -38,7 +38,7 @@ from realm_tf.demo import corpus as corpus_lib
 from realm_tf.demo import questions as questions_lib
 from realm_tf.demo import records
 from realm_tf.demo.serve import serve_and_ask
-from realm_tf.demo.stages import Stages, clock, python_module, run_command
+from realm_tf.demo.stages import StageError, Stages, clock, python_module, run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_CONLL = os.path.join(REPO, "..", "shared", "data", "ner", "conll2003")
@@ -280,6 +280,11 @@ class Demo:
           masked_json=os.path.join(directory, "heldout-masked.jsonl"),
           train_questions=os.path.join(directory, "train_questions.jsonl"),
           heldout_questions=os.path.join(directory, "heldout_questions.jsonl"))
+      if not o.train_file and len(split.train_questions) < o.finetune_batch_size:
+        raise StageError(
+            f"only {len(split.train_questions)} generated questions are left for "
+            f"fine-tuning (batch {o.finetune_batch_size}): use a larger corpus "
+            f"(--num_articles), fewer --num_eval_questions, or give --train_file")
       records.write_sentences(files["pretraining"], split.pretraining)
       masked = records.masked_sentences(split.masked_heldout)
       records.write_sentences(files["masked"], masked)
@@ -423,7 +428,7 @@ class Demo:
         metrics = json.load(f)
       return dict(model_dir=directory, exact_match=metrics.get("exact_match"),
                   recall_at_5=metrics.get("recall@5"), eval_step=metrics.get("step"),
-                  eval_questions=o.num_eval_questions)
+                  eval_questions=metrics.get("num_questions"))
 
     source = _file_identity(o.train_file) if o.train_file else "cloze"
     return self.stages.run(

@@ -188,8 +188,8 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
   """Held-out masked sentences (sentences with a span whose answer another block holds,
   and, if given, for which `can_mask` says the span can be masked), the rest for
   pre-training; cloze questions from the pre-training sentences, split into held-out and
-  training questions. No held-out sentence gives a training question, and no held-out
-  question shares its sentence with a training one."""
+  training questions (at most half of them held out). No held-out sentence gives a
+  training question, and no held-out question shares its sentence with a training one."""
   candidates = cloze_questions(sentences, blocks, **limits)
   maskable = candidates
   if can_mask is not None:
@@ -198,7 +198,7 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
   masked_texts = {c.sentence.text for c in masked}
   pretraining = [s for s in sentences if s.text not in masked_texts]
   questions = [c for c in candidates if c.sentence.text not in masked_texts]
-  heldout = pick_diverse(questions, num_heldout_questions, seed + 1)
+  heldout = pick_diverse(questions, min(num_heldout_questions, len(questions) // 2), seed + 1)
   heldout_texts = {c.sentence.text for c in heldout}
   train = [c for c in questions if c.sentence.text not in heldout_texts]
   random.Random(seed + 2).shuffle(train)
