@@ -86,6 +86,10 @@ def test_split_keeps_held_out_sentences_and_questions_apart():
   assert len(train) == 3 and not (heldout & train) and not (masked & (heldout | train))
   rows = [c.as_json() for c in split.train_questions + split.heldout_questions]
   assert violations(rows, blocks) == []
+  # A held-out masked x never states its answer outside the span.
+  restated = [_sentence(f"Pilgrims often visit {c} in {m}. Few leave {c} again.", 50 + i, c)
+              for i, (c, m) in enumerate(zip(cities, months))]
+  assert split_corpus(restated, blocks, 2, 1, 100, seed=0).masked_heldout == []
   # However many are asked for, at most half of the questions are held out.
   assert len(split_corpus(sentences, blocks, 2, 100, 100, seed=0).heldout_questions) == 3
   # Seeded: the same split again.

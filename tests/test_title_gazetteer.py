@@ -30,6 +30,20 @@ def test_the_longest_title_wins_and_matches_do_not_overlap():
   assert _mentions(g, "He moved to New York in 1990.") == ["New York"]
 
 
+def test_a_title_inside_a_longer_name_is_no_mention():
+  g = TitleGazetteer([("Abraham", "a"), ("Sahara", "s"), ("Africa", "af"), ("Society", "so"),
+                      ("Paris", "p")])
+  assert _mentions(g, "Abraham Maslow wrote about Abraham.") == ["Abraham"]
+  assert [s["start"] for s in g.find("Abraham Maslow wrote about Abraham.")] == [27]
+  # A sentence's first word is capitalised anyway; a capitalised word mid-sentence is not.
+  assert _mentions(g, "The Sahara spans North Africa. In Paris, it rains.") == ["Sahara",
+                                                                                "Paris"]
+  assert _mentions(g, "He co-founded the Watch Tower Tract Society in 1881.") == []
+  text = "Paris Saint-Germain won; (Paris) won; Africa-wide."
+  assert [(s["start"], text[s["start"]:s["end"]]) for s in g.find(text)] == [
+      (26, "Paris"), (38, "Africa")]
+
+
 def test_a_text_never_mentions_its_own_article():
   g = TitleGazetteer([("New York City", "nyc"), ("York", "york"), ("France", "fr"),
                       ("Mercury", "planet"), ("Mercury", "element")])

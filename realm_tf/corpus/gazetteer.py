@@ -10,8 +10,12 @@ would ask the model for the one name the rest of the block is about.
 
 Matching is by words: titles are indexed by their first word, and at each word of a text
 the longest title that starts there and is followed by a word boundary wins; matches do not
-overlap. Titles that do not start with a word character, and one-character titles ("I"
-would match the pronoun), are not used.
+overlap. A match inside a longer capitalised name is not a mention of that title ("Abraham"
+in "Abraham Maslow", "Africa" in "North Africa", "Society" in "Watch Tower Tract Society"):
+a capitalised word right after it, or right before it other than a sentence's first word,
+rules it out. As with the dates, precision matters more than recall: a wrong span teaches
+nothing, a missed one costs one candidate. Titles that do not start with a word character,
+and one-character titles ("I" would match the pronoun), are not used.
 """
 import collections
 import re
@@ -19,6 +23,8 @@ from typing import Dict, Iterable, List, Set, Tuple
 
 TITLE_LABEL = "TITLE"
 _WORD = re.compile(r"\w+")
+# A capitalised word joined to a match by one space (or hyphen): the match is part of it.
+_NAME_AFTER = re.compile(r"[ -][A-Z]")
 
 
 def _is_word_char(char: str) -> bool:
@@ -63,9 +69,23 @@ class TitleGazetteer:
           continue
         if end < len(text) and _is_word_char(title[-1]) and _is_word_char(text[end]):
           continue  # "Rome" in "Romeo"
-        if self._owners[title] - {doc_uid}:
+        if self._owners[title] - {doc_uid} and not self._inside_name(text, start, end):
           spans.append({"start": start, "end": end, "label": TITLE_LABEL})
         # The text's own title is skipped whole: no shorter title inside it stands in.
         position = end
         break
     return spans
+
+  @staticmethod
+  def _inside_name(text: str, start: int, end: int) -> bool:
+    if _NAME_AFTER.match(text, end):
+      return True
+    before = list(_WORD.finditer(text, max(0, start - 64), start))
+    if not before or before[-1].end() != start - 1 or text[start - 1] not in " -":
+      return False
+    word = before[-1]
+    if not word.group()[0].isupper():
+      return False
+    # A sentence's first word is capitalised anyway ("The Sahara", "In Paris").
+    head = text[:word.start()].rstrip()
+    return bool(head) and head[-1] not in ".!?:;\"'("

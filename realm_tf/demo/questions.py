@@ -31,6 +31,11 @@ def answer_key(text: str) -> Tuple[str, ...]:
   return tuple(w.lower() for w in _WORD.findall(text))
 
 
+def _states(words: Sequence[str], key: Tuple[str, ...]) -> bool:
+  """Whether `key` occurs in `words` as a contiguous sequence."""
+  return any(tuple(words[i:i + len(key)]) == key for i in range(len(words) - len(key) + 1))
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
   block_id: int
@@ -126,8 +131,7 @@ def cloze_candidates(sentences: Iterable[Sentence], max_answer_words: int = 4,
           continue
         if context[0] in _POINTS_BACK:
           continue
-        if any(tuple(context[i:i + len(key)]) == key
-               for i in range(len(context) - len(key) + 1)):
+        if _states(context, key):
           continue  # "___ (Paris) ..." : the answer is in the question
         yield example, span, question, answer
 
@@ -185,13 +189,17 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
                  seed: int = 0,
                  can_mask: Optional[Callable[[Sequence[Cloze]], List[bool]]] = None,
                  **limits) -> Split:
-  """Held-out masked sentences (sentences with a span whose answer another block holds,
-  and, if given, for which `can_mask` says the span can be masked), the rest for
+  """Held-out masked sentences (sentences with a span whose answer another block holds
+  and the rest of the sentence does not state, and, if given, for which `can_mask` says
+  the span can be masked), the rest for
   pre-training; cloze questions from the pre-training sentences, split into held-out and
   training questions (at most half of them held out). No held-out sentence gives a
   training question, and no held-out question shares its sentence with a training one."""
   candidates = cloze_questions(sentences, blocks, **limits)
-  maskable = candidates
+  # The whole of x is read when masked: it must not state the answer elsewhere either.
+  maskable = [c for c in candidates if not _states(
+      answer_key(c.sentence.text[:c.span[0]] + " " + c.sentence.text[c.span[1]:]),
+      answer_key(c.answer))]
   if can_mask is not None:
     maskable = [c for c, ok in zip(candidates, can_mask(candidates)) if ok]
   masked = pick_diverse(maskable, num_masked, seed)
