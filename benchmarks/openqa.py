@@ -404,7 +404,7 @@ def markdown(payload: dict) -> str:
         f"{r['finetune_s']:.0f} | {r['eval_s']:.0f} | {r['index_s']:.0f} | "
         f"{r['parameters'] / 1e6:.1f}M |")
   for skipped in payload.get("skipped", []):
-    lines.append(f"| {skipped} | not run: time budget | | | | | | | | | | | | |")
+    lines.append(f"| {skipped} | not run | | | | | | | | | | | | |")
   if payload.get("partial"):
     lines += ["", "**Partial results**: the run was still going (or was cut); a rerun with "
               "the same sizes adds the missing rows."]
@@ -613,7 +613,7 @@ def main(argv=None) -> int:
     # row took on the previous dataset of the same corpus (else of any corpus).
     expected = last_seconds.get((DATASETS[key]["corpus"], row), last_seconds.get(row, 0.0))
     if (time.time() - start + expected) / 60 > args.budget_minutes:
-      skipped.append(f"{DATASETS[key]['name']} / {ROWS[row]}")
+      skipped.append(f"{DATASETS[key]['name']} / {ROWS[row]} (time budget)")
       continue
     row_start = time.time()
     result = finetune_row(work, row, key, files[key], corpora[DATASETS[key]["corpus"]],
