@@ -273,6 +273,17 @@ class Demo:
       split = questions_lib.split_corpus(
           sentences, blocks, o.num_masked, o.num_eval_questions, o.max_train_questions,
           seed=o.seed, can_mask=can_mask, max_question_words=max_words)
+      # The blocks the questions were made from leave the corpus that fine-tuning, the
+      # export and the server search (qa_corpus/), so every answer has to be found in
+      # another block; a question whose answer was only in other questions' source blocks
+      # goes too.
+      sources = {q.source_block_id for q in split.train_questions + split.heldout_questions}
+      split.train_questions[:] = [q for q in split.train_questions
+                                  if set(q.answer_block_ids) - sources]
+      split.heldout_questions[:] = [q for q in split.heldout_questions
+                                    if set(q.answer_block_ids) - sources]
+      qa_corpus = os.path.join(directory, "qa_corpus")
+      kept_blocks = records.write_blocks_without(corpus_dir, qa_corpus, sources)
       titles = records.titles_of(blocks)
       files = dict(
           pretraining=os.path.join(directory, "pretraining-train.tfrecord"),
@@ -297,11 +308,13 @@ class Demo:
           files["heldout_questions"], [q.as_json(titles) for q in split.heldout_questions])
       self.log(f"  {len(split.pretraining)} pre-training sentences, {len(masked)} held out "
                f"(masked); cloze questions answerable from another block: {n_train} for "
-               f"training, {n_heldout} held out")
+               f"training, {n_heldout} held out; their {len(sources)} source blocks are left "
+               f"out of the Open-QA corpus ({kept_blocks} blocks)")
       for q in split.train_questions[:2]:
         self.log(f"    e.g. {q.question!r} → {q.answer!r} (from [{titles[q.source_block_id]}]"
                  f"; also in {len(q.answer_block_ids)} other block(s))")
-      return dict(files, pretraining_count=len(split.pretraining), masked_count=len(masked),
+      return dict(files, qa_corpus_dir=qa_corpus, qa_corpus_blocks=kept_blocks,
+                  pretraining_count=len(split.pretraining), masked_count=len(masked),
                   train_questions_count=n_train, heldout_questions_count=n_heldout)
 
     return self.stages.run(
@@ -493,7 +506,10 @@ class Demo:
     filled = self.fill_in(pre["model_dir"], data["masked"], data["masked_json"],
                           ["pretrain", "data"])
     train_questions = os.path.abspath(o.train_file) if o.train_file else data["train_questions"]
-    qa = self.openqa(corpus_dir, pre["model_dir"], train_questions, data["heldout_questions"],
+    # With the user's --train_file the whole corpus is searched; generated questions are
+    # answered over the corpus without their source blocks.
+    qa_corpus = corpus_dir if o.train_file else data["qa_corpus_dir"]
+    qa = self.openqa(qa_corpus, pre["model_dir"], train_questions, data["heldout_questions"],
                      ["preprocess", "pretrain", "data"])
     export = self.export(qa["model_dir"], ["openqa"])
     asked = records.read_json_lines(data["heldout_questions"])[:o.num_asked]

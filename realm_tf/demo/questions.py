@@ -6,8 +6,10 @@ capital of France." → "Paris"). Its source block states the answer, so answeri
 block would only be copying. A candidate is therefore kept only if ANOTHER block of the
 corpus contains the answer: its words as a contiguous, case-insensitive, word-bounded
 sequence (the reader's uncased match, approximately), so that the question can be
-answered from knowledge found elsewhere. The source block stays in the corpus (the index
-is the whole corpus); `answer_block_ids` records where else the answer is.
+answered from knowledge found elsewhere; `answer_block_ids` records where else the answer
+is. The demo then leaves every question's source block out of the corpus that fine-tuning,
+the export and the server search (realm_tf.demo.pipeline, the data stage), so no answer is
+read from the block its question was made from.
 
 Everything here is plain Python over plain records (realm_tf.demo.records reads and
 writes the TFRecords and JSON lines).

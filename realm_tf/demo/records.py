@@ -3,7 +3,7 @@
 held-out masked sentences, question files)."""
 import json
 import os
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Sequence, Set
 
 import tensorflow as tf
 
@@ -85,3 +85,19 @@ def read_json_lines(path: str) -> List[dict]:
 
 def titles_of(blocks: Sequence[Block]) -> Dict[int, str]:
   return {b.block_id: b.title for b in blocks}
+
+
+def write_blocks_without(corpus_dir: str, output_dir: str, block_ids: Set[int]) -> int:
+  """The corpus's blocks-* records except `block_ids`, as output_dir/blocks-00000-of-00001
+  (written under a temporary name, then renamed); returns how many were kept."""
+  os.makedirs(output_dir, exist_ok=True)
+  path = os.path.join(output_dir, "blocks-00000-of-00001.tfrecord")
+  kept = 0
+  with tf.io.TFRecordWriter(path + ".tmp") as writer:
+    for record in tf.data.TFRecordDataset(files(corpus_files(corpus_dir, BLOCKS))):
+      block_id = int(schema.BLOCK.parse(record)["block_id"])
+      if block_id not in block_ids:
+        writer.write(record.numpy())
+        kept += 1
+  os.replace(path + ".tmp", path)
+  return kept
