@@ -1,7 +1,7 @@
 """The demo's cloze questions: never answerable only from the block they were made from."""
 from realm_tf.demo.questions import (
-    BLANK, Block, Sentence, answer_key, cloze_questions, pick_diverse, split_corpus,
-    violations)
+    BLANK, Block, Cloze, Sentence, answer_key, answerable_without_sources, cloze_questions,
+    pick_diverse, split_corpus, violations)
 
 
 def _sentence(text, block_id, *spans, label="TITLE"):
@@ -97,3 +97,22 @@ def test_split_keeps_held_out_sentences_and_questions_apart():
   assert again.heldout_questions == split.heldout_questions
   assert len(pick_diverse(split.train_questions, 10, 0)) == 3
   assert answer_key("A-b c") == ("a", "b", "c")
+
+
+def test_questions_stay_answerable_without_every_source_block():
+  # Block 1 states "Paris" and is the source of q1; block 2 is the only other holder of
+  # "Paris" and the source of q2; block 3 holds "Rome" (q3's answer, q3 from block 4).
+  def cloze(question, answer, source, holders):
+    sentence = Sentence(f"{question} {answer}", source, f"d{source}", ())
+    return Cloze(question, answer, "LOC", sentence, (0, 1, "LOC"), source, tuple(holders))
+  q1 = cloze("a", "Paris", 1, [2])
+  q2 = cloze("b", "Paris", 2, [1])
+  q3 = cloze("c", "Rome", 4, [3])
+  q4 = cloze("d", "Rome", 3, [4])
+  heldout, train = answerable_without_sources([[q1], [q2, q3, q4]])
+  assert heldout == [q1]
+  # q2 would remove block 2, the last holder of q1's answer; q4 would remove q3's.
+  assert train == [q3]
+  kept = heldout + train
+  sources = {q.source_block_id for q in kept}
+  assert all(set(q.answer_block_ids) - sources for q in kept)

@@ -275,13 +275,8 @@ class Demo:
           seed=o.seed, can_mask=can_mask, max_question_words=max_words)
       # The blocks the questions were made from leave the corpus that fine-tuning, the
       # export and the server search (qa_corpus/), so every answer has to be found in
-      # another block; a question whose answer was only in other questions' source blocks
-      # goes too.
+      # another block (split_corpus kept only questions for which one remains).
       sources = {q.source_block_id for q in split.train_questions + split.heldout_questions}
-      split.train_questions[:] = [q for q in split.train_questions
-                                  if set(q.answer_block_ids) - sources]
-      split.heldout_questions[:] = [q for q in split.heldout_questions
-                                    if set(q.answer_block_ids) - sources]
       qa_corpus = os.path.join(directory, "qa_corpus")
       kept_blocks = records.write_blocks_without(corpus_dir, qa_corpus, sources)
       titles = records.titles_of(blocks)

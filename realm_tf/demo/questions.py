@@ -177,6 +177,26 @@ def pick_diverse(items: Sequence[Cloze], count: int, seed: int) -> List[Cloze]:
   return picked
 
 
+def answerable_without_sources(groups: Sequence[Sequence[Cloze]]) -> List[List[Cloze]]:
+  """The questions of `groups` (taken in order, groups first to last) that stay answerable
+  once every kept question's source block leaves the corpus: one is kept only if, with its
+  own source block and all kept ones removed, its answer and every kept answer are still in
+  some block. Greedy, so earlier groups (the held-out questions) are favoured."""
+  sources: Set[int] = set()
+  kept_all: List[Cloze] = []
+  out = []
+  for group in groups:
+    kept = []
+    for question in group:
+      removed = sources | {question.source_block_id}
+      if all(set(k.answer_block_ids) - removed for k in kept_all + [question]):
+        sources = removed
+        kept.append(question)
+        kept_all.append(question)
+    out.append(kept)
+  return out
+
+
 @dataclasses.dataclass
 class Split:
   """The demo's division of the corpus's sentences and questions."""
@@ -196,7 +216,9 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
   the span can be masked), the rest for
   pre-training; cloze questions from the pre-training sentences, split into held-out and
   training questions (at most half of them held out). No held-out sentence gives a
-  training question, and no held-out question shares its sentence with a training one."""
+  training question, and no held-out question shares its sentence with a training one.
+  Every question stays answerable with all the questions' source blocks left out of the
+  corpus (answerable_without_sources), which is how the demo fine-tunes and serves them."""
   candidates = cloze_questions(sentences, blocks, **limits)
   # The whole of x is read when masked: it must not state the answer elsewhere either.
   maskable = [c for c in candidates if not _states(
@@ -212,7 +234,8 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
   heldout_texts = {c.sentence.text for c in heldout}
   train = [c for c in questions if c.sentence.text not in heldout_texts]
   random.Random(seed + 2).shuffle(train)
-  return Split(masked, pretraining, train[:max_train_questions], heldout)
+  heldout, train = answerable_without_sources([heldout, train[:max_train_questions]])
+  return Split(masked, pretraining, train, heldout)
 
 
 def violations(questions: Iterable[dict], blocks: Sequence[Block]) -> List[str]:
