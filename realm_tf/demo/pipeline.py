@@ -84,6 +84,14 @@ class DemoOptions:
     if self.num_asked > self.num_eval_questions:
       raise ValueError("--num_asked cannot exceed --num_eval_questions (the questions asked "
                        "are held-out ones)")
+    # The demo is a single-machine program (child processes, pip, a local server): every
+    # path it takes is a local one, which is why it may use local file calls throughout.
+    for name in ("run_dir", "articles_file", "train_file", "conll_dir"):
+      value = getattr(self, name, "") or ""
+      if "://" in value:
+        raise ValueError(f"--{name} {value}: the demo runs on local disk only; for object "
+                         f"stores run the stages' own commands (README, 'Running REALM end "
+                         f"to end')")
     if self.articles_file and not os.path.isfile(self.articles_file):
       raise FileNotFoundError(f"--articles_file {self.articles_file}: no such file")
     if self.train_file and not os.path.isfile(self.train_file):
