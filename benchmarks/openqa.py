@@ -222,32 +222,28 @@ def zero_shot_recall(config, index_dir: str, eval_file: str, regex: bool) -> dic
   from realm_tf.openqa import answers, inputs  # pylint: disable=g-import-not-at-top
   from realm_tf.openqa.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
   from realm_tf.openqa.evaluation import RECALL_AT  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
   start = time.time()
   task = tasks.get_task(config)
   examples = inputs.read_questions(eval_file, regex)
-  k = max(RECALL_AT)
   if config.task.openqa.retrieval == "bm25":
     from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
     store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(
         config.index.blocks))
-    block_ids, _ = BM25Retriever(store).search([e.question for e in examples], k)
+    block_ids, _ = BM25Retriever(store).search([e.question for e in examples],
+                                               max(RECALL_AT))
     row_of = {int(b): i for i, b in enumerate(store.block_ids)}
-    rows = [[row_of[int(b)] for b in ids] for ids in block_ids]
+    hits = [[answers.contains_answer(store.text_strings[row_of[int(b)]], e.answers, regex)
+             for b in ids] for e, ids in zip(examples, block_ids)]
+    found = {f"recall@{n}": sum(any(h[:n]) for h in hits) / len(hits) for n in RECALL_AT}
   else:
     model = task.build_model()
     task.initialize(model)
     index = task.build_index(tf.distribute.get_strategy())
     index.swap(versioned.list_versions(index_dir)[0])  # the step-0 document tower's index
-    store, rows = index.store, []
-    length = config.task.openqa.query_seq_length
-    for i in range(0, len(examples), 64):
-      batch = [e.question for e in examples[i:i + 64]]
-      query = model.retriever.embed_queries(
-          task.tokenizer.encode(tf.constant(batch), length).as_dict(), training=False)
-      rows.extend(index.search(query, k).rows.numpy().tolist())
-  hits = [[answers.contains_answer(store.text_strings[r], e.answers, regex) for r in found]
-          for e, found in zip(examples, rows)]
-  out = {f"step0_recall_at_{n}": sum(any(h[:n]) for h in hits) / len(hits) for n in RECALL_AT}
+    found = recall.recall_at(model.retriever, index, task.tokenizer, examples,
+                             config.task.openqa.query_seq_length, ks=RECALL_AT, regex=regex)
+  out = {f"step0_recall_at_{n}": found[f"recall@{n}"] for n in RECALL_AT}
   out["step0_s"] = round(time.time() - start, 1)
   return out
 

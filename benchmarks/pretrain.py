@@ -230,8 +230,10 @@ def build_index(config):
   return task.build_index(tf.distribute.get_strategy()), task.tokenizer
 
 
-def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarray]:
-  """recall@{1,5,20} per question set over Z, and Z's embeddings by this retriever."""
+def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarray,
+                                                                  np.ndarray]:
+  """recall@{1,5,20} per question set over Z, Z's embeddings by this retriever [N, P] and
+  Z's block ids [N], in the index's row order."""
   from realm_tf.openqa import inputs  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
   start = time.time()
@@ -244,7 +246,7 @@ def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarr
     out[key] = recall.recall_at(retriever, index, tokenizer, examples, QUERY_LENGTH,
                                 regex=spec["regex"])
   out["seconds"] = round(time.time() - start, 1)
-  return out, embeddings
+  return out, embeddings, np.asarray(index.store.block_ids, np.int64)
 
 
 def publish_start_index(index_dir: str, block_ids: np.ndarray, embeddings: np.ndarray):
@@ -358,7 +360,7 @@ def run_arm(arm: str, args, work: str, common: dict, warmup_dir: str, ict_dir: s
   gc.collect()
   if config.task.pretrain.retrieval:
     log(f"arm {arm}: zero-shot recall of its retriever over Z")
-    after, _ = zero_shot_recall(config, trained_retriever(config, model_dir), questions)
+    after, _, _ = zero_shot_recall(config, trained_retriever(config, model_dir), questions)
   else:
     after = dict(start["recall"], note="no retrieval: the retriever is not trained")
   tf_keras.backend.clear_session()
@@ -599,10 +601,8 @@ def main(argv=None) -> int:
       before = json.load(f)
   else:
     log("zero-shot recall of the start retriever over Z (and the step-0 index)")
-    before, embeddings = zero_shot_recall(base_config, start_retriever(base_config, ict_dir),
-                                          questions)
-    index, _ = build_index(base_config)
-    block_ids = np.asarray(index.store.block_ids, np.int64)
+    before, embeddings, block_ids = zero_shot_recall(
+        base_config, start_retriever(base_config, ict_dir), questions)
     np.savez(start_path + ".npz", embeddings=embeddings, block_ids=block_ids)
     with open(start_path + ".json", "w") as f:
       json.dump(before, f)

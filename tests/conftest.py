@@ -51,6 +51,16 @@ def tiny_config():
   return load_config(str(REPO / "configs" / "tiny.yaml"))
 
 
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """The invented corpus (tests/synthetic_corpus.py) in the corpus pipeline's layout, one
+  copy per test module (a module may damage its files)."""
+  from tests.synthetic_corpus import write_corpus
+  path = str(tmp_path_factory.mktemp("corpus"))
+  write_corpus(path)
+  return path
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
   from realm_tf.text import Tokenizer

@@ -47,7 +47,6 @@ from realm_tf.training.refresh import IndexRefresher, RefreshSettings
 from serving.server import ModelServer, ServerOptions
 from tests import serving_models
 from tests import task_fixtures as tf_
-from tests.synthetic_corpus import write_corpus
 
 pytestmark = pytest.mark.fault
 
@@ -134,13 +133,6 @@ def flip_byte(path: str, offset: int = -1) -> None:
 def truncate(path: str) -> None:
   with open(path, "r+b") as f:
     f.truncate(max(os.path.getsize(path) // 2, 1))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("corpus"))
-  write_corpus(path)
-  return path
 
 
 @pytest.fixture(scope="module")

@@ -13,14 +13,6 @@ from realm_tf.corpus import schema
 from realm_tf.data import pretraining_inputs
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
-from tests.synthetic_corpus import write_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("corpus"))
-  write_corpus(path)
-  return path
 
 
 def _config(repo_dir, corpus, *overrides, **named):

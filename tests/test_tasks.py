@@ -14,14 +14,6 @@ from realm_tf.io import layout, versioned
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, tokenize_blocks
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
-from tests.synthetic_corpus import write_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("corpus"))
-  write_corpus(path)
-  return path
 
 
 @pytest.fixture(scope="module")

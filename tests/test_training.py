@@ -6,14 +6,6 @@ import pytest
 from realm_tf.io import layout, versioned
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
-from tests.synthetic_corpus import write_corpus
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-  path = str(tmp_path_factory.mktemp("corpus"))
-  write_corpus(path)
-  return path
 
 
 @pytest.fixture(scope="module")
