@@ -1,7 +1,7 @@
 """Soak test of the server: `serving.server` on localhost under sustained mixed traffic.
 
     python -m benchmarks.soak [--minutes 10] [--clients 8] [--rate 0]
-        [--invalid_fraction 0.2] [--publish_at 0.5] [--articles 1600]
+        [--invalid_fraction 0.2] [--publish_at 0.3,0.6] [--articles 1600]
         [--model_base_path DIR] [--work_dir DIR] [--name soak]
 
 The server runs as its own process (`python -m serving.server`, as deployed), so its
@@ -17,8 +17,9 @@ the load is the highest rate the server sustains), or paced to --rate requests/s
 total. A fraction --invalid_fraction of the requests are invalid in one of the ways of
 _invalid_requests (unknown model or signature, wrong input name or dtype, empty or oversized batch,
 malformed or decompression-bomb tensors, an oversized message, bytes that are no
-PredictRequest), each with the status it must be refused with. At --publish_at of the run
-a new version (a copy of the serving one) is published; the server loads it and retires
+PredictRequest), each with the status it must be refused with. At each fraction of the run
+in --publish_at a new version (a copy of the serving one) is published; the server loads it
+and retires
 the old one while the traffic goes on.
 
 Reported: valid requests sent / answered / failed (target: 0 failed), invalid requests
@@ -56,8 +57,9 @@ def parse_args(argv=None):
   parser.add_argument("--rate", type=float, default=0.0,
                       help="requests/s over all clients; 0: closed loop (highest sustained)")
   parser.add_argument("--invalid_fraction", type=float, default=0.2)
-  parser.add_argument("--publish_at", type=float, default=0.5,
-                      help="fraction of the run at which a new version is published")
+  parser.add_argument("--publish_at", default="0.3,0.6",
+                      help="fractions of the run at which a new version is published "
+                           "(comma-separated: several hand-overs show whether memory plateaus)")
   parser.add_argument("--warmup_seconds", type=float, default=10.0,
                       help="traffic before measuring (at most a tenth of the run)")
   parser.add_argument("--articles", type=int, default=1600,
@@ -70,8 +72,13 @@ def parse_args(argv=None):
   args = parser.parse_args(argv)
   if args.minutes <= 0 or args.clients < 1 or args.rate < 0:
     parser.error("--minutes and --clients must be positive, --rate >= 0")
-  if not 0 <= args.invalid_fraction < 1 or not 0 < args.publish_at < 1:
-    parser.error("--invalid_fraction must be in [0, 1) and --publish_at in (0, 1)")
+  try:
+    args.publish_at = sorted(float(x) for x in str(args.publish_at).split(",") if x.strip())
+  except ValueError:
+    parser.error(f"--publish_at must be comma-separated fractions, got {args.publish_at!r}")
+  if (not 0 <= args.invalid_fraction < 1 or not args.publish_at
+      or not all(0 < f < 1 for f in args.publish_at)):
+    parser.error("--invalid_fraction must be in [0, 1) and --publish_at fractions in (0, 1)")
   return args
 
 
@@ -354,9 +361,11 @@ def write_markdown(path: str, result: dict):
       f"{result['args']['minutes']} min, {result['args']['clients']} clients, "
       + (f"paced to {result['args']['rate']} requests/s" if result['args']['rate']
          else "closed loop (the highest rate the server sustains)")
-      + f", {result['args']['invalid_fraction']:.0%} invalid requests; version "
-      f"{result['published_version']} published at {result['published_at_s']} s, first "
-      f"answered at {result.get('new_version_first_answer_s')} s.", "",
+      + f", {result['args']['invalid_fraction']:.0%} invalid requests; versions published "
+      + ", ".join(f"{p['version']} at {p['at_s']} s (server RSS before: {p['rss_before_mb']} MB)"
+                  for p in result.get("publications", []))
+      + f"; the last first answered at {result.get('new_version_first_answer_s')} s. "
+      f"oneDNN: {result.get('onednn', 'not recorded')}.", "",
       "| | value |", "|---|---|",
       f"| valid requests sent / answered / failed | {s['valid']['sent']} / "
       f"{s['valid']['answered']} / {s['valid']['failed']} |",
@@ -415,13 +424,14 @@ def main(argv=None) -> int:
       thread.start()
     time.sleep(max(start - time.monotonic(), 0.0))
     rss = [(0.0, server.rss_bytes())]
-    published_version = published_at = None
+    publications = []  # (version, at seconds, server RSS just before)
     end = start + duration
     while time.monotonic() < end:
       now = time.monotonic() - start
-      if published_version is None and now >= args.publish_at * duration:
-        published_at = round(now, 2)
-        published_version = publish_copy(base)
+      if (len(publications) < len(args.publish_at)
+          and now >= args.publish_at[len(publications)] * duration):
+        before = server.rss_bytes()
+        publications.append((publish_copy(base), round(now, 2), before))
       rss.append((round(now, 1), server.rss_bytes()))
       time.sleep(min(1.0, max(end - time.monotonic(), 0.0)))
     rss.append((round(time.monotonic() - start, 1), server.rss_bytes()))
@@ -431,13 +441,18 @@ def main(argv=None) -> int:
   finally:
     returncode = server.stop()
   summary = summarize(outcomes, duration, invalid)
+  published_version = publications[-1][0] if publications else None
   first_new = [o.at for o in outcomes if o.valid and o.ok and o.version == published_version]
   start_mb, end_mb = rss[0][1] / 2**20, rss[-1][1] / 2**20
   growth = (end_mb - start_mb) / start_mb if start_mb else float("nan")
   step = max(1, len(rss) // 60)
   result = dict(
       machine=machine, args=vars(args), model=model, targets=TARGETS, summary=summary,
-      published_version=published_version, published_at_s=published_at,
+      published_version=published_version,
+      published_at_s=publications[-1][1] if publications else None,
+      publications=[dict(version=v, at_s=at, rss_before_mb=round(r / 2**20, 1))
+                    for v, at, r in publications],
+      onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default (on)"),
       new_version_first_answer_s=round(min(first_new), 2) if first_new else None,
       rss=dict(start_mb=round(start_mb, 1), end_mb=round(end_mb, 1),
                peak_mb=round(max(r for _, r in rss) / 2**20, 1),

@@ -236,8 +236,9 @@ class ModelManager:
 
     def finish():
       servable.wait_idle()
-      servable.release()
-      log.info("model %r version %d is END", servable.model_name, servable.version)
+      freed = servable.release()
+      log.info("model %r version %d is END (%.0f MB of resident memory returned to the OS)",
+               servable.model_name, servable.version, freed / 2**20)
 
     thread = threading.Thread(target=finish, daemon=True,
                               name=f"retire-{servable.model_name}-{servable.version}")
