@@ -1,10 +1,14 @@
 """ICT warm start, then REALM pre-training with the asynchronous index builder, end to end
 through `python -m realm_tf.train`'s library path (tiny config, invented corpus)."""
+import os
+import time
+
 import numpy as np
 import pytest
 
 from realm_tf.io import layout, versioned
 from realm_tf.training import train_lib
+from realm_tf.training.refresh import IndexRefresher, RefreshSettings
 from tests import task_fixtures as tf_
 
 
@@ -71,3 +75,32 @@ def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run, mirrored
   assert mirrored_strategy.num_replicas_in_sync == 2 and result["step"] == 10
   history = layout.read_metrics(model_dir)
   assert all(np.isfinite(r["loss"]) and 0 <= r["mlm_accuracy"] <= 1 for r in history)
+
+
+def test_index_staleness_counts_the_steps_of_this_run(tmp_path):
+  """An index built from a warm start's encoder (ICT's step 200) is as old as this run,
+  not 200 steps in its future; one from this run's snapshot counts from that snapshot."""
+  model_dir = str(tmp_path / "run")
+
+  class Export:  # the parts of a versioned index export the refresher reads
+    def __init__(self, encoder_path, step):
+      self.manifest = dict(encoder=dict(path=encoder_path, step=step))
+
+  class Index:
+    def __init__(self, export):
+      self.export, self.version = export, 1
+      self.snapshot_time, self.num_swaps = time.time(), 1
+
+    @property
+    def encoder_step(self):
+      return self.export.manifest["encoder"]["step"] if self.export else -1
+
+  settings = RefreshSettings(index_dir=str(tmp_path / "index"), refresh_every_steps=5,
+                             train_steps=100, first_index_timeout_seconds=1, poll_seconds=0)
+  foreign = IndexRefresher(model_dir, Index(Export(
+      str(tmp_path / "ict" / "export" / "block_encoder" / "000000000200.ab"), 200)), settings)
+  assert foreign.logs(30)["index_staleness_steps"] == 30
+  own = IndexRefresher(model_dir, Index(Export(
+      os.path.join(model_dir, "export", "block_encoder", "000000000020.cd"), 20)), settings)
+  assert own.logs(30)["index_staleness_steps"] == 10
+  assert IndexRefresher(model_dir, Index(None), settings).logs(3)["index_staleness_steps"] == 4

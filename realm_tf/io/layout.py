@@ -55,6 +55,15 @@ def block_encoder_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "export", "block_encoder")
 
 
+def is_inside(path: str, model_dir: str) -> bool:
+  """Whether `path` lies under `model_dir` (local paths compared as absolute paths)."""
+  if not path or not model_dir:
+    return False
+  if not storage.scheme(path) and not storage.scheme(model_dir):
+    path, model_dir = os.path.abspath(path), os.path.abspath(model_dir)
+  return path.startswith(model_dir.rstrip("/") + "/")
+
+
 def index_dir(model_dir: str, configured: str = "") -> str:
   """The run's index directory: index.index_dir when set, else <model_dir>/index."""
   return configured or os.path.join(model_dir, "index")

@@ -140,15 +140,28 @@ class IndexRefresher:
       self._last_poll = now
       self.index.maybe_swap(self.settings.index_dir)
     bound = self.settings.max_staleness_steps
-    if bound > 0 and global_step - self.index.encoder_step > bound:
+    if bound > 0 and global_step - self.index_step() > bound:
       self._wait_for_fresher(global_step, bound)
+
+  def index_step(self) -> int:
+    """The step of this run at which the encoder behind the current index was taken.
+
+    An index built from another run's encoder (a warm start's, e.g. ICT's, whose step
+    counts that run's steps) predates this run: 0. No index: -1.
+    """
+    if self.index.export is None:
+      return -1
+    encoder_path = self.index.export.manifest.get("encoder", {}).get("path", "")
+    if encoder_path and not layout.is_inside(encoder_path, self.model_dir):
+      return 0
+    return self.index.encoder_step
 
   def _wait_for_fresher(self, global_step: int, bound: int):
     """Blocks until the index is at most `bound` steps behind (index.max_staleness_steps)."""
     deadline = time.time() + self.settings.first_index_timeout_seconds
     logging.info("Index %s is %d steps behind step %d (bound %d): waiting for the builder",
-                 self.index.version, global_step - self.index.encoder_step, global_step, bound)
-    while global_step - self.index.encoder_step > bound:
+                 self.index.version, global_step - self.index_step(), global_step, bound)
+    while global_step - self.index_step() > bound:
       if time.time() > deadline:
         raise TimeoutError(
             f"{self.settings.index_dir}: no index within {bound} steps of step {global_step} "
@@ -160,7 +173,7 @@ class IndexRefresher:
   def logs(self, global_step: int) -> dict[str, float]:
     return dict(index_version=float(self.index.version if self.index.version is not None
                                     else -1),
-                index_staleness_steps=float(global_step - self.index.encoder_step),
+                index_staleness_steps=float(global_step - self.index_step()),
                 index_staleness_seconds=float(time.time() - self.index.snapshot_time),
                 index_refreshes=float(self.index.num_swaps - 1))
 
