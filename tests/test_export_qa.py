@@ -14,7 +14,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.export import exporter, qa
-from realm_tf.io import layout
+from realm_tf.io import layout, versioned
 from realm_tf.openqa import evaluation
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
@@ -182,6 +182,10 @@ def test_exports_are_published_in_tf_serving_layout_with_warmup_and_provenance(e
     assert path == os.path.join(exported["out"], kind, str(step))
     assert sorted(n for n in os.listdir(os.path.join(exported["out"], kind))) == [str(step)]
     assert os.path.isfile(os.path.join(path, "saved_model.pb"))
+    assert versioned.verify_copy(path, "assets.extra")["kind"] == kind
+    staging = os.path.join(exported["out"], exporter.STAGING, kind)
+    assert versioned.list_versions(staging) == [] and not [  # no second copy left behind
+        n for n in os.listdir(staging) if not n.startswith("_")], os.listdir(staging)
     provenance = exporter.read_provenance(path)
     assert provenance["kind"] == kind and provenance["training_step"] == step
     assert provenance["index_version"] == 1 and provenance["version"] == step

@@ -22,7 +22,8 @@ model server built with ScaNN's op library linked in.
 
 Every export is first written and committed under `<output_dir>/.staging/<kind>/`
 (realm_tf.io.versioned: files, sizes, CRC32C), then copied to `<kind>/<version>/` with
-saved_model.pb last, so TF Serving never sees a partial version on any file system.
+saved_model.pb last, so TF Serving never sees a partial version on any file system; the
+staged original is deleted once the copy is complete and verified.
 """
 import dataclasses
 import json
@@ -236,6 +237,9 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
     serving_warmup.write_warmup_requests(writer.path, warmup, model_name=kind)
     committed = writer.commit(dict(kind=kind, export_seconds=round(time.time() - start, 3)))
   versioned.copy_version(committed, published, manifest_dir=serving_warmup.WARMUP_DIR)
+  # The published copy carries the manifest (verify_copy checks it): the staged original
+  # is no longer needed. A crash before this line leaves it for a re-run to copy again.
+  versioned.delete_version(os.path.join(output_dir, STAGING, kind), committed)
   logging.info("Published %s (%.1f s)", published, time.time() - start)
   return published
 

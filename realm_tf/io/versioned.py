@@ -33,7 +33,7 @@ ifGenerationMatch=0 upload on GCS). Hence:
   on versions among the newest `keep` never can.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
-verify_version, read_verified (one file, checked as it is read), Lease, garbage_collect,
+verify_version, delete_version, read_verified (one file, checked as it is read), Lease, garbage_collect,
 write_json_atomic, read_json, verify_published,
 copy_version (to hand a version to a reader with its own layout, e.g. TF Serving; the copy
 carries its manifest, which verify_copy checks)
@@ -529,6 +529,13 @@ def leased_versions(root: str, now: Optional[float] = None,
 
 # ---------------------------------------------------------------------- garbage collection
 
+def delete_version(root: str, version: Version) -> None:
+  """Deletes a committed version of `root`: its manifest first, so readers stop listing
+  it before its files disappear."""
+  storage.delete_prefix(manifest_path(root, version.version))
+  storage.delete_prefix(version.path)
+
+
 def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
                     now: Optional[float] = None) -> List[str]:
   """Deletes committed versions older than the newest `keep` that no lease protects, and
@@ -548,8 +555,7 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
     if version.version in leased or version.version in leased_versions(root, now):
       logging.info("Keeping leased version %s", version.path)
       continue
-    storage.delete_prefix(manifest_path(root, version.version))
-    storage.delete_prefix(version.path)
+    delete_version(root, version)
     deleted.append(version.path)
   if not storage.is_dir_like(root):
     return deleted
