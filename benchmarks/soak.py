@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "realm_qa"
@@ -102,6 +103,16 @@ def build_demo_export(work: str, articles: int) -> str:
   return os.path.join(out, MODEL)
 
 
+def model_source(model_base_path: str, articles: int, work: str) -> tuple[str, str]:
+  """The base path to serve from and its description: --model_base_path, else the
+  demo-size export built into `work`."""
+  if model_base_path:
+    return model_base_path, f"newest version of {model_base_path}"
+  return build_demo_export(work, articles), (
+      f"realm_qa of configs/demo.yaml (MiniLM warm start, no fine-tuning) over the first "
+      f"{articles} vital_articles")
+
+
 def _versions(base_path: str) -> list[int]:
   return sorted(int(n) for n in os.listdir(base_path) if n.isdigit())
 
@@ -135,10 +146,12 @@ def publish_copy(base: str) -> int:
 class ServerProcess:
   """`python -m serving.server` on 127.0.0.1 with an ephemeral port."""
 
-  def __init__(self, base_path: str, work: str, clients: int):
-    self.log_path = os.path.join(work, "server.log")
+  def __init__(self, base_path: str, work: str, clients: int, env: Optional[dict] = None,
+               log_name: str = "server.log"):
+    self.log_path = os.path.join(work, log_name)
     self._log = open(self.log_path, "w")  # pylint: disable=consider-using-with
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1",
+               **(env or {}))
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "serving.server", "--port=0", f"--model_name={MODEL}",
          f"--model_base_path={base_path}", "--file_system_poll_wait_seconds=1",
@@ -398,12 +411,7 @@ def main(argv=None) -> int:
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   work = args.work_dir or tempfile.mkdtemp(prefix="soak_")
   os.makedirs(work, exist_ok=True)
-  if args.model_base_path:
-    source, model = args.model_base_path, f"newest version of {args.model_base_path}"
-  else:
-    source = build_demo_export(work, args.articles)
-    model = (f"realm_qa of configs/demo.yaml (MiniLM warm start, no fine-tuning) over the "
-             f"first {args.articles} vital_articles")
+  source, model = model_source(args.model_base_path, args.articles, work)
   base = stage_model(source, work)
   server = ServerProcess(base, work, args.clients)
   # TensorFlow is imported here (common, the requests) while the server starts up.
