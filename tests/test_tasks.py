@@ -279,6 +279,15 @@ def test_training_done_only_when_the_schedule_is_complete(tmp_path, repo_dir, co
   assert result["step"] == 10 and layout.training_done(model_dir)
 
 
+def test_a_run_without_an_index_marks_training_done_too(tmp_path, repo_dir, corpus,
+                                                       questions):
+  """ICT and warm-ups have no refresher; "done" must not depend on having one."""
+  model_dir = str(tmp_path / "ict")
+  config = _config(repo_dir, corpus, questions, "ict", trainer__train_steps=2)
+  assert train_lib.run_experiment(config, model_dir)["reached_train_steps"]
+  assert layout.training_done(model_dir)
+
+
 def test_waiting_for_a_first_index_is_bounded(tmp_path, repo_dir, corpus, questions):
   config = _config(repo_dir, corpus, questions, "pretrain",
                    index__first_index_timeout_seconds=1)

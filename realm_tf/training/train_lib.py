@@ -195,6 +195,8 @@ class Run:
     finally:
       # TRAINING_DONE (which stops index builders) only when the schedule is complete.
       self.task.on_train_end(self.model, self.global_step, reached)
+    if reached:  # every task's, not only those with an index refresher: "this run is done"
+      layout.mark_training_done(self.model_dir, self.global_step)
     result = dict(task=self.experiment.task.type, step=self.global_step,
                   start_step=self.start_step, reached_train_steps=reached,
                   checkpoint=self.runner.checkpoint_manager.latest_checkpoint,
