@@ -49,6 +49,7 @@ import argparse
 import gc
 import hashlib
 import json
+import math
 import os
 import random
 import subprocess
@@ -276,7 +277,8 @@ def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps
   from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
   model_dir = os.path.join(work, "warmup")
   summary = os.path.join(work, f"warmup-{steps}.json")
-  if os.path.exists(summary) and layout.training_done(model_dir):
+  if os.path.exists(summary) and (layout.training_done(model_dir)
+                                  or layout.checkpoint_step(model_dir) >= steps):
     with open(summary) as f:
       return json.load(f)
   log(f"MLM-head warm-up: {steps} steps, encoder frozen, no retrieval")
@@ -395,8 +397,31 @@ def run_arm(arm: str, args, work: str, common: dict, warmup_dir: str, ict_dir: s
 # ---------------------------------------------------------------------------- reports
 
 
+def stage_seconds(work: str, name: str, seconds: float, minimum: float = 5.0) -> float:
+  """A stage's time, measured when it ran; a re-run that found it done (under `minimum`
+  seconds) reports the time of the run that did it (kept in <work>/timings.json)."""
+  path = os.path.join(work, "timings.json")
+  timings = {}
+  if os.path.exists(path):
+    with open(path) as f:
+      timings = json.load(f)
+  if seconds >= minimum or name not in timings:
+    timings[name] = round(seconds, 1)
+    with open(path + ".tmp", "w") as f:
+      json.dump(timings, f)
+    os.replace(path + ".tmp", path)
+  return timings[name]
+
+
 def _fmt(value, digits=3):
   return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _acc(value, n: int) -> str:
+  """An accuracy over n items with its binomial standard error."""
+  if value is None:
+    return "–"
+  return f"{value:.3f} ± {math.sqrt(max(value * (1 - value), 0.0) / max(n, 1)):.3f}"
 
 
 def markdown(payload: dict) -> str:
@@ -407,7 +432,13 @@ def markdown(payload: dict) -> str:
       f"Machine: {payload['machine']['cpu_count']} CPU cores, TensorFlow "
       f"{payload['machine']['tensorflow']}, load average at the end "
       f"{payload['machine']['load_average_1_5_15']}; total {payload['total_minutes']} min"
-      + (" (partial: some arms not run yet)" if payload.get("partial") else "") + ".",
+      + (f" in {len(payload['invocations'])} invocations ("
+         + "; ".join(f"{i['minutes']} min: {', '.join(i['arms']) or 'no arm'}"
+                     for i in payload["invocations"]) + ")"
+         if len(payload.get("invocations", [])) > 1 else "")
+      + (" (partial: some arms not run yet)" if payload.get("partial") else "") + "; "
+      f"shared start: tagger {payload['data'].get('tagger_seconds')} s, data "
+      f"{payload['data'].get('data_seconds')} s.",
       f"Z: {payload['data']['z_blocks']} blocks of the vital-articles corpus. X: "
       f"{payload['data']['train_sentences']} training sentences (BBC news, first "
       f"{s['news_records']} articles; vital articles, first {s['wiki_x_records']}); held out: "
@@ -426,22 +457,40 @@ def markdown(payload: dict) -> str:
       "R@5 NQ / WQ / TREC after |",
       "|---|---|---|---|---|---|---|---|---|---|"]
   before = start.get("recall", {})
+  n = payload["data"]["heldout_sentences"]
+  step0 = next((r["eval_curve"][0] for _, r in sorted(payload["arms"].items())
+                if r.get("retrieval") and r.get("eval_curve")
+                and r["eval_curve"][0].get("step") == 0), None)
+  if step0:
+    lines.append(
+        f"| start (step 0, with retrieval) | {_acc(step0['span_accuracy'], n)} | "
+        f"{_fmt(step0['mlm_accuracy'])} | {_fmt(-step0['loss'])} | "
+        f"{_fmt(step0['retrieval_utility'])} | {_fmt(step0['null_document_probability'])} | "
+        "– | – | – | " + " / ".join(_fmt(before.get(k, {}).get("recall@5"))
+                                    for k in RECALL_SETS) + " |")
   lines.append(
-      "| start (step 0, retrieval) | " + " | ".join(["–"] * 8) + " | " + " / ".join(
-          _fmt(before.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
+      f"| start (step 0, null document only) | "
+      f"{_acc(warm.get('heldout_span_accuracy'), n)} | "
+      f"{_fmt(warm.get('heldout_token_accuracy'))} | "
+      f"{_fmt(-warm['heldout_loss'] if warm.get('heldout_loss') is not None else None)} | "
+      "0 | 1 | – | – | – | – |")
   for arm in sorted(payload["arms"]):
     r = payload["arms"][arm]
     h = r["heldout"]
     after = r["recall_after"]
     lines.append(
-        f"| {arm}: {r['description']} | {_fmt(h['span_accuracy'])} | "
+        f"| {arm}: {r['description']} | {_acc(h['span_accuracy'], n)} | "
         f"{_fmt(h['token_accuracy'])} | {_fmt(h['log_likelihood'])} | "
         f"{_fmt(h['retrieval_utility'])} | {_fmt(h['null_document_probability'])} | "
         f"{r['index_refreshes']} | {_fmt(r['mean_staleness_steps'], 1)} | "
         f"{_fmt(r['steps_per_second'], 3)} | "
         + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
-  if payload.get("skipped"):
-    lines += ["", "Not run (time budget): " + ", ".join(payload["skipped"])]
+  missing = [f"{arm}: {text.format(stale=s['stale_factor'])}" for arm, text in ARMS.items()
+             if arm not in payload["arms"]]
+  if missing:
+    lines += ["", "Not run: " + "; ".join(missing) + "."]
+  lines += ["", f"Span accuracy is over the {n} held-out sentences, ± one binomial standard "
+            "error; the log-likelihood is per masked wordpiece, of the marginal p(y|x)."]
   lines += ["", "Curves: pretrain_curves.png (held-out span accuracy and retrieval utility "
             "over steps; training retrieval utility, p(null) and staleness).", ""]
   return "\n".join(lines)
@@ -574,7 +623,8 @@ def main(argv=None) -> int:
   data = dict(z_blocks=z_blocks, train_sentences=split["train"],
               heldout_sentences=split["heldout"], heldout_documents=split["heldout_documents"],
               salient_spans="CoNLL tagger + dates" if tagger else "dates only",
-              tagger_seconds=round(tagger_seconds, 1), data_seconds=round(data_seconds, 1))
+              tagger_seconds=stage_seconds(work, "tagger", tagger_seconds),
+              data_seconds=stage_seconds(work, "data", data_seconds))
   data["recall_questions"] = {k: dict(name=v["name"], questions=v["questions"],
                                       source=v["source"]) for k, v in questions.items()}
 
@@ -612,6 +662,7 @@ def main(argv=None) -> int:
 
   # The arms.
   done = {}
+  earlier = {}
   if not args.fresh and os.path.exists(results_path):
     with open(results_path) as f:
       earlier = json.load(f)
@@ -619,10 +670,17 @@ def main(argv=None) -> int:
       done = earlier.get("arms", {})
       log(f"keeping finished arms {sorted(done)} of {results_path}")
   arms, skipped, last_seconds = dict(done), [], 0.0
+  # Every invocation's wall time and arms, so a run made in several goes reports its total.
+  invocations = list(earlier.get("invocations", [])) if done else []
+  this_run = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(begin)),
+                  minutes=0.0, arms=[])
+  invocations.append(this_run)
 
   def save(partial: bool):
+    this_run["minutes"] = round((time.time() - begin) / 60, 1)
     payload = dict(machine=machine(), partial=partial, settings=settings,
-                   total_minutes=round((time.time() - begin) / 60, 1), data=data,
+                   total_minutes=round(sum(i["minutes"] for i in invocations), 1),
+                   invocations=invocations, data=data,
                    warmup={k: v for k, v in warmup.items()},
                    start=dict(recall=before), arms=arms, skipped=skipped)
     os.makedirs(os.path.dirname(results_path), exist_ok=True)
@@ -646,6 +704,7 @@ def main(argv=None) -> int:
     arms[arm] = run_arm(arm, args, work, common, os.path.join(work, "warmup"), ict_dir, start,
                         questions, validation_steps)
     last_seconds = time.time() - arm_start
+    this_run["arms"].append(arm)
     arms[arm]["total_seconds"] = round(last_seconds, 1)
     save(partial=True)
     log(f"arm {arm}: {json.dumps(arms[arm]['heldout'])}")
