@@ -102,6 +102,8 @@ _ALLOWED = {
                                       "os.path.isfile(packaged)"],
     "realm_tf/pretrained/loading.py": ["os.path.exists(path)"],  # safetensors: local API
     "realm_tf/demo/__main__.py": ["open(os.path.join(_HERE, name)"],
+    # is_inside: absolute paths only when neither path has a scheme (both local).
+    "realm_tf/io/layout.py": ["os.path.abspath(path), os.path.abspath(model_dir)"],
 }
 # Packages that take local paths only: the demo is a single-machine program (child
 # processes, pip, a local server) and refuses any URL among its paths (DemoOptions.validate).
