@@ -277,8 +277,7 @@ def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps
   from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
   model_dir = os.path.join(work, "warmup")
   summary = os.path.join(work, f"warmup-{steps}.json")
-  if os.path.exists(summary) and (layout.training_done(model_dir)
-                                  or layout.checkpoint_step(model_dir) >= steps):
+  if os.path.exists(summary) and layout.training_done(model_dir):
     with open(summary) as f:
       return json.load(f)
   log(f"MLM-head warm-up: {steps} steps, encoder frozen, no retrieval")

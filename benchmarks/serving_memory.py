@@ -84,22 +84,17 @@ def _wait_for(channel, version: int, server, timeout: float):
 
 
 def _ask(channel, questions, version: int) -> list[float]:
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tensorflow_serving.apis import predict_pb2  # pylint: disable=g-import-not-at-top
+  """Asks `questions` one at a time through serving.client; their latencies in seconds."""
   from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
-  stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+  from serving import client  # pylint: disable=g-import-not-at-top
+  service = prediction_service_pb2_grpc.PredictionServiceStub(channel)
   latencies = []
   for question in questions:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = MODEL
-    request.inputs["question"].CopyFrom(tf.make_tensor_proto(np.array([question], object)))
     start = time.monotonic()
-    response = stub.Predict(request, timeout=60)
+    answered_by = client.ask(service, [question], model=MODEL, timeout=60)[0]["model"]["version"]
     latencies.append(time.monotonic() - start)
-    if response.model_spec.version.value != version:
-      raise SystemExit(f"answered by version {response.model_spec.version.value}, "
-                       f"expected {version}")
+    if answered_by != version:
+      raise SystemExit(f"answered by version {answered_by}, expected {version}")
   return latencies
 
 

@@ -146,9 +146,8 @@ def publish_copy(base: str) -> int:
 class ServerProcess:
   """`python -m serving.server` on 127.0.0.1 with an ephemeral port."""
 
-  def __init__(self, base_path: str, work: str, clients: int, env: Optional[dict] = None,
-               log_name: str = "server.log"):
-    self.log_path = os.path.join(work, log_name)
+  def __init__(self, base_path: str, work: str, clients: int, env: Optional[dict] = None):
+    self.log_path = os.path.join(work, "server.log")
     self._log = open(self.log_path, "w")  # pylint: disable=consider-using-with
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1",
                **(env or {}))

@@ -9,7 +9,6 @@ import ctypes.util
 import dataclasses
 import enum
 import gc
-import logging
 import os
 import sys
 import threading
@@ -46,8 +45,6 @@ def register_op_libraries() -> list[str]:
 
 
 OP_LIBRARIES = register_op_libraries()
-
-log = logging.getLogger("serving")
 
 
 def resident_bytes() -> int:
@@ -227,4 +224,5 @@ class ServableVersion:
       self.state = State.END
       self._loaded = None
       self.signatures = {}
-    return release_free_memory()
+    # A version that never loaded (a refused one) freed nothing worth a collection.
+    return release_free_memory() if self.signature_defs else 0
