@@ -484,6 +484,16 @@ def markdown(payload: dict) -> str:
         f"{r['index_refreshes']} | {_fmt(r['mean_staleness_steps'], 1)} | "
         f"{_fmt(r['steps_per_second'], 3)} | "
         + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
+  for rebuilt in payload.get("rebuilt_starts", []):
+    lines += ["", f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start rebuilt "
+              f"on {rebuilt['started'][:10]} (the earlier work directory was lost): warm-up "
+              f"held-out span accuracy {_fmt(rebuilt['warmup'].get('heldout_span_accuracy'))} "
+              f"(kept start {_fmt(warm.get('heldout_span_accuracy'))}), step-0 R@5 "
+              + " / ".join(_fmt(rebuilt["recall"].get(k, {}).get("recall@5"))
+                           for k in RECALL_SETS)
+              + " (kept start " + " / ".join(_fmt(before.get(k, {}).get("recall@5"))
+                                             for k in RECALL_SETS)
+              + "); each arm's own step-0 row is in its eval curve."]
   missing = [f"{arm}: {text.format(stale=s['stale_factor'])}" for arm, text in ARMS.items()
              if arm not in payload["arms"]]
   if missing:
@@ -674,6 +684,18 @@ def main(argv=None) -> int:
   this_run = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(begin)),
                   minutes=0.0, arms=[])
   invocations.append(this_run)
+  # A work directory lost between invocations (a new machine) means the warm-up and the
+  # step-0 index are rebuilt: the kept arms' start stays the reported one and the rebuilt
+  # start is recorded beside it with the arms that ran from it, so the two can be compared.
+  rebuilt_starts = list(earlier.get("rebuilt_starts", [])) if done else []
+  if done and (earlier.get("warmup", {}).get("heldout_loss") != warmup.get("heldout_loss")
+               or earlier.get("start", {}).get("recall") != before):
+    rebuilt_starts.append(dict(started=this_run["started"], arms=this_run["arms"],
+                               warmup={k: v for k, v in warmup.items() if k != "train_curve"},
+                               recall=before))
+    warmup, before = earlier["warmup"], earlier["start"]["recall"]
+    log("the start was rebuilt (warm-up or step-0 index differ from the kept arms'); "
+        "both are reported")
 
   def save(partial: bool):
     this_run["minutes"] = round((time.time() - begin) / 60, 1)
@@ -681,7 +703,8 @@ def main(argv=None) -> int:
                    total_minutes=round(sum(i["minutes"] for i in invocations), 1),
                    invocations=invocations, data=data,
                    warmup={k: v for k, v in warmup.items()},
-                   start=dict(recall=before), arms=arms, skipped=skipped)
+                   start=dict(recall=before), rebuilt_starts=rebuilt_starts, arms=arms,
+                   skipped=skipped)
     os.makedirs(os.path.dirname(results_path), exist_ok=True)
     with open(results_path + ".tmp", "w") as f:
       json.dump(payload, f, indent=2, sort_keys=True)
