@@ -1,7 +1,7 @@
 """The server's memory across version hand-overs: is a retired version given back?
 
     python -m benchmarks.serving_memory [--handovers 4] [--requests 12] [--articles 1600]
-        [--model_base_path DIR] [--onednn default,0] [--work_dir DIR]
+        [--model_base_path DIR] [--onednn 1,0] [--work_dir DIR]
 
 The soak (benchmarks/soak.py) found resident memory growing by about one model when a new
 version was published. This isolates it: `python -m serving.server` serves the demo-size
@@ -9,7 +9,8 @@ realm_qa export (as the soak builds it, or the newest version of --model_base_pa
 a copy is published as the next version --handovers times. After each hand-over (new
 version AVAILABLE, old one END) --requests questions are asked one at a time and the
 server's VmRSS is read. Run once per --onednn setting (TF_ENABLE_ONEDNN_OPTS for the server
-process; "default" leaves TensorFlow's default, on for x86 wheels), since oneDNN's CPU
+process; "default" leaves the server's own default, which is off since the server turned
+oneDNN off by default; TensorFlow's x86 wheels otherwise have it on), since oneDNN's CPU
 allocator keeps large tensors in an arena that never shrinks.
 
 Reported per setting: RSS with version 1 serving, after every hand-over, the growth after
@@ -41,7 +42,7 @@ def parse_args(argv=None):
                       help="vital_articles in the demo-size export (when it is built)")
   parser.add_argument("--model_base_path", default="",
                       help="serve the newest version of this realm_qa base path instead")
-  parser.add_argument("--onednn", default="default,0",
+  parser.add_argument("--onednn", default="1,0",
                       help="comma-separated TF_ENABLE_ONEDNN_OPTS values for the server")
   parser.add_argument("--timeout", type=float, default=600.0,
                       help="seconds a version may take to become AVAILABLE")

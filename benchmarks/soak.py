@@ -459,7 +459,7 @@ def main(argv=None) -> int:
       published_at_s=publications[-1][1] if publications else None,
       publications=[dict(version=v, at_s=at, rss_before_mb=round(r / 2**20, 1))
                     for v, at, r in publications],
-      onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "TensorFlow's default (on)"),
+      onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "the server's default (off)"),
       new_version_first_answer_s=round(min(first_new), 2) if first_new else None,
       rss=dict(start_mb=round(start_mb, 1), end_mb=round(end_mb, 1),
                peak_mb=round(max(r for _, r in rss) / 2**20, 1),

@@ -14,11 +14,27 @@ In-process use (tests, benchmarks):
 
     with ModelServer(ServerOptions(model_base_path=..., port=0)) as server:
       channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+
+oneDNN: run as a program, the server turns TensorFlow's oneDNN CPU kernels off unless
+TF_ENABLE_ONEDNN_OPTS is set (`TF_ENABLE_ONEDNN_OPTS=1 python -m serving.server ...` turns
+them on). oneDNN's allocator keeps a retired version's large tensors in an arena that
+never shrinks, so memory grew with every version hand-over; without it a retired version's
+memory goes back to the system (benchmarks/results/serving_memory.md: +2.3% after three
+hand-overs instead of +26%, at about 25% more latency per question). TF Serving's standard
+CPU build is likewise made without oneDNN (it was a separate `--config=mkl` build).
 """
+import os
+
+if __name__ == "__main__":
+  # Why before the other imports: TensorFlow reads TF_ENABLE_ONEDNN_OPTS once, when its
+  # library loads (tensorflow_serving.apis below imports it). Only the program's default;
+  # an importing process (tests, benchmarks) keeps its own setting.
+  os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import threading
@@ -324,6 +340,9 @@ def main(argv=None) -> int:
   stop = threading.Event()
   for signum in (signal.SIGINT, signal.SIGTERM):
     signal.signal(signum, lambda *_: stop.set())
+  log.info("oneDNN CPU kernels %s (TF_ENABLE_ONEDNN_OPTS=%s)",
+           "off" if os.environ.get("TF_ENABLE_ONEDNN_OPTS") == "0" else "on",
+           os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"))
   rest = f" REST {options.host}:{server.rest_port}" if server.rest_port else ""
   print(f"serving.server: gRPC {_grpc_address(options.host, server.port)}{rest}", flush=True)
   while not stop.wait(1.0):

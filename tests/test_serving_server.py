@@ -826,3 +826,31 @@ def test_client_command_line_prints_answers_and_provenance(qa_server, capsys):
   assert [a["question"] for a in answers] == ["a", "b"]
   assert client.main(["--server", address, "--model", "nope", "a"]) == 1
   assert "NOT_FOUND" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("given, expected", [(None, "0"), ("1", "1")])
+def test_server_program_turns_onednn_off_unless_told(given, expected):
+  """Run as a program the server defaults TF_ENABLE_ONEDNN_OPTS to 0 before TensorFlow loads
+  (oneDNN's arena keeps retired versions' memory); an explicit setting is kept."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+  if given is not None:
+    env["TF_ENABLE_ONEDNN_OPTS"] = given
+  # A meta-path hook records the variable at the moment TensorFlow is first imported.
+  probe = ("import os, runpy, sys\n"
+           "seen = []\n"
+           "class Hook:\n"
+           "  def find_spec(self, name, path=None, target=None):\n"
+           "    if name == 'tensorflow' and not seen:\n"
+           "      seen.append(os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset'))\n"
+           "    return None\n"
+           "sys.meta_path.insert(0, Hook())\n"
+           "sys.argv = ['serving.server', '--help']\n"
+           "try:\n"
+           "  runpy.run_module('serving.server', run_name='__main__')\n"
+           "except SystemExit:\n"
+           "  pass\n"
+           "print('ONEDNN_AT_TF_IMPORT=' + (seen[0] if seen else 'tf-not-imported'))\n")
+  out = subprocess.run([sys.executable, "-c", probe], env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       capture_output=True, text=True, timeout=300, check=True).stdout
+  assert f"ONEDNN_AT_TF_IMPORT={expected}" in out
