@@ -18,7 +18,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider tests
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 tests
 
 # Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
 # make demo DEMO_FLAGS="--num_articles 3000 --pretrain_steps 100".
