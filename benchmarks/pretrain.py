@@ -271,6 +271,17 @@ def history(model_dir: str) -> tuple[list, list]:
           [r for r in records if r.get("mode") == "eval"])
 
 
+def same_start(warmup_a: dict, recall_a: dict, warmup_b: dict, recall_b: dict) -> bool:
+  """Two starts are the same when the warm-up's held-out figures and the step-0 recall agree
+  (times excluded)."""
+  keys = ("steps", "heldout_span_accuracy", "heldout_token_accuracy", "heldout_loss")
+
+  def untimed(recall):
+    return {k: v for k, v in recall.items() if k != "seconds"}
+  return ([warmup_a.get(k) for k in keys] == [warmup_b.get(k) for k in keys]
+          and untimed(recall_a) == untimed(recall_b))
+
+
 def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps: int) -> dict:
   """The MLM head alone, on a frozen MiniLM, reading no document."""
   from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
@@ -485,6 +496,13 @@ def markdown(payload: dict) -> str:
         f"{_fmt(r['steps_per_second'], 3)} | "
         + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
   for rebuilt in payload.get("rebuilt_starts", []):
+    if rebuilt.get("same_as_kept"):
+      lines += ["", f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start "
+                f"rebuilt on {rebuilt['started'][:10]} (the earlier work directory was lost); "
+                "it is identical to the kept arms' start: the same warm-up held-out loss "
+                f"({rebuilt['warmup'].get('heldout_loss'):.6f}) and span accuracy, the same "
+                "step-0 recall."]
+      continue
     lines += ["", f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start rebuilt "
               f"on {rebuilt['started'][:10]} (the earlier work directory was lost): warm-up "
               f"held-out span accuracy {_fmt(rebuilt['warmup'].get('heldout_span_accuracy'))} "
@@ -537,6 +555,32 @@ def plot(payload: dict, path: str):
 # ------------------------------------------------------------------------------- main
 
 
+def render(results_path: str) -> int:
+  """Redraws the table and the curves from a result (after a change to the report code).
+  A rebuilt start recorded before `same_as_kept` existed is compared here."""
+  with open(results_path) as f:
+    payload = json.load(f)
+  for rebuilt in payload.get("rebuilt_starts", []):
+    rebuilt.setdefault("same_as_kept", same_start(payload["warmup"], payload["start"]["recall"],
+                                                  rebuilt["warmup"], rebuilt["recall"]))
+  write_results(payload, results_path)
+  log(f"redrew {results_path[:-len('.json')]}.md and the curves")
+  return 0
+
+
+def write_results(payload: dict, results_path: str):
+  """The JSON, the Markdown table beside it and the curves, each replaced whole."""
+  os.makedirs(os.path.dirname(results_path), exist_ok=True)
+  with open(results_path + ".tmp", "w") as f:
+    json.dump(payload, f, indent=2, sort_keys=True)
+  os.replace(results_path + ".tmp", results_path)
+  md = results_path[:-len(".json")] + ".md"
+  with open(md + ".tmp", "w") as f:
+    f.write(markdown(payload))
+  os.replace(md + ".tmp", md)
+  plot(payload, os.path.join(os.path.dirname(results_path), "pretrain_curves.png"))
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -566,7 +610,11 @@ def main(argv=None) -> int:
   parser.add_argument("--quick", action="store_true",
                       help="a smoke run with tiny sizes (results in the work dir only)")
   parser.add_argument("--fresh", action="store_true", help="ignore finished arms")
+  parser.add_argument("--render", action="store_true",
+                      help="only redraw pretrain.md and the curves from pretrain.json")
   args = parser.parse_args(argv)
+  if args.render:
+    return render(os.path.join(RESULTS_DIR, "pretrain.json"))
   if args.quick:
     for key, value in QUICK.items():
       setattr(args, key, value)
@@ -649,9 +697,11 @@ def main(argv=None) -> int:
           "task.type": "ict", "task.ict.train_data.input_path": os.path.join(z_dir, "ict-*"),
           "task.ict.train_data.global_batch_size": 16,
           "trainer.train_steps": args.ict_steps})), ict_dir)
+  start_path = os.path.join(work, f"start-{'ict' if ict_dir else 'minilm'}")
+  start_was_cached = (os.path.exists(os.path.join(work, f"warmup-{args.warmup_steps}.json"))
+                      and os.path.exists(start_path + ".npz"))
   warmup = run_warmup(work, common, args.warmup_steps, args.warmup_batch_size,
                       validation_steps)
-  start_path = os.path.join(work, f"start-{'ict' if ict_dir else 'minilm'}")
   base_config = load_config(common)
   if os.path.exists(start_path + ".npz"):
     with np.load(start_path + ".npz", allow_pickle=False) as saved:
@@ -688,14 +738,16 @@ def main(argv=None) -> int:
   # step-0 index are rebuilt: the kept arms' start stays the reported one and the rebuilt
   # start is recorded beside it with the arms that ran from it, so the two can be compared.
   rebuilt_starts = list(earlier.get("rebuilt_starts", [])) if done else []
-  if done and (earlier.get("warmup", {}).get("heldout_loss") != warmup.get("heldout_loss")
-               or earlier.get("start", {}).get("recall") != before):
+  if done and not start_was_cached:
+    same = same_start(earlier.get("warmup", {}), earlier.get("start", {}).get("recall", {}),
+                      warmup, before)
     rebuilt_starts.append(dict(started=this_run["started"], arms=this_run["arms"],
+                               same_as_kept=same,
                                warmup={k: v for k, v in warmup.items() if k != "train_curve"},
                                recall=before))
     warmup, before = earlier["warmup"], earlier["start"]["recall"]
-    log("the start was rebuilt (warm-up or step-0 index differ from the kept arms'); "
-        "both are reported")
+    log("the start was rebuilt: " + ("identical to the kept arms' start" if same else
+                                     "it differs from the kept arms' start; both are reported"))
 
   def save(partial: bool):
     this_run["minutes"] = round((time.time() - begin) / 60, 1)
@@ -705,15 +757,7 @@ def main(argv=None) -> int:
                    warmup={k: v for k, v in warmup.items()},
                    start=dict(recall=before), rebuilt_starts=rebuilt_starts, arms=arms,
                    skipped=skipped)
-    os.makedirs(os.path.dirname(results_path), exist_ok=True)
-    with open(results_path + ".tmp", "w") as f:
-      json.dump(payload, f, indent=2, sort_keys=True)
-    os.replace(results_path + ".tmp", results_path)
-    md = results_path[:-len(".json")] + ".md"
-    with open(md + ".tmp", "w") as f:
-      f.write(markdown(payload))
-    os.replace(md + ".tmp", md)
-    plot(payload, os.path.join(os.path.dirname(results_path), "pretrain_curves.png"))
+    write_results(payload, results_path)
     return results_path
 
   for arm in args.arms.split(","):
