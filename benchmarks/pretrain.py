@@ -496,16 +496,14 @@ def markdown(payload: dict) -> str:
         f"{_fmt(r['steps_per_second'], 3)} | "
         + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
   for rebuilt in payload.get("rebuilt_starts", []):
+    said = (f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start rebuilt on "
+            f"{rebuilt['started'][:10]} (the earlier work directory was lost)")
     if rebuilt.get("same_as_kept"):
-      lines += ["", f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start "
-                f"rebuilt on {rebuilt['started'][:10]} (the earlier work directory was lost); "
-                "it is identical to the kept arms' start: the same warm-up held-out loss "
-                f"({rebuilt['warmup'].get('heldout_loss'):.6f}) and span accuracy, the same "
-                "step-0 recall."]
+      lines += ["", f"{said}; it is identical to the kept arms' start: the same warm-up "
+                f"held-out loss ({rebuilt['warmup'].get('heldout_loss'):.6f}) and span "
+                "accuracy, the same step-0 recall."]
       continue
-    lines += ["", f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start rebuilt "
-              f"on {rebuilt['started'][:10]} (the earlier work directory was lost): warm-up "
-              f"held-out span accuracy {_fmt(rebuilt['warmup'].get('heldout_span_accuracy'))} "
+    lines += ["", f"{said}: warm-up held-out span accuracy {_fmt(rebuilt['warmup'].get('heldout_span_accuracy'))} "
               f"(kept start {_fmt(warm.get('heldout_span_accuracy'))}), step-0 R@5 "
               + " / ".join(_fmt(rebuilt["recall"].get(k, {}).get("recall@5"))
                            for k in RECALL_SETS)

@@ -829,7 +829,7 @@ def test_client_command_line_prints_answers_and_provenance(qa_server, capsys):
 
 
 @pytest.mark.parametrize("given, expected", [(None, "0"), ("1", "1")])
-def test_server_program_turns_onednn_off_unless_told(given, expected):
+def test_server_program_turns_onednn_off_unless_told(given, expected, repo_dir):
   """Run as a program the server defaults TF_ENABLE_ONEDNN_OPTS to 0 before TensorFlow loads
   (oneDNN's arena keeps retired versions' memory); an explicit setting is kept."""
   env = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
@@ -851,6 +851,5 @@ def test_server_program_turns_onednn_off_unless_told(given, expected):
            "  pass\n"
            "print('ONEDNN_AT_TF_IMPORT=' + (seen[0] if seen else 'tf-not-imported'))\n")
   out = subprocess.run([sys.executable, "-c", probe], env=dict(env, TF_CPP_MIN_LOG_LEVEL="2"),
-                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                       capture_output=True, text=True, timeout=300, check=True).stdout
+                       cwd=repo_dir, capture_output=True, text=True, timeout=300, check=True).stdout
   assert f"ONEDNN_AT_TF_IMPORT={expected}" in out
