@@ -106,6 +106,24 @@ def test_bad_pages_are_set_aside_with_reason(payload, reason):
   assert error.value.reason == reason
 
 
+
+def test_markup_nesting_past_the_parser_limit_is_set_aside_at_every_depth():
+  """The parser gives up at its own depth limit and reads the rest as text, which once let
+  a 1,913-deep template through as the article "x"; every depth past the bound is set
+  aside the same way, every depth within it parses as markup."""
+  def page(body):
+    return (f"<page><title>Deep</title><ns>0</ns><revision><text>{body}</text>"
+            f"</revision></page>").encode()
+  limit = wikitext.MAX_MARKUP_DEPTH
+  for n in range(limit + 1, 2100):
+    for opener, closer in (("{{", "}}"), ("[[", "]]")):
+      with pytest.raises(SetAsideError) as error:
+        wikipedia.article(page("Prose. " + opener * n + "x" + closer * n), 10 ** 5)
+      assert error.value.reason == records.UNPARSABLE_WIKITEXT, n
+  assert wikipedia.article(page("Prose. " + "{{" * limit + "x" + "}}" * limit),
+                           10 ** 5) == ("Deep", "Prose.")
+  assert wikitext.markup_depth("}} {{a|{{b}}}} [[c]] ]]") == 2
+
 # --- readers --------------------------------------------------------------------------
 
 def _page(title, body="Some text."):

@@ -66,6 +66,10 @@ def article(payload: bytes, max_chars: int) -> Tuple[str, str]:
     raise SetAsideError(records.MISSING_FIELD, "empty <title>")
   if len(page.wikitext) > max_chars:
     raise SetAsideError(records.TOO_LARGE, f"{len(page.wikitext)} chars > {max_chars}")
+  depth = wikitext.markup_depth(page.wikitext)
+  if depth > wikitext.MAX_MARKUP_DEPTH:  # vandalism or a broken bot edit, not prose
+    raise SetAsideError(records.UNPARSABLE_WIKITEXT,
+                        f"templates/links nested {depth} deep > {wikitext.MAX_MARKUP_DEPTH}")
   try:
     code = wikitext.parse(page.wikitext)
     if wikitext.is_disambiguation(page.title, code):
@@ -73,7 +77,7 @@ def article(payload: bytes, max_chars: int) -> Tuple[str, str]:
     text = wikitext.to_plain_text(code)
   except ParserError as e:
     raise SetAsideError(records.UNPARSABLE_WIKITEXT, str(e)) from None
-  except RecursionError:  # templates or links nested thousands deep: vandalism, not prose
+  except RecursionError:  # other markup (tags) nested thousands deep: not prose either
     raise SetAsideError(records.UNPARSABLE_WIKITEXT, "markup nested too deeply") from None
   if not text:
     raise SetAsideError(records.EMPTY, "no prose after removing markup")

@@ -81,6 +81,27 @@ def is_disambiguation(title: str, wikicode) -> bool:
   return False
 
 
+# Deepest nesting of templates and links an article may have. mwparserfromhell stops
+# recursing at its tokenizer's MAX_DEPTH (100) and then reads the rest as plain text, so
+# whether a page nested deeper comes out as an error, as nothing or as a stray fragment
+# depends on the exact depth and on Python's stack; real articles nest a few levels, so
+# anything past the parser's own limit is set aside up front, the same way every time.
+MAX_MARKUP_DEPTH = 100
+_NESTING_MARK = re.compile(r"\{\{|\}\}|\[\[|\]\]")
+
+
+def markup_depth(wikitext: str) -> int:
+  """How deeply `{{ }}` and `[[ ]]` nest (unbalanced closers are ignored)."""
+  depth = deepest = 0
+  for mark in _NESTING_MARK.finditer(wikitext):
+    if mark.group()[0] in "{[":
+      depth += 1
+      deepest = max(deepest, depth)
+    else:
+      depth = max(0, depth - 1)
+  return deepest
+
+
 def parse(wikitext: str):
   """The mwparserfromhell tree; raises mwparserfromhell.parser.ParserError on failure."""
   return mwparserfromhell.parse(wikitext, skip_style_tags=True)
