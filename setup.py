@@ -39,7 +39,8 @@ setuptools.setup(
     package_data={"realm_tf": ["demo/*.jsonl", "text/vocab/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "gcp-storage-emulator>=2024.0"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
+                 "gcp-storage-emulator>=2024.0"],
         # Benchmark-only: FAISS's exact IndexFlatIP as the reference for in-graph MIPS.
         "bench": ["faiss-cpu>=1.8"],
     },
