@@ -326,7 +326,9 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
              finetune_s=round(train_seconds - index_seconds, 1), eval_s=round(eval_seconds, 1),
              setup_s=round(setup_seconds, 1), total_s=round(total, 1),
              index_s=round(index_seconds, 1), steps=result["step"],
-             train_answer_located=train_located)
+             train_answer_located=train_located,
+             # A row's own sizes: rows of several invocations (--merge) may differ.
+             train_steps=steps, batch_size=batch, train_questions=files["num_train"])
   if row == "realm_refresh":
     out.update(index_refreshes=result["index_refreshes"],
                snapshots_exported=result["snapshots_exported"],
@@ -362,8 +364,9 @@ def markdown(payload: dict) -> str:
       "",
       f"Scaled down for a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
       f"reader, k={k} blocks of up to {s['block_length']} wordpieces, reader input "
-      f"{reader_length} wordpieces, {s['train_steps']} fine-tuning steps of "
-      f"{s['batch_size']} questions (lr {s['finetune']['trainer.learning_rate']}"
+      f"{reader_length} wordpieces, fine-tuning steps of a batch of questions as each row "
+      f"says ('steps x batch', with the training questions sampled; the latest invocation: "
+      f"{s['train_steps']} x {s['batch_size']}) (lr {s['finetune']['trainer.learning_rate']}"
       f"{head_rate}), ORQA loss with a retriever beam of {s.get('retriever_beam', k)}; "
       "the first steps read each question's gold block first where its questions name their "
       "article (SQuAD-open: 'gold steps' below). "
@@ -376,13 +379,14 @@ def markdown(payload: dict) -> str:
       "EM is on all reporting questions, whether or not the small corpus "
       "can answer them.", "",
       "| dataset (corpus) | row | EM | recall@1 | recall@5 | recall@20 | EM / R@5 | reader "
-      "oracle | step-0 R@1 / R@5 / R@20 | gold steps | fine-tune s | eval s | index s | "
-      "parameters |",
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+      "oracle | step-0 R@1 / R@5 / R@20 | steps x batch (questions) | gold steps | fine-tune s | "
+      "eval s | index s | parameters |",
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   order = list(DATASETS)
   for r in sorted(payload["rows"],
                   key=lambda r: (order.index(r["key"]), list(ROWS).index(r["row"]))):
     data = payload["datasets"][r["key"]]
+    r = _with_sizes(r, payload)
     corpus = f"{'/'.join(data['corpus_file'].split('/')[-2:])}, {data['corpus_blocks']} blocks"
     note = ""
     if r["row"] == "realm_refresh":
@@ -396,11 +400,13 @@ def markdown(payload: dict) -> str:
         f"{100 * r['recall_at_5']:.1f} | "
         f"{100 * r['recall_at_20']:.1f} | "
         f"{r['exact_match'] / max(r['recall_at_5'], 1e-9):.2f} | "
-        f"{100 * r['reader_oracle']:.1f} | {step0} | {r.get('gold_block_steps', 0)} | "
+        f"{100 * r['reader_oracle']:.1f} | {step0} | "
+        f"{r['train_steps']} x {r['batch_size']} ({r['train_questions']}) | "
+        f"{r.get('gold_block_steps', 0)} | "
         f"{r['finetune_s']:.0f} | {r['eval_s']:.0f} | {r['index_s']:.0f} | "
         f"{r['parameters'] / 1e6:.1f}M |")
   for skipped in payload.get("skipped", []):
-    lines.append(f"| {skipped} | not run | | | | | | | | | | | | |")
+    lines.append(f"| {skipped} | not run | | | | | | | | | | | | | |")
   if payload.get("partial"):
     lines += ["", "**Partial results**: the run was still going (or was cut); a rerun with "
               "the same sizes adds the missing rows."]
@@ -409,7 +415,8 @@ def markdown(payload: dict) -> str:
             "fine-tuning (zero-shot), same blocks and questions. Reporting splits:", ""]
   for key, d in payload["datasets"].items():
     lines.append(f"- {d['name']}: reported on {d['num_eval']} questions ({d['report_split']}); "
-                 f"trained on {d['num_train']} sampled from the other {d['train_pool']}.")
+                 f"trained on questions sampled from the other {d['train_pool']} (how many: "
+                 f"each row's 'questions').")
   lines += ["", "Targets (issue 11), read off the rows above:", ""] + targets(payload)
   return "\n".join(lines) + "\n"
 
@@ -452,10 +459,19 @@ def _previous_results() -> dict:
     return json.load(f)
 
 
+def _with_sizes(row: dict, payload: dict) -> dict:
+  """`row` with the fine-tuning sizes it ran with (rows written before rows kept their own
+  sizes take their invocation's settings)."""
+  s, data = payload["settings"], payload["datasets"][row["key"]]
+  return dict(dict(train_steps=s["train_steps"], batch_size=s["batch_size"],
+                   train_questions=data["num_train"]), **row)
+
+
 def _merged(previous: dict, new: dict) -> dict:
   """`new`'s rows added to (or replacing) `previous`'s; every invocation is listed."""
   done = {(r["key"], r["row"]) for r in new["rows"]}
-  rows = [r for r in previous["rows"] if (r["key"], r["row"]) not in done] + new["rows"]
+  rows = [_with_sizes(r, previous) for r in previous["rows"]
+          if (r["key"], r["row"]) not in done] + new["rows"]
   order = {k: i for i, k in enumerate(DATASETS)}
   rows.sort(key=lambda r: (order[r["key"]], list(ROWS).index(r["row"])))
   ran = {f"{r['dataset']} / {ROWS[r['row']]}" for r in new["rows"]}

@@ -47,3 +47,42 @@ def test_rebuilt_start_that_differs_reports_both(tmp_path):
   assert "identical" not in table
   assert "warm-up held-out span accuracy 0.030 (kept start 0.025)" in table
   assert "step-0 R@5 0.090 / 0.214 / 0.366 (kept start 0.086 / 0.214 / 0.366)" in table
+
+
+# --- benchmarks/openqa.py ----------------------------------------------------------------
+
+def _openqa_row(key, row, exact_match, **sizes):
+  return dict(key=key, row=row, dataset=key, exact_match=exact_match, recall_at_1=0.5,
+              recall_at_5=0.8, recall_at_20=0.9, reader_oracle=0.8, finetune_s=1.0,
+              eval_s=1.0, index_s=0.0, parameters=22.8e6, gold_block_steps=0, **sizes)
+
+
+def _openqa_payload(rows, train_steps, batch_size, num_train):
+  return dict(
+      machine=dict(when="2026-11-24T10:00:00+0000", cpu_count=2, tensorflow="2.20.0"),
+      partial=False, total_minutes=10.0, pretrain={}, skipped=[], rows=rows,
+      invocations=[dict(datasets="squad", rows="bm25,dense", minutes=10.0)],
+      settings=dict(train_steps=train_steps, batch_size=batch_size, block_length=128,
+                    retriever_beam=100, finetune={"trainer.learning_rate": 5e-5, "task.openqa.num_candidates": 5,
+                              "task.openqa.reader_seq_length": 160}),
+      datasets={"squad": dict(name="SQuAD-open", corpus_file="openqa/squad_open/corpus.jsonl",
+                              corpus_blocks=3864, num_eval=1864, report_split="dev (all)",
+                              num_train=num_train, train_pool=6980)})
+
+
+def test_merged_openqa_rows_keep_the_sizes_they_ran_with():
+  """A row re-run with other sizes (--merge) replaces its old self; the row it did not
+  replace keeps the sizes of the invocation that ran it, in the JSON and in the table."""
+  from benchmarks import openqa  # pylint: disable=g-import-not-at-top
+  previous = _openqa_payload([_openqa_row("squad", "bm25", 0.267),
+                              _openqa_row("squad", "dense", 0.277)], 300, 8, 2400)
+  new = _openqa_payload([_openqa_row("squad", "bm25", 0.36, train_steps=900, batch_size=8,
+                                     train_questions=6980)], 900, 8, 6980)
+  merged = openqa._merged(previous, new)  # pylint: disable=protected-access
+  rows = {r["row"]: r for r in merged["rows"]}
+  assert rows["bm25"]["exact_match"] == 0.36 and rows["bm25"]["train_questions"] == 6980
+  assert (rows["dense"]["train_steps"], rows["dense"]["train_questions"]) == (300, 2400)
+  table = openqa.markdown(merged)
+  assert "| 900 x 8 (6980) |" in table and "| 300 x 8 (2400) |" in table
+  assert "SQuAD-open EM with BM25 + reader: 36.0 (target >= 35): met." in table
+  assert "SQuAD-open EM with Dense" in table and "27.7 (target >= 30): **missed**" in table
