@@ -364,9 +364,8 @@ def markdown(payload: dict) -> str:
       "",
       f"Scaled down for a 2-core CPU: MiniLM-L6 (384 hidden) towers and "
       f"reader, k={k} blocks of up to {s['block_length']} wordpieces, reader input "
-      f"{reader_length} wordpieces, fine-tuning steps of a batch of questions as each row "
-      f"says ('steps x batch', with the training questions sampled; the latest invocation: "
-      f"{s['train_steps']} x {s['batch_size']}) (lr {s['finetune']['trainer.learning_rate']}"
+      f"{reader_length} wordpieces, fine-tuning sizes per row ('steps x batch (questions)') "
+      f"(lr {s['finetune']['trainer.learning_rate']}"
       f"{head_rate}), ORQA loss with a retriever beam of {s.get('retriever_beam', k)}; "
       "the first steps read each question's gold block first where its questions name their "
       "article (SQuAD-open: 'gold steps' below). "

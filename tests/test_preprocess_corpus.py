@@ -106,7 +106,6 @@ def test_bad_pages_are_set_aside_with_reason(payload, reason):
   assert error.value.reason == reason
 
 
-
 def test_markup_nesting_past_the_parser_limit_is_set_aside_at_every_depth():
   """The parser gives up at its own depth limit and reads the rest as text, which once let
   a 1,913-deep template through as the article "x"; every depth past the bound is set
@@ -123,6 +122,7 @@ def test_markup_nesting_past_the_parser_limit_is_set_aside_at_every_depth():
   assert wikipedia.article(page("Prose. " + "{{" * limit + "x" + "}}" * limit),
                            10 ** 5) == ("Deep", "Prose.")
   assert wikitext.markup_depth("}} {{a|{{b}}}} [[c]] ]]") == 2
+
 
 # --- readers --------------------------------------------------------------------------
 
