@@ -29,6 +29,10 @@ Datasets (../shared/data/openqa; the questions are never copied into the reposit
 Rows, each fine-tuned the same way (same reader architecture, steps, batch, learning rate):
   bm25          BM25 (bm25s) top-k + MiniLM reader
   dense         MiniLM warm start for both towers and the reader, no REALM pre-training
+  dense_squad_reader  dense, but the reader (BERT and span head) starts from the finished
+                SQuAD-open dense row's (task.openqa.init_from=openqa_reader): NQ-Open,
+                WebQuestions and CuratedTREC name no article, so their readers get no
+                reading-comprehension stage of their own; this one had SQuAD-open's
   realm         retriever and reader BERT from a short REALM pre-training run (below)
   realm_refresh realm, plus the document tower trained and the index re-embedded during
                 fine-tuning (beam.index_builder beside the trainer)
@@ -91,6 +95,8 @@ CORPORA = {"squad": "openqa/squad_open/corpus.jsonl", "vital": "wikipedia/vital_
 ROWS = {
     "bm25": "BM25 + reader",
     "dense": "Dense (MiniLM warm start, no REALM pre-training) + reader",
+    "dense_squad_reader": "Dense (MiniLM warm start) + reader started from the SQuAD-open "
+                          "dense row's",
     "realm": "REALM pre-trained + reader",
     "realm_refresh": "REALM pre-trained + reader, index refreshed during fine-tuning",
 }
@@ -266,12 +272,23 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
   encoder = "minilm"
   if row == "bm25":
     values["task.openqa.retrieval"] = "bm25"
+  source_reader = os.path.join(work, "runs", "squad-dense")
+  if row == "dense_squad_reader":
+    if key == "squad":
+      raise SystemExit("the dense_squad_reader row is for sets other than SQuAD-open")
+    if not layout.training_done(source_reader):
+      raise SystemExit(f"the dense_squad_reader row starts from the SQuAD-open dense row's "
+                       f"reader: {source_reader} holds no finished run (run --datasets squad "
+                       f"--rows dense with the same --work_dir first)")
+    values.update({"task.openqa.init_from": "openqa_reader",
+                   "task.openqa.init_checkpoint": source_reader})
   if row.startswith("realm"):
     values.update({"task.openqa.init_from": "realm",
                    "task.openqa.init_checkpoint": pretrained})
     encoder = "realm"
   index_dir = os.path.join(work, "index", f"{encoder}-{spec['corpus']}")
-  index_built_here = row in ("dense", "realm") and not os.path.isdir(index_dir)
+  index_built_here = (row in ("dense", "dense_squad_reader", "realm")
+                      and not os.path.isdir(index_dir))
   if row == "realm_refresh":
     # Starts from the pre-trained document encoder's index (the realm row built it); the
     # index builder then writes refreshed versions into this run's own index directory.
@@ -329,6 +346,10 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
              train_answer_located=train_located,
              # A row's own sizes: rows of several invocations (--merge) may differ.
              train_steps=steps, batch_size=batch, train_questions=files["num_train"])
+  if row == "dense_squad_reader":
+    out["reader_from"] = dict(run="squad-dense",
+                              checkpoint=os.path.basename(layout.latest_checkpoint(
+                                  source_reader)))
   if row == "realm_refresh":
     out.update(index_refreshes=result["index_refreshes"],
                snapshots_exported=result["snapshots_exported"],
@@ -340,7 +361,8 @@ def schedule(keys: list, rows: list) -> list:
   """(dataset, row) pairs in run order: dataset by dataset, except that refresh rows on
   the large corpus go last. Each of their refreshes re-embeds the whole corpus beside the
   trainer, so they are the most expensive rows and the first the time budget drops."""
-  pairs = [(k, r) for k in keys for r in rows]
+  # The SQuAD-open reader is the dense_squad_reader rows' start, not a row of its own set.
+  pairs = [(k, r) for k in keys for r in rows if (k, r) != ("squad", "dense_squad_reader")]
   last = [(k, r) for k, r in pairs
           if r == "realm_refresh" and DATASETS[k]["corpus"] != "squad"]
   return [p for p in pairs if p not in last] + last

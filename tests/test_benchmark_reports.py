@@ -87,3 +87,16 @@ def test_merged_openqa_rows_keep_the_sizes_they_ran_with():
   assert "| 900 x 8 (6980) |" in table and "| 300 x 8 (2400) |" in table
   assert "SQuAD-open EM with BM25 + reader: 36.0 (target >= 35): met." in table
   assert "SQuAD-open EM with Dense" in table and "27.7 (target >= 30): **missed**" in table
+
+
+def test_openqa_schedule_runs_the_squad_reader_before_the_rows_it_starts():
+  """dense_squad_reader rows start from the SQuAD-open dense row's reader: that row runs
+  first, SQuAD-open gets no dense_squad_reader row of its own, refresh rows on the large
+  corpus go last."""
+  from benchmarks import openqa  # pylint: disable=g-import-not-at-top
+  order = openqa.schedule(["squad", "nq", "trec"], ["dense", "dense_squad_reader",
+                                                    "realm_refresh"])
+  assert ("squad", "dense_squad_reader") not in order
+  assert order.index(("squad", "dense")) < order.index(("nq", "dense_squad_reader"))
+  assert order[-2:] == [("nq", "realm_refresh"), ("trec", "realm_refresh")]
+  assert len(order) == 8  # 3 sets x 3 rows, less SQuAD-open's own dense_squad_reader

@@ -11,7 +11,7 @@ from realm_tf.configs import load_config
 from realm_tf.evaluate import evaluate_run
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
-from realm_tf.tasks.openqa import restore_from_pretraining
+from realm_tf.tasks.openqa import restore_from_pretraining, restore_reader
 from realm_tf.training import train_lib
 from tests.synthetic_corpus import _CITIES, write_corpus
 from tests.task_fixtures import write_questions
@@ -195,6 +195,35 @@ def test_realm_initialisation_takes_retriever_and_reader_bert(tmp_path, repo_dir
     for a, b in zip(ours.weights, theirs.weights):
       np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
   assert restore_from_pretraining(task.build_model(), str(tmp_path)) == path
+
+
+def test_openqa_reader_initialisation_takes_the_reader_only(tmp_path, repo_dir):
+  """init_from=openqa_reader: reader BERT and span head from another Open-QA run's
+  checkpoint (as its trainer saves it, the retriever and step beside them); the retriever
+  keeps the warm start."""
+  config = _config(repo_dir)
+  source = tasks.get_task(config).build_model()
+  rng = np.random.default_rng(0)
+  for variable in source.trainable_variables:
+    variable.assign(rng.normal(size=variable.shape).astype(np.float32))
+  tf.train.Checkpoint(model=source, global_step=tf.Variable(7, dtype=tf.int64)).save(
+      str(tmp_path / "checkpoints" / "ckpt"))
+  task = tasks.get_task(config.replace(task={"openqa": {
+      "init_from": "openqa_reader", "init_checkpoint": str(tmp_path)}}))
+  model = task.build_model()
+  fresh = [w.numpy() for w in model.retriever.weights]
+  task.initialize(model)
+  span_head = model.reader.span_scorer.weights
+  assert span_head and len(model.reader.weights) == len(source.reader.weights)
+  for a, b in zip(model.reader.weights, source.reader.weights):
+    np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.name)
+  for a, before in zip(model.retriever.weights, fresh):
+    np.testing.assert_array_equal(a.numpy(), before, err_msg=a.name)
+  # A checkpoint without a reader (REALM pre-training's) is refused, not half-loaded.
+  pretrainer = factory.build_realm_pretrainer(config)
+  tf.train.Checkpoint(model=pretrainer).save(str(tmp_path / "pretrain" / "checkpoints" / "c"))
+  with pytest.raises(AssertionError):
+    restore_reader(task.build_model(), str(tmp_path / "pretrain"))
 
 
 @pytest.mark.parametrize("override, message", [

@@ -29,7 +29,7 @@ SALIENT_SPAN_FALLBACKS = ("skip", "random_spans")
 PRETRAIN_TRAINABLES = ("all", "mlm_head")
 INDEX_BACKENDS = ("exact", "scann")
 EMBEDDING_DTYPES = ("float32", "bfloat16")
-INIT_SOURCES = ("warm_start", "ict", "realm")
+INIT_SOURCES = ("warm_start", "ict", "realm", "openqa_reader")
 RETRIEVALS = ("dense", "bm25")
 STRATEGIES = ("", "tpu", "mirrored", "multi_worker_mirrored", "one_device", "off")
 MIXED_PRECISION = ("", "float32", "bfloat16", "float16")
@@ -240,8 +240,11 @@ class OpenQATaskConfig(cfg.TaskConfig):
   train_data.input_path / validation_data.input_path: question files in the NQ-Open JSON
   lines layout {"question", "answer": [...]}; answer_regex for CuratedTREC-style patterns.
   init_from: 'warm_start' (both networks from model.warm_start), 'ict' (the retriever of
-  the ICT run at init_checkpoint, the reader from warm_start) or 'realm' (retriever and
-  reader BERT of the REALM pre-training run at init_checkpoint).
+  the ICT run at init_checkpoint, the reader from warm_start), 'realm' (retriever and
+  reader BERT of the REALM pre-training run at init_checkpoint) or 'openqa_reader' (the
+  whole reader, span head included, of the Open-QA fine-tuning run at init_checkpoint; the
+  retriever from warm_start): a reader that learnt to read on one set (SQuAD-open, whose
+  questions name their article) starts another whose questions carry no gold block.
   """
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=32, is_training=True))

@@ -56,6 +56,22 @@ def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   return path
 
 
+def restore_reader(model: OpenQAModel, path: str) -> str:
+  """The reader (BERT and span head) of another Open-QA run's checkpoint.
+
+  An Open-QA checkpoint is `Checkpoint(model=OpenQAModel, ...)`; the proxy names the
+  model/reader edge only, so the retriever keeps its own start (a reader trained to read
+  on one question set can start another set's fine-tuning without also taking a query
+  tower tuned to the first set's questions). Every reader variable must be found.
+  """
+  path = layout.latest_checkpoint(path)
+  status = tf.train.Checkpoint(model=tf.train.Checkpoint(reader=model.reader)).read(path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  logging.info("Reader (BERT and span head) restored from Open-QA run %s", path)
+  return path
+
+
 class _Records:
   """Holds the last evaluation's per-question records out of tf.Module's attribute
   tracking (a Task is a tf.Module), which would wrap the lists and dicts so that json
@@ -259,6 +275,8 @@ class OpenQATask(base.RealmTask):
       base.log_restore("Retriever (ICT)", path)
     elif c.init_from == "realm":
       restore_from_pretraining(model, c.init_checkpoint)
+    elif c.init_from == "openqa_reader":
+      restore_reader(model, c.init_checkpoint)
 
   def start_index(self, model, global_step: int, train: bool):
     """Loads the first index (dense retrieval); with refresh_index, follows newer ones.
