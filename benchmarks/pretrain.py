@@ -579,7 +579,17 @@ def write_results(payload: dict, results_path: str):
   plot(payload, os.path.join(os.path.dirname(results_path), "pretrain_curves.png"))
 
 
-def main(argv=None) -> int:
+# Flags that say how or where to run, not what is measured: arms of invocations that differ
+# only in these are one result.
+RUN_FLAGS = ("arms", "work_dir", "quick", "fresh", "tagger_dir", "budget_minutes", "render")
+
+
+def result_settings(args) -> dict:
+  """The settings finished arms are kept under: every flag but RUN_FLAGS."""
+  return {k: v for k, v in vars(args).items() if k not in RUN_FLAGS}
+
+
+def flag_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--arms", default="a,d,b,c,e")
@@ -610,7 +620,11 @@ def main(argv=None) -> int:
   parser.add_argument("--fresh", action="store_true", help="ignore finished arms")
   parser.add_argument("--render", action="store_true",
                       help="only redraw pretrain.md and the curves from pretrain.json")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def main(argv=None) -> int:
+  args = flag_parser().parse_args(argv)
   if args.render:
     return render(os.path.join(RESULTS_DIR, "pretrain.json"))
   if args.quick:
@@ -623,9 +637,7 @@ def main(argv=None) -> int:
   begin = time.time()
   results_path = (os.path.join(work, "pretrain.quick.json") if args.quick
                   else os.path.join(RESULTS_DIR, "pretrain.json"))
-  settings = {k: v for k, v in vars(args).items()
-              if k not in ("arms", "work_dir", "quick", "fresh", "tagger_dir",
-                           "budget_minutes")}
+  settings = result_settings(args)
 
   # Data: tagger, Z, X (news + Wikipedia), the held-out split, recall questions.
   stage = time.time()
@@ -696,8 +708,6 @@ def main(argv=None) -> int:
           "task.ict.train_data.global_batch_size": 16,
           "trainer.train_steps": args.ict_steps})), ict_dir)
   start_path = os.path.join(work, f"start-{'ict' if ict_dir else 'minilm'}")
-  start_was_cached = (os.path.exists(os.path.join(work, f"warmup-{args.warmup_steps}.json"))
-                      and os.path.exists(start_path + ".npz"))
   warmup = run_warmup(work, common, args.warmup_steps, args.warmup_batch_size,
                       validation_steps)
   base_config = load_config(common)
@@ -716,6 +726,11 @@ def main(argv=None) -> int:
     tf_keras.backend.clear_session()
     gc.collect()
   start = dict(recall=before, embeddings=embeddings, block_ids=block_ids)
+  # When this work directory's start was built: an invocation records it, so a start built
+  # after the kept arms ran (a new machine) is told from theirs even if the invocation that
+  # rebuilt it was cut before finishing an arm.
+  start_built = time.strftime("%Y-%m-%dT%H:%M:%S%z",
+                              time.localtime(os.path.getmtime(start_path + ".npz")))
 
   # The arms.
   done = {}
@@ -730,13 +745,13 @@ def main(argv=None) -> int:
   # Every invocation's wall time and arms, so a run made in several goes reports its total.
   invocations = list(earlier.get("invocations", [])) if done else []
   this_run = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(begin)),
-                  minutes=0.0, arms=[])
+                  minutes=0.0, arms=[], start_built=start_built)
   invocations.append(this_run)
   # A work directory lost between invocations (a new machine) means the warm-up and the
   # step-0 index are rebuilt: the kept arms' start stays the reported one and the rebuilt
   # start is recorded beside it with the arms that ran from it, so the two can be compared.
   rebuilt_starts = list(earlier.get("rebuilt_starts", [])) if done else []
-  if done and not start_was_cached:
+  if done and start_built not in {i.get("start_built") for i in invocations[:-1]}:
     same = same_start(earlier.get("warmup", {}), earlier.get("start", {}).get("recall", {}),
                       warmup, before)
     rebuilt_starts.append(dict(started=this_run["started"], arms=this_run["arms"],

@@ -1,8 +1,10 @@
 """The pre-training benchmark's report: a start rebuilt between invocations is compared with
 the kept one and said so in the table (benchmarks/pretrain.py)."""
 import json
+import os
 
 from benchmarks import pretrain
+from benchmarks.common import RESULTS_DIR
 
 WARMUP = dict(steps=300, seconds=159.4, heldout_span_accuracy=0.025,
               heldout_token_accuracy=0.017, heldout_loss=7.662148952484131)
@@ -100,3 +102,16 @@ def test_openqa_schedule_runs_the_squad_reader_before_the_rows_it_starts():
   assert order.index(("squad", "dense")) < order.index(("nq", "dense_squad_reader"))
   assert order[-2:] == [("nq", "realm_refresh"), ("trec", "realm_refresh")]
   assert len(order) == 8  # 3 sets x 3 rows, less SQuAD-open's own dense_squad_reader
+
+
+def test_pretrain_arms_are_kept_across_invocations_that_differ_only_in_how_they_run():
+  """A rerun with the default sizes keeps the committed arms: its settings equal those the
+  committed result was written with, whatever --arms/--budget_minutes/--render/--work_dir
+  say (a flag added to the parser but not to RUN_FLAGS used to start every arm over)."""
+  parse = lambda *argv: pretrain.result_settings(pretrain.flag_parser().parse_args(argv))
+  default = parse()
+  assert parse("--arms", "e", "--budget_minutes", "10", "--work_dir", "/x", "--render",
+               "--fresh", "--quick") == default
+  assert parse("--steps", "30") != default
+  with open(os.path.join(RESULTS_DIR, "pretrain.json")) as f:
+    assert json.load(f)["settings"] == default
