@@ -71,11 +71,25 @@ class RealmTrainer(base_trainer.Trainer):
     return logs
 
 
+class _EvaluationCheckpointManager(tf.train.CheckpointManager):
+  """Restores the model only: an evaluation-only run creates no optimizer slots, and the
+  stock restore would log one warning per slot variable left in the checkpoint (thousands
+  per evaluation) when its status is dropped. Saving is unchanged."""
+
+  def restore_or_initialize(self):
+    if self.latest_checkpoint is None:
+      return super().restore_or_initialize()
+    self.checkpoint.restore(self.latest_checkpoint).expect_partial()
+    return self.latest_checkpoint
+
+
 class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
   """tf-models' runner with checkpoints in <model_dir>/checkpoints (realm_tf.io.layout)."""
 
   def _maybe_build_checkpoint_manager(self):
-    return tf.train.CheckpointManager(
+    manager = (tf.train.CheckpointManager if "train" in self._mode
+               else _EvaluationCheckpointManager)
+    return manager(
         self.trainer.checkpoint, directory=layout.checkpoint_dir(self.model_dir),
         max_to_keep=self.params.trainer.max_to_keep, step_counter=self.trainer.global_step,
         checkpoint_interval=self.params.trainer.checkpoint_interval,
