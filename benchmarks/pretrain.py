@@ -496,7 +496,9 @@ def markdown(payload: dict) -> str:
         f"{_fmt(r['steps_per_second'], 3)} | "
         + " / ".join(_fmt(after.get(k, {}).get("recall@5")) for k in RECALL_SETS) + " |")
   for rebuilt in payload.get("rebuilt_starts", []):
-    said = (f"Arms {', '.join(rebuilt['arms']) or '(none yet)'} ran from a start rebuilt on "
+    arms = rebuilt["arms"]
+    said = (f"{'Arm' if len(arms) == 1 else 'Arms'} {', '.join(arms) or '(none yet)'} ran "
+            f"from a start rebuilt on "
             f"{rebuilt['started'][:10]} (the earlier work directory was lost)")
     if rebuilt.get("same_as_kept"):
       lines += ["", f"{said}; it is identical to the kept arms' start: the same warm-up "

@@ -33,7 +33,7 @@ def test_rebuilt_start_with_other_times_is_the_same_start(tmp_path):
   pretrain.render(str(path))
   assert json.loads(path.read_text())["rebuilt_starts"][0]["same_as_kept"] is True
   table = (tmp_path / "pretrain.md").read_text()
-  assert "Arms c ran from a start rebuilt on 2026-11-23" in table
+  assert "Arm c ran from a start rebuilt on 2026-11-23" in table
   assert "identical to the kept arms' start" in table
   assert (tmp_path / "pretrain_curves.png").stat().st_size > 0
 
