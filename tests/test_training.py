@@ -2,6 +2,7 @@
 through `python -m realm_tf.train`'s library path (tiny config, invented corpus)."""
 import os
 import time
+import types
 
 import numpy as np
 import pytest
@@ -75,6 +76,48 @@ def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run, mirrored
   assert mirrored_strategy.num_replicas_in_sync == 2 and result["step"] == 10
   history = layout.read_metrics(model_dir)
   assert all(np.isfinite(r["loss"]) and 0 <= r["mlm_accuracy"] <= 1 for r in history)
+
+
+def test_staleness_wait_exports_a_snapshot_when_the_due_ones_were_skipped(tmp_path):
+  """The index is from snapshot 120; the snapshots due at 140-180 were skipped (the previous
+  export still saving on a loaded machine) and none is due at the last step, 200. With
+  index.max_staleness_steps=60 the refresher must export one itself before it waits, or
+  the builder has nothing newer to build and the wait ends in the timeout (seen in CI-like
+  runs of the test above under load)."""
+
+  class Exporter:
+    def __init__(self):
+      self.calls = []
+
+    def wait(self):
+      pass
+
+    def snapshot(self, step, wait=False):
+      self.calls.append((step, wait))
+      return True
+
+  class Index:  # the builder: an index from the newest snapshot once one is exported
+    export = types.SimpleNamespace(manifest={})
+
+    def __init__(self, exporter):
+      self.exporter, self.encoder_step, self.version = exporter, 120, 120
+
+    def maybe_swap(self, index_dir):
+      del index_dir
+      if self.exporter.calls and self.exporter.calls[-1][0] > self.encoder_step:
+        self.encoder_step = self.version = self.exporter.calls[-1][0]
+        return True
+      return False
+
+  settings = RefreshSettings(index_dir=str(tmp_path / "index"), refresh_every_steps=20,
+                             train_steps=200, first_index_timeout_seconds=5, poll_seconds=0,
+                             max_staleness_steps=60)
+  exporter = Exporter()
+  refresher = IndexRefresher(str(tmp_path / "run"), Index(exporter), settings)
+  refresher.exporter = exporter
+  refresher.after_loop(200)
+  assert exporter.calls == [(200, True)]
+  assert refresher.index_step() == 200
 
 
 def test_index_staleness_counts_the_steps_of_this_run(tmp_path):

@@ -161,6 +161,14 @@ class IndexRefresher:
     deadline = time.time() + self.settings.first_index_timeout_seconds
     logging.info("Index %s is %d steps behind step %d (bound %d): waiting for the builder",
                  self.index.version, global_step - self.index_step(), global_step, bound)
+    if self.exporter is not None:
+      # The builder can only build a snapshot that exists: the due ones may all have been
+      # skipped while an earlier export was still saving (a loaded machine), and none is due
+      # at the last step. Without this the wait could only end in the timeout.
+      self.exporter.wait()
+      newest = snapshots.latest_snapshot_step(self.model_dir)
+      if newest is None or global_step - newest > bound:
+        self.exporter.snapshot(global_step, wait=True)
     while global_step - self.index_step() > bound:
       if time.time() > deadline:
         raise TimeoutError(
