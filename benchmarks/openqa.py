@@ -272,16 +272,17 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
   encoder = "minilm"
   if row == "bm25":
     values["task.openqa.retrieval"] = "bm25"
-  source_reader = os.path.join(work, "runs", "squad-dense")
-  if row == "dense_squad_reader":
-    if key == "squad":
-      raise SystemExit("the dense_squad_reader row is for sets other than SQuAD-open")
+  reader_from = None
+  if row == "dense_squad_reader":  # schedule() gives SQuAD-open no row of this kind
+    source_reader = os.path.join(work, "runs", "squad-dense")
     if not layout.training_done(source_reader):
       raise SystemExit(f"the dense_squad_reader row starts from the SQuAD-open dense row's "
                        f"reader: {source_reader} holds no finished run (run --datasets squad "
                        f"--rows dense with the same --work_dir first)")
     values.update({"task.openqa.init_from": "openqa_reader",
                    "task.openqa.init_checkpoint": source_reader})
+    reader_from = dict(run="squad-dense", checkpoint=os.path.basename(
+        layout.latest_checkpoint(source_reader)))
   if row.startswith("realm"):
     values.update({"task.openqa.init_from": "realm",
                    "task.openqa.init_checkpoint": pretrained})
@@ -346,10 +347,8 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
              train_answer_located=train_located,
              # A row's own sizes: rows of several invocations (--merge) may differ.
              train_steps=steps, batch_size=batch, train_questions=files["num_train"])
-  if row == "dense_squad_reader":
-    out["reader_from"] = dict(run="squad-dense",
-                              checkpoint=os.path.basename(layout.latest_checkpoint(
-                                  source_reader)))
+  if reader_from:
+    out["reader_from"] = reader_from
   if row == "realm_refresh":
     out.update(index_refreshes=result["index_refreshes"],
                snapshots_exported=result["snapshots_exported"],
