@@ -498,7 +498,10 @@ def _merged(previous: dict, new: dict) -> dict:
   skipped = [s for s in previous.get("skipped", []) if s not in ran] + new["skipped"]
   invocations = previous.get("invocations") or [
       dict(datasets=",".join(previous["datasets"]), minutes=previous["total_minutes"])]
-  return dict(new, rows=rows, skipped=skipped, pretrain=previous["pretrain"],
+  # The pre-training these rows started from: this invocation's if it ran (or reused) one,
+  # else the one the kept rows name.
+  return dict(new, rows=rows, skipped=skipped,
+              pretrain=new.get("pretrain") or previous.get("pretrain") or {},
               datasets=dict(previous["datasets"], **new["datasets"]),
               invocations=invocations + new["invocations"],
               total_minutes=round(sum(i["minutes"] for i in invocations + new["invocations"]),

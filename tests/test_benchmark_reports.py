@@ -91,6 +91,22 @@ def test_merged_openqa_rows_keep_the_sizes_they_ran_with():
   assert "SQuAD-open EM with Dense" in table and "27.7 (target >= 30): **missed**" in table
 
 
+def test_merged_openqa_rows_keep_the_pre_training_that_ran_with_them():
+  """REALM rows run by a later invocation (--merge) bring their pre-training's description
+  into the merged results; an invocation without one keeps the earlier description."""
+  from benchmarks import openqa  # pylint: disable=g-import-not-at-top
+  previous = _openqa_payload([_openqa_row("squad", "dense", 0.44)], 300, 8, 2400)
+  new = _openqa_payload([_openqa_row("squad", "realm", 0.40)], 300, 8, 2400)
+  new["pretrain"] = dict(steps=50, seconds=600.0, first_loss=10.4, last_loss=7.9,
+                         index_refreshes=2,
+                         overrides={"task.pretrain.train_data.global_batch_size": 4})
+  merged = openqa._merged(previous, new)  # pylint: disable=protected-access
+  assert merged["pretrain"]["steps"] == 50
+  assert "REALM pre-training: 50 steps (batch 4)" in openqa.markdown(merged)
+  later = _openqa_payload([_openqa_row("squad", "bm25", 0.30)], 300, 8, 2400)
+  assert openqa._merged(merged, later)["pretrain"] == merged["pretrain"]  # pylint: disable=protected-access
+
+
 def test_openqa_schedule_runs_the_squad_reader_before_the_rows_it_starts():
   """dense_squad_reader rows start from the SQuAD-open dense row's reader: that row runs
   first, SQuAD-open gets no dense_squad_reader row of its own, refresh rows on the large
