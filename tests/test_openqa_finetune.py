@@ -153,6 +153,28 @@ def test_evaluate_command_matches_the_training_evaluation(finetuned, data, tmp_p
     assert len(f.readlines()) == 5
 
 
+def test_refresh_index_re_embeds_the_corpus_during_finetuning(tmp_path, repo_dir, data):
+  """task.openqa.refresh_index: the document tower trains, the trainer hands snapshots to
+  a child index builder and swaps in the indexes it builds. index.max_staleness_steps
+  makes the refreshes certain on a loaded machine (the trainer waits for the builder)."""
+  corpus, questions = data
+  config = _config(repo_dir, corpus, questions, **{
+      "task.openqa.refresh_index": True, "task.openqa.refresh_every_steps": 2,
+      "trainer.train_steps": 8, "trainer.summary_interval": 2, "trainer.steps_per_loop": 2,
+      "trainer.checkpoint_interval": 4, "index.max_staleness_steps": 4,
+      "index.first_index_timeout_seconds": 300, "index.poll_seconds": 0.5})
+  model_dir = str(tmp_path / "refresh")
+  result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
+  assert result["step"] == 8 and not result["snapshot_errors"]
+  assert len(result["snapshots_exported"]) >= 2 and result["index_refreshes"] >= 1, result
+  assert result["final_index_version"] > 0
+  history = [r for r in layout.read_metrics(model_dir) if r["mode"] == "openqa"]
+  versions = [r["index_version"] for r in history]
+  assert versions == sorted(versions) and versions[-1] > 0, versions
+  assert all(r["index_staleness_steps"] <= 4 + 2 for r in history), history
+  assert layout.training_done(model_dir)
+
+
 def test_bm25_feeds_the_same_reader(tmp_path, repo_dir, data):
   corpus, questions = data
   config = _config(repo_dir, corpus, questions,

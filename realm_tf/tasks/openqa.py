@@ -297,6 +297,7 @@ class OpenQATask(base.RealmTask):
             train_steps=self.experiment.trainer.train_steps,
             first_index_timeout_seconds=i.first_index_timeout_seconds,
             poll_seconds=i.poll_seconds, start_builder=refreshing or needs_build,
+            max_staleness_steps=i.max_staleness_steps if refreshing else 0,
             builder_args=() if refreshing else ("--max_builds", "1")),
         retriever=model.retriever,
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(
@@ -312,7 +313,10 @@ class OpenQATask(base.RealmTask):
       self.start_index(model, global_step, train=False)
 
   def train_actions(self, trainer):
-    if self.refresher is None or not self.task_config.refresh_index:
+    # Asked for when the runner is built, before on_train_begin makes the refresher: the
+    # action looks it up when it runs (testing for it here returned no action at all, so
+    # refresh_index exported no snapshot and the index never changed).
+    if not self.task_config.refresh_index:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
