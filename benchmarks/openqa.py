@@ -494,8 +494,11 @@ def _merged(previous: dict, new: dict) -> dict:
           if (r["key"], r["row"]) not in done] + new["rows"]
   order = {k: i for i, k in enumerate(DATASETS)}
   rows.sort(key=lambda r: (order[r["key"]], list(ROWS).index(r["row"])))
-  ran = {f"{r['dataset']} / {ROWS[r['row']]}" for r in new["rows"]}
-  skipped = [s for s in previous.get("skipped", []) if s not in ran] + new["skipped"]
+  ran = {f"{r['dataset']} / {ROWS[r['row']]}" for r in rows}
+  # A skipped row is listed as "<dataset> / <row> (<why>)": dropped once it has run, in
+  # this invocation or an earlier one.
+  skipped = [s for s in previous.get("skipped", [])
+             if s not in ran and not any(s.startswith(f"{r} (") for r in ran)] + new["skipped"]
   invocations = previous.get("invocations") or [
       dict(datasets=",".join(previous["datasets"]), minutes=previous["total_minutes"])]
   # The pre-training these rows started from: this invocation's if it ran (or reused) one,

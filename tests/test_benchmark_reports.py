@@ -104,6 +104,12 @@ def test_merged_openqa_rows_keep_the_pre_training_that_ran_with_them():
   assert merged["pretrain"]["steps"] == 50
   assert "REALM pre-training: 50 steps (batch 4)" in openqa.markdown(merged)
   later = _openqa_payload([_openqa_row("squad", "bm25", 0.30)], 300, 8, 2400)
+  merged["skipped"] = ["SQuAD-open / BM25 + reader (time budget)",
+                       "SQuAD-open / REALM pre-trained + reader, index refreshed during "
+                       "fine-tuning (time budget)"]
+  later["rows"][0]["dataset"] = "SQuAD-open"
+  # The row that ran leaves the skipped list; the other stays.
+  assert openqa._merged(merged, later)["skipped"] == merged["skipped"][1:]  # pylint: disable=protected-access
   assert openqa._merged(merged, later)["pretrain"] == merged["pretrain"]  # pylint: disable=protected-access
 
 
