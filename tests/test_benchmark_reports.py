@@ -109,8 +109,9 @@ def test_merged_openqa_rows_keep_the_pre_training_that_ran_with_them():
                        "fine-tuning (time budget)"]
   later["rows"][0]["dataset"] = "SQuAD-open"
   # The row that ran leaves the skipped list; the other stays.
-  assert openqa._merged(merged, later)["skipped"] == merged["skipped"][1:]  # pylint: disable=protected-access
-  assert openqa._merged(merged, later)["pretrain"] == merged["pretrain"]  # pylint: disable=protected-access
+  remerged = openqa._merged(merged, later)  # pylint: disable=protected-access
+  assert remerged["skipped"] == merged["skipped"][1:]
+  assert remerged["pretrain"] == merged["pretrain"]
 
 
 def test_openqa_schedule_runs_the_squad_reader_before_the_rows_it_starts():
