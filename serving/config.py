@@ -142,7 +142,7 @@ def default_allowed_roots(specs) -> list:
 
 def _build_batching_parameters_class():
   try:
-    from tensorflow_serving.servables.tensorflow import session_bundle_config_pb2  # pylint: disable=g-import-not-at-top
+    from tensorflow_serving.servables.tensorflow import session_bundle_config_pb2  # noqa: PLC0415  not in every tensorflow-serving-api wheel: falls back below
     return session_bundle_config_pb2.BatchingParameters
   except ImportError:
     pass

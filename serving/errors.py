@@ -5,6 +5,7 @@ HTTP status. Keeping the code on the error (rather than translating exception cl
 each front end) means both protocols answer the same mistake the same way.
 """
 import grpc
+import tensorflow as tf
 
 # gRPC status → HTTP status, as TF Serving's REST front end maps them.
 _HTTP_STATUS = {
@@ -69,7 +70,6 @@ def deadline_exceeded(message: str) -> ServingError:
 
 def from_tf_error(error: Exception) -> ServingError:
   """A model's own failure (tf.errors.OpError keeps its canonical code), else INTERNAL."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if isinstance(error, tf.errors.OpError):
     for code in grpc.StatusCode:
       if code.value[0] == error.error_code:

@@ -34,10 +34,10 @@ def register_op_libraries() -> list[str]:
   Returns the libraries registered.
   """
   registered = []
-  import tensorflow_text  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  import tensorflow_text  # noqa: F401,PLC0415  registers the ops when a model is loaded, as the real server does
   registered.append("tensorflow_text")
   try:
-    from scann.scann_ops.py import scann_ops  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+    from scann.scann_ops.py import scann_ops  # noqa: F401,PLC0415  optional: ScaNN exports need it, others load without
     registered.append("scann")
   except ImportError:
     pass

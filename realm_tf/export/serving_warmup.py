@@ -12,6 +12,7 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
@@ -24,7 +25,6 @@ def _signature_inputs(export_dir: str, signature_name: str) -> Optional[dict]:
   """{input name: DType} of the export's signature, or None when there is no SavedModel yet."""
   if not tf.io.gfile.exists(os.path.join(export_dir, "saved_model.pb")):
     return None
-  from tensorflow.core.protobuf import saved_model_pb2  # pylint: disable=g-import-not-at-top
   saved_model = saved_model_pb2.SavedModel()
   with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
     saved_model.ParseFromString(f.read())

@@ -14,6 +14,7 @@ from typing import Mapping, Optional
 import numpy as np
 import tensorflow as tf
 import tf_keras
+from safetensors.numpy import load_file
 
 from realm_tf.pretrained import minilm
 from realm_tf.pretrained.name_maps import (
@@ -58,7 +59,6 @@ class _TensorSource:
 
 def safetensors_source(path: str, sha256: Optional[str] = None) -> _TensorSource:
   """A safetensors file read with `safetensors.numpy` (no torch)."""
-  from safetensors.numpy import load_file  # pylint: disable=g-import-not-at-top
   if not os.path.exists(path):
     raise WeightLoadingError(f"{path}: weights file not found")
   if sha256 is not None:

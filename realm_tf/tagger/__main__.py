@@ -11,6 +11,11 @@ import sys
 from typing import Optional, Sequence
 
 from realm_tf.configs.loading import load_config
+from realm_tf.tagger.config import TaggerConfig
+from realm_tf.tagger.conll import read_sentences
+from realm_tf.tagger.evaluation import evaluate_sentences
+from realm_tf.tagger.inference import SavedTagger
+from realm_tf.tagger.train import train_and_export
 
 # Flags that override TaggerConfig fields of the same name.
 _SCHEDULE_FLAGS = {"epochs": int, "max_steps": int, "batch_size": int, "seq_length": int,
@@ -40,7 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args):
   """TaggerConfig defaults, then --config YAML, then --override, then the schedule flags."""
-  from realm_tf.tagger.config import TaggerConfig  # pylint: disable=g-import-not-at-top
   overrides = list(args.override) + [
       f"{flag}={getattr(args, flag)}" for flag in _SCHEDULE_FLAGS
       if getattr(args, flag) is not None]
@@ -48,17 +52,12 @@ def config_from_args(args):
 
 
 def _train(args) -> dict:
-  from realm_tf.tagger.train import train_and_export  # pylint: disable=g-import-not-at-top
   manifest = train_and_export(args.conll_dir, args.output_dir, config_from_args(args))
   return {"output_dir": args.output_dir, "scores": manifest["scores"],
           "training": manifest["training"]}
 
 
 def _evaluate(args) -> dict:
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.tagger.conll import read_sentences
-  from realm_tf.tagger.evaluation import evaluate_sentences
-  from realm_tf.tagger.inference import SavedTagger
   scores = evaluate_sentences(SavedTagger(args.tagger_dir), read_sentences(args.conll_file),
                               batch_size=args.batch_size)
   return {"tagger_dir": args.tagger_dir, "conll_file": args.conll_file, **scores}

@@ -4,7 +4,9 @@ from typing import Callable, Mapping, Sequence
 import tensorflow as tf
 import tensorflow_text  # noqa: F401  pylint: disable=unused-import  # registers its ops
 
+from realm_tf.io import versioned
 from realm_tf.tagger import signature
+from realm_tf.tagger.export import resolve_tagger_dir
 
 # texts → per text, character-offset spans {'start', 'end', 'label'} in text order.
 TagFn = Callable[[Sequence[str]], list[list[dict]]]
@@ -39,9 +41,6 @@ class SavedTagger:
   """An exported tagger directory, called through its serving signature."""
 
   def __init__(self, tagger_dir: str, group_size: int = DEFAULT_GROUP_SIZE):
-    # pylint: disable-next=g-import-not-at-top  (export imports serving; keep this light)
-    from realm_tf.tagger.export import resolve_tagger_dir
-    from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
     self.tagger_dir = tagger_dir
     self.group_size = group_size
     # The newest committed export, its files checked against the manifest's sizes.

@@ -19,7 +19,7 @@ class _PackBlocksFn(beam.DoFn):
     self._blocks = metrics.counter("blocks")
 
   def setup(self):
-    from realm_tf.corpus.wordpieces import WordpieceCounter  # TF loads on the worker only
+    from realm_tf.corpus.wordpieces import WordpieceCounter  # noqa: PLC0415  TensorFlow loads on the worker only
     self._counter = WordpieceCounter(self._vocab_file)
 
   def process(self, batch: List[Document]) -> Iterator[Block]:

@@ -6,6 +6,7 @@ import time
 from typing import Optional
 
 import apache_beam as beam
+from apache_beam.io import fileio, tfrecordio
 import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
@@ -25,7 +26,6 @@ class ReadBlocks(beam.PTransform):
     self.file_pattern = file_pattern
 
   def expand(self, pbegin):
-    from apache_beam.io import fileio, tfrecordio  # pylint: disable=g-import-not-at-top
     return (pbegin
             | "MatchBlocks" >> fileio.MatchFiles(
                 self.file_pattern,
@@ -38,7 +38,7 @@ class ReadBlocks(beam.PTransform):
 
 def _parse_block(serialized: bytes) -> dict:
   # Protobuf parsing per record, not tf.io ops: no TF graph work per element on workers.
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # noqa: PLC0415  TensorFlow loads on the worker only
   example = tf.train.Example.FromString(serialized)
   feature = example.features.feature
   return dict(block_id=feature["block_id"].int64_list.value[0],

@@ -22,7 +22,7 @@ class _PackQueriesFn(beam.DoFn):
     self._counter = None
 
   def setup(self):
-    from realm_tf.corpus.wordpieces import WordpieceCounter  # TF loads on the worker only
+    from realm_tf.corpus.wordpieces import WordpieceCounter  # noqa: PLC0415  TensorFlow loads on the worker only
     self._counter = WordpieceCounter(self._vocab_file)
 
   def process(self, batch: List[Block]) -> Iterator[Dict]:

@@ -5,6 +5,7 @@ import zlib
 from typing import Any, BinaryIO, Dict, Iterator, Tuple
 
 import apache_beam as beam
+from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -129,7 +130,6 @@ class MatchInputs(beam.PTransform):
     self._pattern = file_pattern
 
   def expand(self, pbegin):
-    from apache_beam.io import fileio  # pylint: disable=g-import-not-at-top
     return (pbegin
             | "Match" >> fileio.MatchFiles(
                 self._pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW)

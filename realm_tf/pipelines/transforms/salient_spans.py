@@ -49,7 +49,7 @@ class SavedModelSpanTaggerHandler(ModelHandler[str, PredictionResult, Any]):
   def load_model(self) -> Any:
     # Imported here, on the worker, so that building a pipeline (and the dates-only
     # path) does not load TensorFlow.
-    from realm_tf.tagger.inference import SavedTagger  # pylint: disable=g-import-not-at-top
+    from realm_tf.tagger.inference import SavedTagger  # noqa: PLC0415  see above
     return SavedTagger(self._tagger_dir)
 
   def run_inference(self, batch: Sequence[str], model: Any,
