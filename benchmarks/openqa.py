@@ -225,9 +225,10 @@ def zero_shot_recall(config, index_dir: str, eval_file: str, regex: bool) -> dic
   tower (warm start or REALM pre-training) against the row's first index (built from the
   initial document tower), or BM25, over the reporting questions."""
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import answers, inputs  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa.evaluation import RECALL_AT  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import openqa_inputs as inputs  # pylint: disable=g-import-not-at-top
+  from realm_tf.openqa import answers  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks.openqa_evaluation import RECALL_AT  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
   start = time.time()
   task = tasks.get_task(config)
@@ -431,7 +432,7 @@ def markdown(payload: dict) -> str:
     lines += ["", "**Partial results**: the run was still going (or was cut); a rerun with "
               "the same sizes adds the missing rows."]
   lines += ["", "EM, recall and reader oracle in %; definitions in "
-            "realm_tf/openqa/evaluation.py. Step-0 recall: the row's retriever before "
+            "realm_tf/tasks/openqa_evaluation.py. Step-0 recall: the row's retriever before "
             "fine-tuning (zero-shot), same blocks and questions. Reporting splits:", ""]
   for key, d in payload["datasets"].items():
     lines.append(f"- {d['name']}: reported on {d['num_eval']} questions ({d['report_split']}); "

@@ -235,7 +235,7 @@ def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarr
                                                                   np.ndarray]:
   """recall@{1,5,20} per question set over Z, Z's embeddings by this retriever [N, P] and
   Z's block ids [N], in the index's row order."""
-  from realm_tf.openqa import inputs  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import openqa_inputs as inputs  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
   start = time.time()
   index, tokenizer = build_index(config)

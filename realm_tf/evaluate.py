@@ -5,7 +5,7 @@
         [--output predictions.jsonl] [--max_questions N] [--override key=value]
 
 Prints a JSON object of metrics (exact_match, recall@1/5/20, reader_oracle; see
-realm_tf.openqa.evaluation for their definitions) and writes one JSON line per question:
+realm_tf.tasks.openqa_evaluation for their definitions) and writes one JSON line per question:
 the question, the references, the predicted answer (original text of the chosen span), the
 chosen block and span, and every retrieved block with its title, score, p(z|x) and whether
 it contains an answer.
@@ -55,7 +55,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
   from realm_tf.configs import load_config
   from realm_tf.data.block_store import blocks_pattern
   from realm_tf.io import layout
-  from realm_tf.openqa import evaluation
+  from realm_tf.tasks import openqa_evaluation as evaluation
   from realm_tf.tasks.openqa import save_evaluation
   from realm_tf.training import runtime, train_lib
   # pylint: enable=g-import-not-at-top

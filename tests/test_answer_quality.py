@@ -13,7 +13,9 @@ from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ConfigValueError, TrainerConfig
 from realm_tf.modeling import factory, losses
 from realm_tf.modeling.networks import Embedder
-from realm_tf.openqa import answers, evaluation, inputs, spans
+from realm_tf.data import openqa_inputs as inputs
+from realm_tf.openqa import answers, spans
+from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.openqa.model import gold_first
 from realm_tf.tasks import base
 from tests import task_fixtures

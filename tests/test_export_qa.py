@@ -15,7 +15,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.export import exporter, qa
 from realm_tf.io import layout, versioned
-from realm_tf.openqa import evaluation
+from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
 from tests.synthetic_corpus import write_corpus

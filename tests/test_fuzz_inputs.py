@@ -5,7 +5,7 @@ none raises anything else, and no valid record mixed with the garbage is lost.
   corpus readers   read_json_lines / read_wikipedia_pages + their parsers (jsonl, ccnews,
                    wikipedia_xml), and the Beam path: ReadRawRecords → ParseDocuments, with a
                    damaged .gz among the inputs
-  questions        realm_tf.openqa.inputs.read_questions
+  questions        realm_tf.data.openqa_inputs.read_questions
   server           serving.tensors (TensorProto decoding and signature checks), Predict over
                    gRPC and REST on a live in-process server (which must keep answering)
 
@@ -30,7 +30,7 @@ from tensorflow_serving.config import model_server_config_pb2
 
 from realm_tf.corpus import formats, json_records, readers, records, wikipedia
 from realm_tf.corpus.records import SetAsideError
-from realm_tf.openqa.inputs import read_questions
+from realm_tf.data.openqa_inputs import read_questions
 from realm_tf.pipelines.transforms.parse import SET_ASIDE, ParseDocuments
 from realm_tf.pipelines.transforms.read import ReadRawRecords
 from serving import errors, tensors

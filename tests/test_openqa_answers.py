@@ -4,7 +4,7 @@ import json
 import pytest
 
 from realm_tf.openqa import answers
-from realm_tf.openqa.inputs import read_questions
+from realm_tf.data.openqa_inputs import read_questions
 
 
 @pytest.mark.parametrize("text, normalized", [

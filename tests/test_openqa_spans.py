@@ -6,8 +6,8 @@ import tensorflow as tf
 from realm_tf.data.block_store import BlockStore
 from realm_tf.modeling.layers.span_scorer import enumerate_spans
 from realm_tf.openqa import spans
-from realm_tf.openqa.bm25 import BM25Retriever
-from realm_tf.openqa.inputs import QAExample, tokenize_targets
+from realm_tf.retrieval.bm25 import BM25Retriever
+from realm_tf.data.openqa_inputs import QAExample, tokenize_targets
 
 BLOCKS = ["The capital of Veloria is Talmont, a city on the river Amsel.",
           "Parisian cafes line the streets of Paris in France.",

@@ -6,8 +6,8 @@ reader, the corpus and its KnowledgeIndex tables) and one `tf.function`, `answer
 the whole path in graph:
 
   tokenize (in graph) → OpenQAModel: query embedding, top-k search, gather, reader
-  → openqa.evaluation.choose_answers (best span over all read blocks jointly)
-  → openqa.evaluation.answer_strings (the original text under the span)
+  → openqa_evaluation.choose_answers (best span over all read blocks jointly)
+  → openqa_evaluation.answer_strings (the original text under the span)
 
 These are the functions the Open-QA task's evaluation calls, on the same OpenQAModel and
 KnowledgeIndex, so the served answer of a question is exactly the evaluated prediction
@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.openqa import evaluation, spans
+from realm_tf.openqa import spans
+from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.openqa.model import BERT_KEYS, OpenQAModel
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, Retrieved
 from realm_tf.retrieval.searcher import Searcher

@@ -13,7 +13,7 @@ and the index builder re-embeds the corpus beside the trainer, as in pre-trainin
 
 Validation returns per-question outputs; `aggregate_logs` collects them on the host and
 `reduce_aggregated_logs` scores them (exact match, recall@k, reader oracle) and writes the
-per-question predictions (openqa.evaluation).
+per-question predictions (tasks/openqa_evaluation.py).
 """
 import logging
 import os
@@ -25,15 +25,17 @@ import tensorflow as tf
 from realm_tf.data import block_store
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory, losses
-from realm_tf.openqa import evaluation, inputs, spans
-from realm_tf.openqa.bm25 import BM25Retriever
+from realm_tf.data import openqa_inputs as inputs
+from realm_tf.openqa import spans
+from realm_tf.tasks import openqa_evaluation as evaluation
+from realm_tf.retrieval.bm25 import BM25Retriever
 from realm_tf.openqa.model import OpenQAModel
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.tasks import base
 from realm_tf.training import refresh
 
 
-# The span choice is openqa.evaluation's, shared with the serving exports.
+# The span choice is openqa_evaluation's, shared with the serving exports.
 best_spans = evaluation.best_spans
 
 
@@ -99,7 +101,7 @@ class OpenQATask(base.RealmTask):
 
   @property
   def predictions(self) -> list[dict]:
-    """The last evaluation's per-question records (see openqa.evaluation.score)."""
+    """The last evaluation's per-question records (see openqa_evaluation.score)."""
     return self._records.records
 
   @property

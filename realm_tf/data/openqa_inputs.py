@@ -19,7 +19,7 @@ max span width):
 import dataclasses
 import json
 import logging
-from typing import Optional, Sequence
+from typing import Optional, Protocol, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -27,8 +27,15 @@ import tensorflow as tf
 from realm_tf.corpus import readers
 from realm_tf.io import storage
 from realm_tf.openqa import answers as answers_lib
-from realm_tf.openqa.bm25 import BM25Retriever
 from realm_tf.text.tokenization import Tokenizer
+
+
+class LexicalSearch(Protocol):
+  """What the inputs need of a sparse retriever (realm_tf.retrieval.bm25.BM25Retriever):
+  its top-k is computed once on the host and fed to the reader as features."""
+
+  def search(self, questions: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(block ids [Q, k] int64, scores [Q, k] float32), best first."""
 
 
 @dataclasses.dataclass
@@ -176,7 +183,7 @@ def find_gold_rows(examples: Sequence[QAExample], titles: Sequence[str],
 
 def build_qa_set(examples: list[QAExample], tokenizer: Tokenizer, corpus_texts: Sequence[str],
                  regex: bool, max_answers: int, width: int,
-                 bm25: Optional[BM25Retriever] = None, bm25_k: int = 0,
+                 bm25: Optional[LexicalSearch] = None, bm25_k: int = 0,
                  corpus_titles: Sequence[str] = ()) -> QASet:
   """corpus_texts: every block's text (needed for regex sets and for gold blocks);
   corpus_titles: every block's title, in index row order (gold blocks need both)."""

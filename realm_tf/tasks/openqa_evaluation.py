@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
 from realm_tf.openqa import answers as answers_lib
-from realm_tf.openqa.inputs import QAExample
+from realm_tf.data.openqa_inputs import QAExample
 from realm_tf.text.tokenization import Tokenizer, span_text
 
 RECALL_AT = (1, 5, 20)
