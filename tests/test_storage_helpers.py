@@ -100,7 +100,7 @@ _ALLOWED = {
     # Files inside the installed package (vocab, weights, demo data), never user paths.
     "realm_tf/pretrained/minilm.py": ["os.path.isdir(path)", "os.path.abspath(__file__)",
                                       "os.path.isfile(packaged)"],
-    "realm_tf/pretrained/loading.py": ["os.path.exists(path)"],  # safetensors: local API
+    "realm_tf/pretrained/encoder_weights.py": ["os.path.exists(path)"],  # safetensors: local API
     "realm_tf/demo/__main__.py": ["open(os.path.join(_HERE, name)"],
     # is_inside: absolute paths only when neither path has a scheme (both local).
     "realm_tf/io/layout.py": ["os.path.abspath(path), os.path.abspath(model_dir)"],

@@ -1,5 +1,5 @@
 """Pretrained BERT weights: all-MiniLM-L6-v2 (safetensors) and Google BERT TF checkpoints."""
-from realm_tf.pretrained.loading import (
+from realm_tf.pretrained.encoder_weights import (
     WeightLoadingError,
     load_google_bert_checkpoint,
     load_minilm,

@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 from official.nlp import optimization
 
-from realm_tf.pretrained.loading import sha256_of
+from realm_tf.pretrained.encoder_weights import sha256_of
 from realm_tf.tagger import signature
 from realm_tf.tagger.config import TaggerConfig
 from realm_tf.tagger.conll import ENTITY_TYPES, LABELS, read_sentences
