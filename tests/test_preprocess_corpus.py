@@ -12,18 +12,16 @@ from realm_tf.corpus import (blocks, examples, ids, json_records, manifest, pack
 from realm_tf.corpus.records import Block, SetAsideError
 from realm_tf.corpus.wordpieces import WordpieceCounter
 
-WIKI_SAMPLE = "wikipedia/enwiki-pages-articles-sample.xml.bz2"
-
 
 @pytest.fixture(scope="module")
 def counter():
   return WordpieceCounter()
 
 
-def _real_pages(shared_data, titles):
+def _real_pages(wiki_dump_sample, titles):
   """Raw <page> chunks of the named articles of the real dump sample, by title."""
   found = {}
-  with bz2.open(shared_data / WIKI_SAMPLE) as stream:
+  with bz2.open(wiki_dump_sample) as stream:
     for record in readers.read_wikipedia_pages(stream, "sample", 1 << 24):
       title = wikipedia.parse_page(record.payload).title
       if title in titles:
@@ -72,8 +70,8 @@ def test_page_rules():
       "Apollo", wikitext.parse("{{Redirect-distinguish|x|y}} Apollo is a god."))
 
 
-def test_real_pages_become_articles(shared_data):
-  payloads = _real_pages(shared_data, ["Actrius", "Ada", "List of anthropologists"])
+def test_real_pages_become_articles(wiki_dump_sample):
+  payloads = _real_pages(wiki_dump_sample, ["Actrius", "Ada", "List of anthropologists"])
   title, text = wikipedia.article(payloads[0], max_chars=10**6)
   assert title == "Actrius" and "Actrius" in text and "{{" not in text
   with pytest.raises(SetAsideError) as dab:
@@ -173,11 +171,11 @@ def test_bad_json_lines_are_set_aside_with_reason(payload, reason):
   assert error.value.reason == reason
 
 
-def test_news_lines_read_news_please_and_plain_layouts(shared_data):
-  with open(shared_data / "news" / "bbc.jsonl", "rb") as f:
+def test_news_lines_read_news_please_and_plain_layouts(news_articles):
+  with open(news_articles, "rb") as f:
     bbc_line = f.readline()
   title, text = json_records.news_document(bbc_line, max_chars=10**6)
-  assert title == json.loads(bbc_line)["title"] and text
+  assert (title, text) == (json.loads(bbc_line)["title"], json.loads(bbc_line)["text"])
   news_please = json.dumps({"title": "T", "maintext": "Body.\n\nMore.", "language": "en",
                             "date_publish": "2019-01-01 00:00:00", "url": "http://x"})
   assert json_records.news_document(news_please.encode(), 1000) == ("T", "Body.\nMore.")

