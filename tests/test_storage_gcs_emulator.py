@@ -15,10 +15,16 @@ import pytest
 pytest.importorskip("google.cloud.storage")
 pytest.importorskip("apache_beam.io.gcp.gcsio")
 
+import google_crc32c  # noqa: E402
+import tensorflow as tf  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
-from realm_tf.pipelines import filesystems  # noqa: E402
-from realm_tf.pipelines import preprocess  # noqa: E402
+from realm_tf.corpus import schema  # noqa: E402
+from realm_tf.export import encoders  # noqa: E402
+from realm_tf.io import versioned  # noqa: E402
+from realm_tf.pipelines import embed, preprocess  # noqa: E402
+from realm_tf.pipelines.filesystems import BEAM  # noqa: E402
+from tests.test_storage_publishers import _HashEncoder  # noqa: E402
 
 BUCKET = "realm-test"
 
@@ -63,14 +69,14 @@ def _put(path: str, data: bytes = b"x"):
 
 def test_prefix_checks_and_deletes_on_gcs(emulator):
   prefix = f"{emulator}/tagger"
-  assert not filesystems.is_dir_like(prefix)
+  assert not BEAM.is_dir_like(prefix)
   _put(prefix + "/000000000001.abc/saved_model.pb")
   _put(prefix + "/000000000001.manifest.json", b"{}")
-  # The bug this layer fixes: Beam's exists() answers for one object only.
+  # Beam's exists() answers for one object only; the storage lists the prefix.
   assert not FileSystems.exists(prefix)
-  assert filesystems.is_dir_like(prefix) and filesystems.exists(prefix)
-  assert filesystems.delete_prefix(prefix) == 2
-  assert not filesystems.is_dir_like(prefix)
+  assert BEAM.is_dir_like(prefix)
+  assert BEAM.delete_prefix(prefix) == 2
+  assert not BEAM.is_dir_like(prefix)
 
 
 def _jsonl(n: int, seed: str) -> bytes:
@@ -93,16 +99,15 @@ def test_preprocess_pipeline_on_gcs_overwrite_deletes_stale_shards(emulator):
   config.overwrite = True
   assert preprocess.prepare_corpus(config) == output
   assert not FileSystems.exists(stale)
-  manifest = filesystems.read_json(output + "/manifest.json")
+  manifest = versioned.verify_published(output, checksums=True, store=BEAM)
   assert manifest["counts"]["accepted"] == 12
   names = {f["name"] for f in manifest["files"]}
   assert "blocks-00000-of-00001.tfrecord" in names and "ict-00000-of-00001.tfrecord" in names
-  listed = {m.path[len(output) + 1:] for m in filesystems.list_files(output)}
+  listed = set(BEAM.list_files(output))
   assert listed == names | {"manifest.json"}  # every file listed; nothing stale left
   for entry in manifest["files"]:  # sizes and CRC32C match what is stored
     with FileSystems.open(f"{output}/{entry['name']}") as f:
       data = f.read()
-    import google_crc32c  # pylint: disable=g-import-not-at-top
     assert len(data) == entry["size"]
     assert google_crc32c.Checksum(data).digest().hex() == entry["crc32c"]
 
@@ -115,17 +120,11 @@ def test_preprocess_on_gcs_accepts_a_tagger_prefix_and_rejects_a_missing_one(emu
                                        tagger_dir=f"{emulator}/no-tagger")
   with pytest.raises(FileNotFoundError, match="--tagger_dir .*does not exist"):
     preprocess.prepare_corpus(config)
-  assert not filesystems.is_dir_like(f"{emulator}/corpus2")
+  assert not BEAM.is_dir_like(f"{emulator}/corpus2")
 
 
 def test_embedding_pipeline_reads_blocks_from_gcs(emulator, tmp_path):
   """Blocks on gs:// (read by Beam on the workers), encoder and index on ram:// (TF)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import encoders  # pylint: disable=g-import-not-at-top
-  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
-  from realm_tf.pipelines import embed  # pylint: disable=g-import-not-at-top
-  from tests.test_storage_publishers import _HashEncoder  # pylint: disable=g-import-not-at-top
   for shard in range(3):
     local = str(tmp_path / f"blocks-{shard}.tfrecord")
     with tf.io.TFRecordWriter(local) as writer:

@@ -1,4 +1,5 @@
-"""The object-store commit protocol (realm_tf.io.versioned) on local disk and ram://.
+"""The commit protocol (realm_tf.io.versioned) on local disk and ram://, over tf.io.gfile
+and over Beam's FileSystems.
 
 ram:// behaves like an object store where it matters: "directories" are prefixes,
 objects keep no modification time, and nothing can be created only-if-absent.
@@ -15,6 +16,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.io import storage, versioned
+from realm_tf.pipelines import filesystems
 
 
 @pytest.fixture(params=["local", "ram"])
@@ -198,10 +200,68 @@ def test_lease_on_a_collected_version_fails(root):
     versioned.Lease(root, 1).acquire()
 
 
-def test_compat_wrappers_new_tmp_dir_and_commit(root):
-  tmp = versioned.new_tmp_dir(root, 8)
-  _write(tmp, "x.bin", b"x")
-  path = versioned.commit(tmp, root, 8, {"k": 1})
-  assert path == tmp and versioned.latest_version(root).manifest["k"] == 1
+def test_a_directory_made_by_one_writer_is_committed_by_another(root):
+  """A Beam launcher makes the data directory, workers fill it, one worker commits it."""
+  made = versioned.VersionWriter(root, 8).path
+  _write(made, "x.bin", b"x")
+  path = versioned.VersionWriter.for_existing_dir(root, 8, made).commit({"k": 1}).path
+  assert path == made and versioned.latest_version(root).manifest["k"] == 1
   versioned.write_json_atomic(os.path.join(root, "DONE"), {"step": 8})
   assert versioned.read_json(os.path.join(root, "DONE")) == {"step": 8}
+
+
+@pytest.fixture(params=["gfile", "beam"])
+def store(request):
+  if request.param == "gfile":
+    return storage.GFILE
+  return filesystems.BEAM
+
+
+def test_a_flat_output_is_published_by_its_manifest_written_last(tmp_path, store):
+  output = str(tmp_path / "corpus")
+  with versioned.OutputWriter(output, store=store) as writer:
+    store.write_bytes_atomic(os.path.join(output, "blocks-0.tfrecord"), b"blocks")
+    store.write_bytes_atomic(os.path.join(output, "sub", "ict-0.tfrecord"), b"ict!")
+    with pytest.raises(versioned.VersionError, match="not published"):
+      versioned.verify_published(output, store=store)
+    known = [dict(name="blocks-0.tfrecord", size=6,
+                  crc32c=versioned.crc32c_of_bytes(b"blocks"))]
+    manifest = writer.commit({"counts": {"blocks": 1}}, files=known)
+  assert manifest["counts"] == {"blocks": 1}
+  assert {f["name"]: f["size"] for f in manifest["files"]} == {
+      "blocks-0.tfrecord": 6, "sub/ict-0.tfrecord": 4}
+  assert versioned.verify_published(output, checksums=True, store=store) == manifest
+  assert sorted(store.list_files(output)) == [
+      "blocks-0.tfrecord", versioned.MANIFEST, "sub/ict-0.tfrecord"]
+  with pytest.raises(FileExistsError, match="already exists"):
+    versioned.OutputWriter(output, store=store)
+  with pytest.raises(RuntimeError, match="planted"):  # a failed run leaves nothing
+    with versioned.OutputWriter(output, overwrite=True, store=store) as writer:
+      assert writer.deleted == 2  # every stale object, after the old manifest
+      store.write_bytes_atomic(os.path.join(output, "blocks-1.tfrecord"), b"new")
+      raise RuntimeError("planted")
+  assert not store.is_dir_like(output)
+
+
+def test_a_written_size_that_disagrees_with_storage_is_refused(tmp_path, store):
+  output = str(tmp_path / "corpus")
+  with versioned.OutputWriter(output, store=store) as writer:
+    store.write_bytes_atomic(os.path.join(output, "blocks-0.tfrecord"), b"blocks")
+    with pytest.raises(versioned.VersionError, match="6 bytes stored, 7 written"):
+      writer.commit({}, files=[dict(name="blocks-0.tfrecord", size=7, crc32c="00")])
+    with pytest.raises(versioned.VersionError, match="written but not found"):
+      writer.commit({}, files=[dict(name="gone.tfrecord", size=1, crc32c="00")])
+  assert not store.is_dir_like(output)
+
+
+def test_versions_commit_and_verify_over_beam_filesystems(tmp_path):
+  root = str(tmp_path / "versions")
+  writer = versioned.VersionWriter(root, 3, store=filesystems.BEAM)
+  filesystems.BEAM.write_bytes_atomic(os.path.join(writer.path, "a/b.bin"), b"bytes")
+  committed = writer.commit({"kind": "test"})
+  # Beam and TF read the same protocol.
+  [listed] = versioned.list_versions(root)
+  assert listed.path == committed.path and listed.manifest["kind"] == "test"
+  assert versioned.read_version(committed.path, filesystems.BEAM).path == committed.path
+  versioned.verify_version(versioned.latest_version(root, filesystems.BEAM), checksums=True)
+  assert versioned.read_verified(committed, "a/b.bin") == b"bytes"

@@ -277,7 +277,8 @@ def test_evaluate_command_scores_an_exported_tagger(trained_tagger_dir, conll_di
   result = json.loads(capsys.readouterr().out)
   assert result["sentences"] == len(read_sentences(str(subset)))
   assert result["sentences"] > 50
-  assert result["f1"] > 0.5, result
+  # Names here never occur in training: 0.06 after one step, 1.0 after 200 (measured).
+  assert result["f1"] > 0.9, result
 
 
 # --- The Beam step ------------------------------------------------------------------------

@@ -13,9 +13,12 @@ calls need nothing more; the few that differ on object stores are here:
   appending; `create_if_absent` is the only race-free commit primitive (see there).
 - Some libraries insist on a local path: `ensure_local_copy` copies into a temp dir.
 
-The pipeline side (Beam workers and launchers) uses Beam's `FileSystems` instead: see
-realm_tf/pipelines/filesystems.py.
+`Storage` is the small interface the commit protocol (realm_tf.io.versioned) writes and
+reads through. `GFILE` implements it with tf.io.gfile (trainer, exporters, readers); the
+pipeline side (Beam launchers and workers) implements it over Beam's `FileSystems`
+(realm_tf.pipelines.filesystems.BEAM), so one protocol serves both.
 """
+import abc
 import contextlib
 import io
 import logging
@@ -24,7 +27,7 @@ import re
 import tempfile
 import time
 import uuid
-from typing import BinaryIO, Iterator, List, Optional
+from typing import BinaryIO, Dict, Iterator, List, Optional
 
 import tensorflow as tf
 
@@ -106,8 +109,9 @@ def newest_mtime(path: str) -> float:
   return newest
 
 
-def delete_prefix(path: str) -> None:
+def delete_prefix(path: str) -> int:
   """Deletes a directory / every object under a prefix; no error if nothing is there.
+  Returns the number of files deleted.
 
   rmtree alone is not enough on object stores: it can miss objects under prefixes that
   were never created as directories (ram://, GCS objects written by other tools), so
@@ -116,10 +120,12 @@ def delete_prefix(path: str) -> None:
   path = path.rstrip("/")
   if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
     tf.io.gfile.remove(path)
-    return
+    return 1
+  deleted = 0
   for name in list_files(path):
     try:
       tf.io.gfile.remove(os.path.join(path, name))
+      deleted += 1
     except tf.errors.NotFoundError:
       pass
   try:
@@ -127,6 +133,7 @@ def delete_prefix(path: str) -> None:
       tf.io.gfile.rmtree(path)
   except tf.errors.NotFoundError:
     pass
+  return deleted
 
 
 class _GFileRaw(io.RawIOBase):
@@ -242,8 +249,10 @@ def create_if_absent(path: str, data: bytes) -> bool:
 def _gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
   """None when google-cloud-storage is not installed (then the generic path is used)."""
   try:
-    from google.api_core import exceptions  # pylint: disable=g-import-not-at-top
-    from google.cloud import storage as gcs  # pylint: disable=g-import-not-at-top
+    # Optional: google-cloud-storage comes with apache-beam[gcp], which a trainer that
+    # never touches gs:// does not need.
+    from google.api_core import exceptions  # noqa: PLC0415
+    from google.cloud import storage as gcs  # noqa: PLC0415
   except ImportError:
     logging.warning("google-cloud-storage is not installed: %s is committed without a "
                     "create-if-absent precondition (pip install 'apache-beam[gcp]')", path)
@@ -326,3 +335,141 @@ def ensure_local_copy(path: str, local_dir: Optional[str] = None) -> str:
     tf.io.gfile.makedirs(os.path.dirname(os.path.join(target, name)))
     tf.io.gfile.copy(os.path.join(path, name), os.path.join(target, name), overwrite=True)
   return target
+
+
+# --------------------------------------------------------------- the commit's storage
+
+class Storage(abc.ABC):
+  """What the commit protocol (realm_tf.io.versioned) needs from a file system.
+
+  Paths are URLs or local paths. A missing file is a FileNotFoundError; other failures
+  are OSError. Implementations: `GFILE` (tf.io.gfile) here, and Beam's FileSystems in
+  realm_tf.pipelines.filesystems.
+  """
+
+  @abc.abstractmethod
+  def exists(self, path: str) -> bool:
+    """A file (object) at `path`, or a local directory."""
+
+  @abc.abstractmethod
+  def is_dir_like(self, path: str) -> bool:
+    """A directory, or a prefix with at least one object under it."""
+
+  @abc.abstractmethod
+  def list_files(self, root: str) -> List[str]:
+    """Every file under `root`, as sorted paths relative to it ('a/b.txt')."""
+
+  def listdir(self, root: str) -> List[str]:
+    """Names directly under `root` (files and directories), sorted."""
+    return sorted({name.split("/", 1)[0] for name in self.list_files(root)})
+
+  @abc.abstractmethod
+  def size(self, path: str) -> int:
+    """Bytes in the file at `path`."""
+
+  def file_sizes(self, root: str) -> Dict[str, int]:
+    """{relative name: bytes} of every file under `root`."""
+    return {name: self.size(os.path.join(root, name)) for name in self.list_files(root)}
+
+  @abc.abstractmethod
+  def open_read(self, path: str) -> BinaryIO:
+    """A binary stream of the file (a context manager)."""
+
+  def read_bytes(self, path: str) -> bytes:
+    with self.open_read(path) as f:
+      return f.read()
+
+  @abc.abstractmethod
+  def write_bytes_atomic(self, path: str, data: bytes) -> None:
+    """Readers see the old content or the new, never part of it."""
+
+  @abc.abstractmethod
+  def create_if_absent(self, path: str, data: bytes) -> bool:
+    """Writes `data` only if nothing is at `path`; True if this call created it."""
+
+  @abc.abstractmethod
+  def makedirs(self, path: str) -> None:
+    """Makes a directory where the file system has them (nothing on object stores)."""
+
+  @abc.abstractmethod
+  def delete_prefix(self, path: str) -> int:
+    """Deletes a file or everything under a prefix; returns the number of files."""
+
+  @abc.abstractmethod
+  def newest_mtime(self, path: str) -> float:
+    """Newest modification time of anything at or under `path`; 0 if unknown."""
+
+  @abc.abstractmethod
+  def copy(self, source: str, target: str) -> None:
+    """Copies one file, replacing `target`."""
+
+
+@contextlib.contextmanager
+def _translated_errors(path: str) -> Iterator[None]:
+  try:
+    yield
+  except tf.errors.NotFoundError:
+    raise FileNotFoundError(f"{path}: no such file") from None
+  except tf.errors.OpError as e:
+    raise OSError(f"{path}: {e.message}") from e
+
+
+class GFileStorage(Storage):
+  """Storage over tf.io.gfile: local disk, gs://, ram:// and TF's other file systems."""
+
+  def exists(self, path: str) -> bool:
+    with _translated_errors(path):
+      return tf.io.gfile.exists(path)
+
+  def is_dir_like(self, path: str) -> bool:
+    return is_dir_like(path)
+
+  def list_files(self, root: str) -> List[str]:
+    with _translated_errors(root):
+      return list_files(root)
+
+  def listdir(self, root: str) -> List[str]:
+    with _translated_errors(root):
+      return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(root))
+
+  def size(self, path: str) -> int:
+    with _translated_errors(path):
+      return int(tf.io.gfile.stat(path).length)
+
+  @contextlib.contextmanager
+  def open_read(self, path: str) -> Iterator[BinaryIO]:
+    with _translated_errors(path):
+      with tf.io.gfile.GFile(path, "rb") as f:
+        yield f
+
+  def write_bytes_atomic(self, path: str, data: bytes) -> None:
+    with _translated_errors(path):
+      write_bytes_atomic(path, data)
+
+  def create_if_absent(self, path: str, data: bytes) -> bool:
+    with _translated_errors(path):
+      return create_if_absent(path, data)
+
+  def makedirs(self, path: str) -> None:
+    with _translated_errors(path):
+      tf.io.gfile.makedirs(path)
+
+  def delete_prefix(self, path: str) -> int:
+    with _translated_errors(path):
+      return delete_prefix(path)
+
+  def newest_mtime(self, path: str) -> float:
+    with _translated_errors(path):
+      return newest_mtime(path)
+
+  def copy(self, source: str, target: str) -> None:
+    with _translated_errors(target):
+      parent = os.path.dirname(target.rstrip("/"))
+      if parent:
+        tf.io.gfile.makedirs(parent)
+      if scheme(target) == "ram" and tf.io.gfile.exists(target):
+        tf.io.gfile.remove(target)  # ram:// appends on overwrite (see write_bytes_atomic)
+      tf.io.gfile.copy(source, target, overwrite=True)
+
+
+GFILE = GFileStorage()

@@ -1,17 +1,30 @@
-"""Versioned directories on any file system, committed by one object written last.
+"""The commit protocol: every published output is committed by one manifest written last.
+
+One manifest format: a JSON object whose `files` lists every file of the output with its
+size and CRC32C ({name, size, crc32c}), beside what the publisher says about it. One
+verifier (`verify_files`, size always, CRC32C on request). Two layouts:
+
+Versioned outputs (encoder snapshots, index exports, tagger and serving exports):
 
   <root>/
     000000001200.manifest.json        the commit: names its data directory, lists every
-                                      file with size and CRC32C; written last, once
+                                      file; written last, once
     000000001200.5f3a…/               the data (a SavedModel, index shards, ...)
     000000001300.9c1e…/               being written, or left by a crashed writer: no
                                       manifest names it, so no reader ever sees it
     _leases/000000001200.<id>.json    "a reader is using version 1200 until <time>"
 
+A flat output (a corpus, whose readers open its directory directly):
+
+  <output_dir>/
+    blocks-00000-of-00008.tfrecord, ...
+    manifest.json                     the commit: what the output holds, every file;
+                                      written last (OutputWriter)
+
 Why no directory rename: on GCS a rename is a copy and a delete per object, so a crash
 in the middle leaves a half-renamed directory. Here every writer writes into its own
 fresh directory (`<version>.<writer id>/`) and then creates the manifest object with a
-create-if-absent primitive (`storage.create_if_absent`: link(2) locally, an
+create-if-absent primitive (`Storage.create_if_absent`: link(2) locally, an
 ifGenerationMatch=0 upload on GCS). Hence:
 
 - A crash at any point before the manifest leaves only an unreferenced directory; the
@@ -32,13 +45,16 @@ ifGenerationMatch=0 upload on GCS). Hence:
   lease's holder then finds files missing and fails; verify_version names them); leases
   on versions among the newest `keep` never can.
 
+Everything reads and writes through a `storage.Storage`: tf.io.gfile (`storage.GFILE`,
+the default) on the trainer side, Beam's FileSystems (realm_tf.pipelines.filesystems.BEAM)
+on pipeline launchers and workers.
+
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
-verify_version, delete_version, read_verified (one file, checked as it is read), Lease, garbage_collect,
-write_json_atomic, read_json, verify_published,
-copy_version (to hand a version to a reader with its own layout, e.g. TF Serving; the copy
-carries its manifest, which verify_copy checks)
-(for flat outputs such as a corpus, whose manifest.json also lists its files) (plus the older
-new_tmp_dir/commit pair, now thin wrappers over VersionWriter).
+verify_version, delete_version, read_verified (one file, checked as it is read), Lease,
+garbage_collect; OutputWriter, check_output_dir and verify_published for flat outputs;
+write_json_atomic, read_json; copy_version and publish_copy (to hand a version to a
+reader with its own layout, e.g. TF Serving; the copy carries its manifest, which
+verify_copy checks).
 """
 import dataclasses
 import json
@@ -51,12 +67,11 @@ import uuid
 from typing import Dict, Iterable, List, Optional
 
 import google_crc32c
-import tensorflow as tf
 
-from realm_tf.io import storage
+from realm_tf.io.storage import GFILE, Storage
 
 MANIFEST_SUFFIX = ".manifest.json"
-MANIFEST = "manifest.json"  # name of a flat (non-versioned) output's manifest
+MANIFEST = "manifest.json"  # a flat output's manifest, inside its directory
 COPIED_MANIFEST = "realm_manifest.json"  # a copy_version copy's manifest (see there)
 LEASES = "_leases"
 WRITER_MARKER = "_WRITER.json"  # inside a data dir while it is written; not a data file
@@ -82,6 +97,7 @@ class Version:
   version: int
   path: str  # the data directory
   manifest: dict
+  store: Storage = dataclasses.field(default=GFILE, repr=False, compare=False)
 
 
 def version_name(version: int) -> str:
@@ -94,25 +110,30 @@ def manifest_path(root: str, version: int) -> str:
   return os.path.join(root, version_name(version) + MANIFEST_SUFFIX)
 
 
-def write_json_atomic(path: str, payload: dict):
-  """A small JSON object readers see whole or not at all (see storage.write_bytes_atomic)."""
-  storage.write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=True))
+def _encode(payload: dict) -> bytes:
+  return json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
 
 
-def read_json(path: str) -> dict:
+def write_json_atomic(path: str, payload: dict, store: Storage = GFILE):
+  """A small JSON object readers see whole or not at all (Storage.write_bytes_atomic)."""
+  store.write_bytes_atomic(path, _encode(payload))
+
+
+def read_json(path: str, store: Storage = GFILE) -> dict:
+  """FileNotFoundError if missing, VersionError if not JSON."""
+  data = store.read_bytes(path)
   try:
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
-  except json.JSONDecodeError as e:
+    return json.loads(data.decode("utf-8"))
+  except ValueError as e:
     raise VersionError(f"{path}: not valid JSON ({e})") from e
 
 
 # ---------------------------------------------------------------------------- checksums
 
-def crc32c_of_file(path: str) -> str:
+def crc32c_of_file(path: str, store: Storage = GFILE) -> str:
   """CRC32C (hex) of a file, streamed: the checksum GCS itself keeps for objects."""
   checksum = google_crc32c.Checksum()
-  with tf.io.gfile.GFile(path, "rb") as f:
+  with store.open_read(path) as f:
     while True:
       chunk = f.read(_CHUNK)
       if not chunk:
@@ -125,23 +146,25 @@ def crc32c_of_bytes(data: bytes) -> str:
   return google_crc32c.Checksum(data).digest().hex()
 
 
-def file_entries(directory: str, known: Optional[Dict[str, dict]] = None) -> List[dict]:
+def file_entries(directory: str, known: Optional[Dict[str, dict]] = None,
+                 store: Storage = GFILE, exclude: Iterable[str] = ()) -> List[dict]:
   """[{name, size, crc32c}] for every file under `directory` (sorted by name).
 
   `known` maps names to entries a writer computed while writing (it had the bytes), so
   large files need not be read back; each is still checked against the stored size.
+  Names in `exclude` (and a writer's marker) are not data files.
   """
   known = known or {}
+  skipped = {WRITER_MARKER, *exclude}
   entries = []
-  for name in storage.list_files(directory):
-    if name == WRITER_MARKER:
+  for name, size in sorted(store.file_sizes(directory).items()):
+    if name in skipped:
       continue
     path = os.path.join(directory, name)
-    size = tf.io.gfile.stat(path).length
     entry = known.get(name)
     if entry is not None and int(entry["size"]) != size:
       raise VersionError(f"{path}: {size} bytes stored, {entry['size']} written")
-    crc = entry["crc32c"] if entry is not None else crc32c_of_file(path)
+    crc = entry["crc32c"] if entry is not None else crc32c_of_file(path, store)
     entries.append(dict(name=name, size=int(size), crc32c=crc))
   missing = sorted(set(known) - {e["name"] for e in entries})
   if missing:
@@ -164,23 +187,31 @@ def file_path(directory: str, name: str) -> str:
   return os.path.join(directory, name)
 
 
-def verify_files(directory: str, entries: Iterable[dict], checksums: bool = False) -> None:
-  """Raises VerificationError naming every missing, truncated or corrupted file."""
+def verify_files(directory: str, entries: Iterable[dict], checksums: bool = False,
+                 store: Storage = GFILE) -> None:
+  """The verifier: raises VerificationError naming every missing, truncated or corrupted
+  file of a manifest's `files`."""
   problems = []
   for entry in entries:
     path = file_path(directory, entry["name"])
     try:
-      size = tf.io.gfile.stat(path).length
-    except tf.errors.NotFoundError:
+      size = store.size(path)
+    except FileNotFoundError:
       problems.append(f"{path}: missing")
       continue
     if size != int(entry["size"]):
       problems.append(f"{path}: {size} bytes, manifest says {entry['size']} (truncated "
                       "or replaced)")
-    elif checksums and crc32c_of_file(path) != entry["crc32c"]:
+    elif checksums and crc32c_of_file(path, store) != entry["crc32c"]:
       problems.append(f"{path}: CRC32C does not match the manifest (corrupted)")
   if problems:
     raise VerificationError("; ".join(problems))
+
+
+def _same_files(a: Iterable[dict], b: Iterable[dict]) -> bool:
+  def key(entries):
+    return sorted((e["name"], int(e["size"]), e["crc32c"]) for e in entries)
+  return key(a) == key(b)
 
 
 # ------------------------------------------------------------------------------ writing
@@ -196,18 +227,19 @@ class VersionWriter:
   crashed process leaves it for `garbage_collect`.
   """
 
-  def __init__(self, root: str, version: int):
+  def __init__(self, root: str, version: int, store: Storage = GFILE):
     self.root = root
     self.version = int(version)
+    self.store = store
     self.writer_id = uuid.uuid4().hex
     self.path = os.path.join(root, f"{version_name(self.version)}.{self.writer_id}")
     self.committed: Optional[Version] = None
-    tf.io.gfile.makedirs(self.path)
+    store.makedirs(self.path)
     # Lets garbage_collect judge the age of this directory on file systems that keep no
     # object times (ram://) and before any data object exists.
     write_json_atomic(os.path.join(self.path, WRITER_MARKER),
                       dict(writer=self.writer_id, version=self.version,
-                           started_at=time.time()))
+                           started_at=time.time()), store)
 
   def commit(self, manifest: Optional[dict] = None,
              files: Optional[Iterable[dict]] = None,
@@ -222,22 +254,21 @@ class VersionWriter:
     ids), when the identities are equal.
     """
     known = {e["name"]: e for e in files or ()}
-    entries = file_entries(self.path, known)
+    entries = file_entries(self.path, known, self.store)
     if not entries:
       raise VersionError(f"{self.path}: nothing to commit (no files written)")
-    storage.delete_prefix(os.path.join(self.path, WRITER_MARKER))
+    self.store.delete_prefix(os.path.join(self.path, WRITER_MARKER))
     payload = dict(manifest or {}, version=self.version,
                    data_dir=os.path.basename(self.path), writer=self.writer_id,
                    files=entries, committed_at=time.time())
     if identity is not None:
       payload["identity"] = identity
     target = manifest_path(self.root, self.version)
-    data = json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
-    if storage.create_if_absent(target, data):
-      self.committed = Version(self.version, self.path, payload)
+    if self.store.create_if_absent(target, _encode(payload)):
+      self.committed = Version(self.version, self.path, payload, self.store)
       logging.info("Committed %s (%d files)", self.path, len(entries))
       return self.committed
-    existing = _read_manifest(self.root, target)
+    existing = _read_manifest(self.root, target, self.store)
     if existing is None:
       raise VersionError(f"{target}: exists but cannot be read; not overwriting it")
     if existing.manifest.get("writer") == self.writer_id:
@@ -247,16 +278,17 @@ class VersionWriter:
         _same_files(existing.manifest.get("files", []), entries)):
       logging.info("Version %d of %s is already committed with identical files (%s); "
                    "dropping this copy", self.version, self.root, existing.path)
-      storage.delete_prefix(self.path)
+      self.store.delete_prefix(self.path)
       self.committed = existing
       return existing
-    storage.delete_prefix(self.path)
+    self.store.delete_prefix(self.path)
     raise VersionConflictError(
         f"{target}: version {self.version} is already committed with different files "
         f"(in {existing.path}); refusing to replace it. Use a new version number.")
 
   @classmethod
-  def for_existing_dir(cls, root: str, version: int, path: str) -> "VersionWriter":
+  def for_existing_dir(cls, root: str, version: int, path: str,
+                       store: Storage = GFILE) -> "VersionWriter":
     """The writer of a directory made earlier by another process (a Beam launcher makes
     it, workers fill it, one worker commits it)."""
     match = _DATA_DIR_RE.match(os.path.basename(path.rstrip("/")))
@@ -265,12 +297,12 @@ class VersionWriter:
                          "(create it with VersionWriter)")
     writer = cls.__new__(cls)
     writer.root, writer.version, writer.writer_id = root, int(version), match.group(2)
-    writer.path, writer.committed = path.rstrip("/"), None
+    writer.path, writer.committed, writer.store = path.rstrip("/"), None, store
     return writer
 
   def abort(self) -> None:
     if self.committed is None:
-      storage.delete_prefix(self.path)
+      self.store.delete_prefix(self.path)
 
   def __enter__(self) -> "VersionWriter":
     return self
@@ -279,57 +311,95 @@ class VersionWriter:
     self.abort()
 
 
-def _same_files(a: Iterable[dict], b: Iterable[dict]) -> bool:
-  def key(entries):
-    return sorted((e["name"], int(e["size"]), e["crc32c"]) for e in entries)
-  return key(a) == key(b)
+def check_output_dir(output_dir: str, overwrite: bool, store: Storage = GFILE) -> None:
+  """Fails before any work is done if a flat output holds anything and may not be
+  replaced."""
+  if (store.exists(output_dir) or store.is_dir_like(output_dir)) and not overwrite:
+    raise FileExistsError(f"{output_dir} already exists (holds files); remove it or pass "
+                          "--overwrite")
 
 
-def new_tmp_dir(root: str, version: int) -> str:
-  """Deprecated: use VersionWriter. A fresh data directory for `version`."""
-  return VersionWriter(root, version).path
+class OutputWriter:
+  """Writes a flat output (a corpus) straight into `output_dir`; `manifest.json`, written
+  last, publishes it.
 
+      with OutputWriter(output_dir, overwrite, store) as writer:
+        ...write files under writer.path...
+        manifest = writer.commit({"counts": ...}, files=checksums_from_workers)
 
-def commit(tmp_dir: str, root: str, version: int, manifest: dict) -> str:
-  """Deprecated: use VersionWriter. Commits a directory from `new_tmp_dir`; returns the
-  committed data directory (the first writer's, if an identical one won a race)."""
-  return VersionWriter.for_existing_dir(root, version, tmp_dir).commit(manifest).path
+  Readers trust the output only through its manifest (verify_published). With
+  `overwrite`, the old manifest goes first (readers stop trusting the old output), then
+  every stale object, so no old shard is left beside the new ones. Leaving the block
+  without commit deletes what was written (the directory was empty when it started).
+  """
+
+  def __init__(self, output_dir: str, overwrite: bool = False, store: Storage = GFILE):
+    self.path = output_dir.rstrip("/")
+    self.store = store
+    self.committed: Optional[dict] = None
+    check_output_dir(self.path, overwrite, store)
+    store.delete_prefix(os.path.join(self.path, MANIFEST))
+    self.deleted = store.delete_prefix(self.path)
+
+  def commit(self, manifest: dict, files: Optional[Iterable[dict]] = None) -> dict:
+    """Lists every file (checked against `files`, which writers computed while writing;
+    others are checksummed here), then creates manifest.json; returns the manifest."""
+    known = {e["name"]: e for e in files or ()}
+    payload = dict(manifest, files=file_entries(self.path, known, self.store,
+                                                exclude=(MANIFEST,)))
+    target = os.path.join(self.path, MANIFEST)
+    if not self.store.create_if_absent(target, _encode(payload)):
+      raise VersionConflictError(f"{target}: another run published {self.path} while "
+                                 "this one was writing it")
+    self.committed = payload
+    logging.info("Published %s (%d files)", self.path, len(payload["files"]))
+    return payload
+
+  def abort(self) -> None:
+    if self.committed is None:
+      self.store.delete_prefix(self.path)
+
+  def __enter__(self) -> "OutputWriter":
+    return self
+
+  def __exit__(self, *exc):
+    self.abort()
 
 
 # ------------------------------------------------------------------------------ reading
 
-def _read_manifest(root: str, path: str) -> Optional[Version]:
+def _read_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
   try:
-    manifest = read_json(path)
-  except (VersionError, tf.errors.OpError) as e:
+    manifest = read_json(path, store)
+  except (VersionError, OSError) as e:
     logging.warning("Skipping %s: unreadable manifest (%s)", path, e)
     return None
   data_dir = manifest.get("data_dir")
   if not isinstance(data_dir, str) or not _DATA_DIR_RE.match(data_dir):
     logging.warning("Skipping %s: it names no data directory", path)
     return None
-  return Version(int(manifest["version"]), os.path.join(root, data_dir), manifest)
+  return Version(int(manifest["version"]), os.path.join(root, data_dir), manifest, store)
 
 
-def list_versions(root: str) -> List[Version]:
+def list_versions(root: str, store: Storage = GFILE) -> List[Version]:
   """Committed versions under `root`, oldest first (manifests only: never a partial one)."""
-  if not storage.is_dir_like(root):
+  if not store.is_dir_like(root):
     return []
   versions = []
-  for name in tf.io.gfile.listdir(root):
-    if _MANIFEST_RE.match(name.rstrip("/")):
-      version = _read_manifest(root, os.path.join(root, name.rstrip("/")))
+  for name in store.listdir(root):
+    if _MANIFEST_RE.match(name):
+      version = _read_manifest(root, os.path.join(root, name), store)
       if version is not None:
         versions.append(version)
   return sorted(versions, key=lambda v: v.version)
 
 
-def latest_version(root: str) -> Optional[Version]:
-  versions = list_versions(root)
+def latest_version(root: str, store: Storage = GFILE) -> Optional[Version]:
+  versions = list_versions(root, store)
   return versions[-1] if versions else None
 
 
-def read_version(path: str) -> Version:
+def read_version(path: str, store: Storage = GFILE) -> Version:
   """One committed version, from its data directory, its manifest, or `<root>/<version>`.
 
   Raises VersionError if it is not committed (a directory no manifest names).
@@ -343,9 +413,9 @@ def read_version(path: str) -> Version:
   else:
     raise VersionError(f"{path}: not a version (expected <root>/<12-digit version>[.<id>] "
                        f"or its {MANIFEST_SUFFIX})")
-  if not tf.io.gfile.exists(target):
+  if not store.exists(target):
     raise VersionError(f"{path}: not a committed version (no {target})")
-  version = _read_manifest(root, target)
+  version = _read_manifest(root, target, store)
   if version is None:
     raise VersionError(f"{target}: unreadable manifest")
   if _DATA_DIR_RE.match(name) and version.path.rstrip("/") != path:
@@ -354,15 +424,16 @@ def read_version(path: str) -> Version:
   return version
 
 
-def verify_published(output_dir: str, checksums: bool = False) -> dict:
-  """A flat published output (a corpus: files plus `manifest.json` written last) checked
-  against its manifest's file list; returns the manifest. VersionError if unpublished."""
+def verify_published(output_dir: str, checksums: bool = False,
+                     store: Storage = GFILE) -> dict:
+  """A flat output (OutputWriter) checked against its manifest's files; returns the
+  manifest. VersionError if it is not published."""
   path = os.path.join(output_dir, MANIFEST)
-  if not tf.io.gfile.exists(path):
+  if not store.exists(path):
     raise VersionError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
                        "writing it, or failed)")
-  manifest = read_json(path)
-  verify_files(output_dir, manifest.get("files", []), checksums)
+  manifest = read_json(path, store)
+  verify_files(output_dir, manifest.get("files", []), checksums, store)
   return manifest
 
 
@@ -379,8 +450,8 @@ def read_verified(version: Version, name: str) -> bytes:
     raise VerificationError(f"{path}: not listed in the manifest of version "
                             f"{version.version}")
   try:
-    data = storage.read_bytes(path)
-  except tf.errors.NotFoundError:
+    data = version.store.read_bytes(path)
+  except FileNotFoundError:
     raise VerificationError(f"{path}: missing") from None
   if len(data) != int(entry["size"]):
     raise VerificationError(f"{path}: {len(data)} bytes, manifest says {entry['size']} "
@@ -395,7 +466,7 @@ def verify_version(version: Version, checksums: bool = False) -> Version:
 
   Raises VerificationError naming each missing, truncated or corrupted file.
   """
-  verify_files(version.path, version.manifest.get("files", []), checksums)
+  verify_files(version.path, version.manifest.get("files", []), checksums, version.store)
   return version
 
 
@@ -413,9 +484,11 @@ def copy_version(version: Version, dest_dir: str,
   verify_copy wherever it was copied to. Re-running after a crash completes the copy.
   Returns `dest_dir`.
   """
+  store = version.store
   entries = version.manifest.get("files", [])
-  verify_files(version.path, entries)
-  write_json_atomic(os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST), version.manifest)
+  verify_files(version.path, entries, store=store)
+  write_json_atomic(os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST), version.manifest,
+                    store)
   last = set(last)
   ordered = ([e for e in entries if e["name"] not in last] +
              [e for e in entries if e["name"] in last])
@@ -423,30 +496,38 @@ def copy_version(version: Version, dest_dir: str,
     source = file_path(version.path, entry["name"])
     target = file_path(dest_dir, entry["name"])
     try:
-      if tf.io.gfile.stat(target).length == int(entry["size"]):
+      if store.size(target) == int(entry["size"]):
         continue  # copied by an earlier, interrupted run
-    except tf.errors.NotFoundError:
+    except FileNotFoundError:
       pass
-    tf.io.gfile.makedirs(os.path.dirname(target))
-    if storage.scheme(target) == "ram" and tf.io.gfile.exists(target):
-      tf.io.gfile.remove(target)  # ram:// appends on overwrite (see storage.py)
-    tf.io.gfile.copy(source, target, overwrite=True)
-  verify_files(dest_dir, entries)
+    store.copy(source, target)
+  verify_files(dest_dir, entries, store=store)
   return dest_dir
 
 
-def verify_copy(dest_dir: str, manifest_dir: str = "") -> Optional[dict]:
+def verify_copy(dest_dir: str, manifest_dir: str = "", store: Storage = GFILE
+                ) -> Optional[dict]:
   """Checks a copy_version copy against the manifest it carries (sizes and CRC32C).
 
   Returns the manifest, or None for a directory without one (not made by copy_version);
   raises VerificationError naming each missing, truncated or corrupted file.
   """
   path = os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST)
-  if not tf.io.gfile.exists(path):
+  if not store.exists(path):
     return None
-  manifest = read_json(path)
-  verify_files(dest_dir, manifest.get("files", []), checksums=True)
+  manifest = read_json(path, store)
+  verify_files(dest_dir, manifest.get("files", []), checksums=True, store=store)
   return manifest
+
+
+def publish_copy(version: Version, dest_dir: str, manifest_dir: str = "") -> str:
+  """Hands a committed version over to a layout with its own commit convention (TF
+  Serving's `<base>/<n>/`): copy_version, then the original is deleted, since the copy
+  carries its manifest. A crash before the deletion leaves the original for a re-run to
+  copy again. Returns `dest_dir`."""
+  copy_version(version, dest_dir, manifest_dir=manifest_dir)
+  delete_version(os.path.dirname(version.path.rstrip("/")), version)
+  return dest_dir
 
 
 # ------------------------------------------------------------------------------- leases
@@ -463,9 +544,10 @@ class Lease:
   """
 
   def __init__(self, root: str, version: int, holder: str = "",
-               ttl_seconds: float = 600.0):
+               ttl_seconds: float = 600.0, store: Storage = GFILE):
     self.root, self.version, self.holder = root, int(version), holder
     self.ttl_seconds = ttl_seconds
+    self.store = store
     self.path = os.path.join(root, LEASES,
                              f"{version_name(self.version)}.{uuid.uuid4().hex}.json")
     self._stop = threading.Event()
@@ -473,11 +555,12 @@ class Lease:
 
   def refresh(self) -> None:
     write_json_atomic(self.path, dict(version=self.version, holder=self.holder,
-                                      expires_at=time.time() + self.ttl_seconds))
+                                      expires_at=time.time() + self.ttl_seconds),
+                      self.store)
 
   def acquire(self) -> "Lease":
     self.refresh()
-    if not tf.io.gfile.exists(manifest_path(self.root, self.version)):
+    if not self.store.exists(manifest_path(self.root, self.version)):
       self.release()
       raise VersionError(f"version {self.version} of {self.root} is no longer committed")
     self._thread = threading.Thread(target=self._keep_alive, daemon=True,
@@ -497,7 +580,7 @@ class Lease:
     if self._thread is not None:
       self._thread.join()
       self._thread = None
-    storage.delete_prefix(self.path)
+    self.store.delete_prefix(self.path)
 
   def __enter__(self) -> "Lease":
     return self.acquire()
@@ -507,23 +590,23 @@ class Lease:
 
 
 def leased_versions(root: str, now: Optional[float] = None,
-                    delete_expired: bool = False) -> set:
+                    delete_expired: bool = False, store: Storage = GFILE) -> set:
   """Versions of `root` with an unexpired lease (optionally deleting expired leases)."""
   now = time.time() if now is None else now
   leases_dir = os.path.join(root, LEASES)
   leased = set()
-  if not storage.is_dir_like(leases_dir):
+  if not store.is_dir_like(leases_dir):
     return leased
-  for name in tf.io.gfile.listdir(leases_dir):
+  for name in store.listdir(leases_dir):
     path = os.path.join(leases_dir, name)
     try:
-      lease = read_json(path)
-    except (VersionError, tf.errors.NotFoundError):
+      lease = read_json(path, store)
+    except (VersionError, FileNotFoundError):
       continue  # being rewritten or released
     if float(lease.get("expires_at", 0)) > now:
       leased.add(int(lease["version"]))
     elif delete_expired:
-      storage.delete_prefix(path)
+      store.delete_prefix(path)
   return leased
 
 
@@ -532,12 +615,12 @@ def leased_versions(root: str, now: Optional[float] = None,
 def delete_version(root: str, version: Version) -> None:
   """Deletes a committed version of `root`: its manifest first, so readers stop listing
   it before its files disappear."""
-  storage.delete_prefix(manifest_path(root, version.version))
-  storage.delete_prefix(version.path)
+  version.store.delete_prefix(manifest_path(root, version.version))
+  version.store.delete_prefix(version.path)
 
 
 def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
-                    now: Optional[float] = None) -> List[str]:
+                    now: Optional[float] = None, store: Storage = GFILE) -> List[str]:
   """Deletes committed versions older than the newest `keep` that no lease protects, and
   data directories no manifest names once nothing in them is younger than
   `stale_seconds` (crashed writers; younger ones may still be written). Returns the
@@ -546,40 +629,40 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
   """
   now = time.time() if now is None else now
   deleted = []
-  leased = leased_versions(root, now, delete_expired=True)
-  versions = list_versions(root)
+  leased = leased_versions(root, now, delete_expired=True, store=store)
+  versions = list_versions(root, store)
   for version in versions[:max(0, len(versions) - keep)]:
     # Leases are read again right before each deletion, which narrows (not closes) the
     # window in which a lease written after the first read is missed; Lease.acquire's
     # check that the manifest still exists covers the other order.
-    if version.version in leased or version.version in leased_versions(root, now):
+    if version.version in leased or version.version in leased_versions(root, now,
+                                                                        store=store):
       logging.info("Keeping leased version %s", version.path)
       continue
     delete_version(root, version)
     deleted.append(version.path)
-  if not storage.is_dir_like(root):
+  if not store.is_dir_like(root):
     return deleted
   referenced = {os.path.basename(v.path) for v in versions}
-  for name in tf.io.gfile.listdir(root):
-    name = name.rstrip("/")
+  for name in store.listdir(root):
     match = _DATA_DIR_RE.match(name)
     if not match or name in referenced or int(match.group(1)) in leased:
       continue
     path = os.path.join(root, name)
-    age = now - _last_activity(path)
+    age = now - _last_activity(path, store)
     if age > stale_seconds:
-      storage.delete_prefix(path)
+      store.delete_prefix(path)
       deleted.append(path)
   return deleted
 
 
-def _last_activity(data_dir: str) -> float:
+def _last_activity(data_dir: str, store: Storage) -> float:
   """Newest object time under `data_dir`, or its writer's start time; `now` if neither is
   known (never delete what cannot be dated)."""
-  newest = storage.newest_mtime(data_dir)
+  newest = store.newest_mtime(data_dir)
   marker = os.path.join(data_dir, WRITER_MARKER)
   try:
-    newest = max(newest, float(read_json(marker).get("started_at", 0)))
-  except (VersionError, tf.errors.NotFoundError):
+    newest = max(newest, float(read_json(marker, store).get("started_at", 0)))
+  except (VersionError, FileNotFoundError):
     pass
   return newest if newest > 0 else time.time()

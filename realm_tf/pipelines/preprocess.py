@@ -19,6 +19,9 @@ TitleGazetteer that MakePretrainingExamples reads as a side input (title mention
 articles become salient spans, beside the tagger's entities and the dates).
 
 The launcher only matches the input pattern and checks paths: it never reads the corpus.
+The output is published with realm_tf.io.versioned.OutputWriter over Beam's FileSystems:
+files straight into the output directory (object stores have no directory rename), then
+manifest.json, which lists every file with the size and CRC32C the workers computed.
 """
 import dataclasses
 import logging
@@ -31,7 +34,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from realm_tf.corpus import blocks as blocks_lib
 from realm_tf.corpus import config as corpus_config
 from realm_tf.corpus import manifest, schema
-from realm_tf.pipelines import filesystems, publish
+from realm_tf.io import versioned
+from realm_tf.pipelines.filesystems import BEAM
 from realm_tf.pipelines.transforms.blocks import PackBlocks
 from realm_tf.pipelines.transforms.checksums import FILE_PREFIX, ChecksumFiles
 from realm_tf.pipelines.transforms.dedup import DropDuplicateDocuments
@@ -42,6 +46,7 @@ from realm_tf.pipelines.transforms.read import FingerprintInputs, MatchInputs, R
 from realm_tf.pipelines.transforms.salient_spans import BuildTitleGazetteer
 from realm_tf.pipelines.transforms.stats import CountAs, CountSetAsideByReason, WriteStats
 from realm_tf.pipelines.transforms.write import WriteDeadLetters, WriteExamples
+from realm_tf.pretrained.minilm import minilm_vocab_file
 
 STATS_FILE = "_stats.json"
 _LOG = logging.getLogger("realm_tf.preprocess")
@@ -121,13 +126,12 @@ def _relative(path: str, output_dir: str) -> str:
 def run_preprocess(config: PreprocessConfig,
                    pipeline_args: Sequence[str] = ()) -> Dict[str, Any]:
   """Runs the pipeline to completion and publishes the output; returns the manifest."""
-  from realm_tf.pretrained.minilm import minilm_vocab_file  # pylint: disable=g-import-not-at-top
   config.validate()
   if not FileSystems.match([config.input])[0].metadata_list:
     raise FileNotFoundError(f"--input {config.input} matches no files")
-  publish.check_output_dir(config.output_dir, config.overwrite)
+  versioned.check_output_dir(config.output_dir, config.overwrite, BEAM)
   if config.tagger_dir:
-    if not filesystems.is_dir_like(config.tagger_dir):
+    if not BEAM.is_dir_like(config.tagger_dir):
       raise FileNotFoundError(f"--tagger_dir {config.tagger_dir} does not exist (no files "
                               "under it)")
   elif not config.title_gazetteer:
@@ -141,26 +145,20 @@ def run_preprocess(config: PreprocessConfig,
                                                   bool(config.title_gazetteer))]
   vocab_file = config.vocab_file or minilm_vocab_file()
   output_dir = config.output_dir.rstrip("/")
-  deleted = publish.prepare_output_dir(output_dir, config.overwrite)
-  if deleted:
-    _LOG.info("--overwrite: deleted %d objects of the previous output %s", deleted,
-              output_dir)
-  try:
+  with versioned.OutputWriter(output_dir, config.overwrite, BEAM) as writer:
+    if writer.deleted:
+      _LOG.info("--overwrite: deleted %d objects of the previous output %s", writer.deleted,
+                output_dir)
     with beam.Pipeline(options=PipelineOptions(list(pipeline_args))) as pipeline:
       build_pipeline(pipeline, config, output_dir)
     stats_path = FileSystems.join(output_dir, STATS_FILE)
-    stats = filesystems.read_json(stats_path)
+    stats = versioned.read_json(stats_path, BEAM)
     FileSystems.delete([stats_path])
-    files = sorted(
-        (dict(name=_relative(v["path"], output_dir), size=v["size"], crc32c=v["crc32c"])
-         for k, v in stats.items() if k.startswith(FILE_PREFIX)), key=lambda e: e["name"])
+    files = [dict(name=_relative(v["path"], output_dir), size=v["size"], crc32c=v["crc32c"])
+             for k, v in stats.items() if k.startswith(FILE_PREFIX)]
     stats = {k: v for k, v in stats.items() if not k.startswith(FILE_PREFIX)}
-    result = manifest.build_manifest(stats, config.as_dict(), vocab_file, salient_spans)
-    result["files"] = files
-    publish.write_manifest(output_dir, result)
-  except BaseException:
-    publish.discard(output_dir)
-    raise
+    result = writer.commit(
+        manifest.build_manifest(stats, config.as_dict(), vocab_file, salient_spans), files)
   counts = result["counts"]
   _LOG.info("%s: %d records in, %d accepted, %d blocks, %d pre-training and %d ICT "
             "examples; set aside %s", output_dir, counts["records_in"],
