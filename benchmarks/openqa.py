@@ -178,7 +178,7 @@ def question_files(work: str, key: str, num_train: int, num_eval: int,
 
 def prepare_corpora(work: str, block_length: int, max_docs: int = 0) -> dict:
   """Each corpus into blocks; `max_docs` keeps only the first documents (--quick)."""
-  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  from realm_tf.pipelines.corpus_blocks import prepare_blocks  # pylint: disable=g-import-not-at-top
   out = {}
   for key, relative in CORPORA.items():
     start = time.time()
@@ -226,7 +226,7 @@ def zero_shot_recall(config, index_dir: str, eval_file: str, regex: bool) -> dic
   initial document tower), or BM25, over the reporting questions."""
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
   from realm_tf.data import openqa_inputs as inputs  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa import answers  # pylint: disable=g-import-not-at-top
+  from realm_tf.text import answers  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.bm25 import BM25Retriever  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks.openqa_evaluation import RECALL_AT  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top

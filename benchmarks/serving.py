@@ -68,7 +68,7 @@ def read_questions(limit: int) -> list[str]:
 
 
 def prepare_corpus(work_dir: str, articles: int, block_seq_length: int) -> str:
-  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  from realm_tf.pipelines.corpus_blocks import prepare_blocks  # pylint: disable=g-import-not-at-top
   source = os.path.join(common.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
   sample = os.path.join(work_dir, f"vital_{articles}.jsonl")
   with open(source) as f, open(sample, "w") as out:

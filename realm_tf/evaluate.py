@@ -51,14 +51,12 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
 
   Returns the metrics plus step, checkpoint, questions, blocks and the files written.
   """
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.configs import load_config
-  from realm_tf.data.block_store import blocks_pattern
-  from realm_tf.io import layout
-  from realm_tf.tasks import openqa_evaluation as evaluation
-  from realm_tf.tasks.openqa import save_evaluation
-  from realm_tf.training import runtime, train_lib
-  # pylint: enable=g-import-not-at-top
+  from realm_tf.configs import load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.data.block_store import blocks_pattern  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.tasks import openqa_evaluation as evaluation  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.tasks.openqa import save_evaluation  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
 
   config = load_config(layout.params_path(model_dir), overrides)
   if config.task.type != "openqa":
@@ -98,7 +96,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
 
 def main(argv):
   del argv
-  from realm_tf.configs import ConfigError  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import ConfigError  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   try:
     result = evaluate_run(FLAGS.model_dir, FLAGS.questions, FLAGS.answer_regex, FLAGS.corpus,
                           FLAGS.checkpoint, FLAGS.output, FLAGS.work_dir,

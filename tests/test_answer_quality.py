@@ -14,9 +14,10 @@ from realm_tf.configs.experiment import ConfigValueError, TrainerConfig
 from realm_tf.modeling import factory, losses
 from realm_tf.modeling.networks import Embedder
 from realm_tf.data import openqa_inputs as inputs
-from realm_tf.openqa import answers, spans
+from realm_tf.modeling import spans
+from realm_tf.text import answers
 from realm_tf.tasks import openqa_evaluation as evaluation
-from realm_tf.openqa.model import gold_first
+from realm_tf.modeling.models.openqa import gold_first
 from realm_tf.tasks import base
 from tests import task_fixtures
 from tests.synthetic_corpus import _CITIES, _COUNTRIES, write_corpus

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from beam import embed_corpus
 from realm_tf.corpus import schema
-from realm_tf.export import BlockEncoder, QueryEncoder, export_encoder, load_encoder
+from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder, export_encoder, load_encoder
 from realm_tf.modeling import factory
 from realm_tf.retrieval import list_exports, load_searcher
 

@@ -37,13 +37,12 @@ from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.export import exporter
 from realm_tf.io import layout, storage, versioned
 from realm_tf.pipelines import index_builder
-from realm_tf.retrieval import loading
+from realm_tf.retrieval import index_loading
 from realm_tf.retrieval.index_export import shard_name
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
-from realm_tf.retrieval.watcher import IndexWatcher
 from realm_tf.training import checkpoints, preemption, snapshots, train_lib
 from realm_tf.training.preemption import RESTART_EXIT_CODE
-from realm_tf.training.refresh import IndexRefresher, RefreshSettings
+from realm_tf.retrieval.refresh import IndexRefresher, RefreshSettings
 from serving.server import ModelServer, ServerOptions
 from tests import serving_models
 from tests import task_fixtures as tf_
@@ -202,7 +201,7 @@ def test_index_builder_killed_mid_export_never_publishes_a_partial_index(
 
   # Nothing lists, resolves or loads the partial export.
   assert [v.version for v in versioned.list_versions(index_dir)] == [5]
-  assert loading.resolve_export(index_dir).version == 5
+  assert index_loading.resolve_export(index_dir).version == 5
   with pytest.raises(versioned.VersionError, match="not a committed version|not committed"):
     versioned.read_version(partial)
   # The trainer keeps training on version 5.
@@ -366,8 +365,6 @@ def test_damaged_index_exports_are_refused_and_the_trainer_keeps_its_index(
   tf_.publish_index(index_dir, 1, store.block_ids, _one_hot_index(store))
   index = _knowledge_index(store, tokenizer)
   assert index.maybe_swap(index_dir) and index.version == 1
-  watcher = IndexWatcher(index_dir, backend="exact")
-  assert watcher.poll_once() and watcher.version == 1
   caplog.set_level(logging.WARNING)
   rng = np.random.default_rng(0)
   for version, how in enumerate(["truncated", "flipped byte", "missing"], 2):
@@ -382,9 +379,8 @@ def test_damaged_index_exports_are_refused_and_the_trainer_keeps_its_index(
     caplog.clear()
     assert not index.maybe_swap(index_dir)  # logged once, not re-read at every poll
     assert not caplog.records
-    assert not watcher.poll_once() and watcher.version == 1
     with pytest.raises(versioned.VerificationError, match=re.escape(expected)):
-      loading.load_searcher(index_dir, backend="exact")
+      index_loading.load_searcher(index_dir, backend="exact")
   # A manifest that is not JSON is skipped as uncommitted, with a warning naming it.
   garbled = versioned.manifest_path(index_dir, 9)
   with open(garbled, "w") as f:
@@ -399,7 +395,7 @@ def test_damaged_index_exports_are_refused_and_the_trainer_keeps_its_index(
   with open(versioned.manifest_path(index_dir, 10), "w") as f:
     json.dump(manifest, f)
   with pytest.raises(versioned.VerificationError, match="outside its directory"):
-    loading.load_searcher(escaping, backend="exact")
+    index_loading.load_searcher(escaping, backend="exact")
   assert not index.maybe_swap(index_dir) and index.version == 1
   # A good newer export is taken.
   tf_.publish_index(index_dir, 11, store.block_ids, _one_hot_index(store)[::-1].copy())

@@ -1,9 +1,9 @@
-"""Answer normalisation and matching on hand-written cases (realm_tf.openqa.answers)."""
+"""Answer normalisation and matching on hand-written cases (realm_tf.text.answers)."""
 import json
 
 import pytest
 
-from realm_tf.openqa import answers
+from realm_tf.text import answers
 from realm_tf.data.openqa_inputs import read_questions
 
 

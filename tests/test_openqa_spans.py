@@ -5,7 +5,7 @@ import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
 from realm_tf.modeling.layers.span_scorer import enumerate_spans
-from realm_tf.openqa import spans
+from realm_tf.modeling import spans
 from realm_tf.retrieval.bm25 import BM25Retriever
 from realm_tf.data.openqa_inputs import QAExample, tokenize_targets
 

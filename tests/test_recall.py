@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
 from realm_tf.modeling import factory
-from realm_tf.openqa.answers import contains_answer
+from realm_tf.text.answers import contains_answer
 from realm_tf.data.openqa_inputs import QAExample
 from realm_tf.retrieval import recall
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex

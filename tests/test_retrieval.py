@@ -1,6 +1,5 @@
-"""MIPS: exact and ScaNN backends, sharding, atomic versioned exports, the watcher."""
+"""MIPS: exact and ScaNN backends, sharding, atomic versioned exports."""
 import os
-import threading
 import time
 
 import numpy as np
@@ -10,7 +9,7 @@ import tensorflow as tf
 from realm_tf.io import versioned
 
 from realm_tf.retrieval import (
-    ExactSearcher, IndexWatcher, ScannSearcher, ShardData, ShardedSearcher, garbage_collect,
+    ExactSearcher, ScannSearcher, ShardData, ShardedSearcher, garbage_collect,
     latest_export, list_exports, load_searcher, new_export_dir, scann_params_for,
     write_export, write_shard)
 from realm_tf.retrieval.index_export import ExportError, commit_export
@@ -142,54 +141,6 @@ def test_garbage_collection_keeps_the_newest(tmp_path, corpus):
   deleted = garbage_collect(str(tmp_path), keep=2)
   assert [e.version for e in list_exports(str(tmp_path))] == [15, 20]
   assert stale in deleted and os.path.isdir(fresh)
-
-
-def test_watcher_swaps_while_another_thread_searches(tmp_path, corpus):
-  vectors, ids, queries = corpus
-  _export(tmp_path, 1, vectors[:2000], ids[:2000], num_shards=1, build_scann=False)
-  swaps = []
-  watcher = IndexWatcher(str(tmp_path), backend="exact", poll_seconds=0.05,
-                         on_swap=lambda e: swaps.append(e.version))
-  errors, searches = [], [0]
-  stop = threading.Event()
-
-  def search_loop():
-    while not stop.is_set():
-      try:
-        result = watcher.search(tf.constant(queries[:4]), 3)
-        assert result.block_ids.shape == (4, 3)
-        searches[0] += 1
-      except Exception as e:  # pylint: disable=broad-except
-        errors.append(e)
-
-  with watcher:
-    assert watcher.wait_until_ready(timeout=30)
-    thread = threading.Thread(target=search_loop)
-    thread.start()
-    for version, size in ((2, 3000), (3, 4000)):
-      _export(tmp_path, version, vectors[:size], ids[:size], num_shards=2, build_scann=False)
-      deadline = time.time() + 30
-      while watcher.version != version and time.time() < deadline:
-        time.sleep(0.05)
-    stop.set()
-    thread.join()
-  assert not errors, errors[:3]
-  assert swaps == [1, 2, 3] and watcher.current[1].num_blocks == 4000
-  assert searches[0] > 3
-
-
-def test_watcher_keeps_serving_when_a_new_export_is_broken(tmp_path, corpus):
-  vectors, ids, queries = corpus
-  _export(tmp_path, 1, vectors[:300], ids[:300], num_shards=1, build_scann=False)
-  watcher = IndexWatcher(str(tmp_path), backend="scann")  # v1 has no ScaNN searcher
-  assert not watcher.poll_once()
-  watcher = IndexWatcher(str(tmp_path), backend="exact")
-  assert watcher.poll_once()
-  broken = _export(tmp_path, 2, vectors[:300], ids[:300], num_shards=1, build_scann=False)
-  os.remove(os.path.join(broken, "shard-00000-of-00001", "embeddings.npy"))
-  assert not watcher.poll_once()
-  assert watcher.version == 1
-  assert watcher.search(tf.constant(queries[:2]), 2).block_ids.shape == (2, 2)
 
 
 def test_scann_searcher_saved_in_a_savedmodel(tmp_path, corpus):

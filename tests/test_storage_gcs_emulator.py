@@ -20,7 +20,7 @@ import tensorflow as tf  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
 from realm_tf.corpus import schema  # noqa: E402
-from realm_tf.export import encoders  # noqa: E402
+from realm_tf.retrieval import encoders  # noqa: E402
 from realm_tf.io import versioned  # noqa: E402
 from realm_tf.pipelines import embed, preprocess  # noqa: E402
 from realm_tf.pipelines.filesystems import BEAM  # noqa: E402

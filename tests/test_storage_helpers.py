@@ -137,13 +137,6 @@ def test_the_file_call_check_catches_a_violation(tmp_path):
   assert len(_violations(tmp_path)) == 2
 
 
-def test_realm_tf_never_imports_beam_or_serving():
-  pattern = re.compile(r"^\s*(from|import)\s+(beam|serving)\b", re.M)
-  offenders = [p.relative_to(REPO).as_posix() for p in (REPO / "realm_tf").rglob("*.py")
-               if pattern.search(p.read_text(encoding="utf-8"))]
-  assert offenders == []  # beam/ and serving/ import realm_tf, never the reverse
-
-
 def test_gcs_create_if_absent_sends_the_generation_precondition(monkeypatch):
   """gcp-storage-emulator ignores preconditions, so a stand-in bucket enforces
   ifGenerationMatch=0 as GCS documents it: this checks that we ask for it and read a

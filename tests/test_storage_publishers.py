@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.corpus import schema
-from realm_tf.export import encoders
+from realm_tf.retrieval import encoders
 from realm_tf.io import storage, versioned
 from realm_tf.pipelines import embed, index_builder
 from realm_tf.retrieval import index_export, loading

@@ -1,9 +1,7 @@
 """The three tasks at TPU scale, on the tiny config: XLA-compiled steps, sharded in-graph
 retrieval, 2-replica equivalence, exact resume, numeric-only inputs, in-place index swaps,
 the builder lifecycle and the library's layering."""
-import ast
 import os
-import pathlib
 
 import numpy as np
 import pytest
@@ -294,23 +292,6 @@ def test_waiting_for_a_first_index_is_bounded(tmp_path, repo_dir, corpus, questi
   with pytest.raises(TimeoutError, match="index.first_index_timeout_seconds"):
     train_lib.run_experiment(config, str(tmp_path / "realm"))
   assert not layout.training_done(str(tmp_path / "realm"))
-
-
-# ------------------------------------------------------------------------------ layering
-
-
-def test_the_library_never_imports_the_entry_point_packages(repo_dir):
-  offenders = []
-  for path in sorted(pathlib.Path(repo_dir, "realm_tf").rglob("*.py")):
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-      names = []
-      if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-      elif isinstance(node, ast.ImportFrom) and node.level == 0:
-        names = [node.module or ""]
-      offenders += [f"{path}:{node.lineno} {n}" for n in names
-                    if n.split(".")[0] in ("beam", "serving", "benchmarks", "tests")]
-  assert not offenders, offenders
 
 
 def test_versions_under_the_index_dir_are_committed_exports(tmp_path):

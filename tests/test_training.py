@@ -9,7 +9,7 @@ import pytest
 
 from realm_tf.io import layout, versioned
 from realm_tf.training import train_lib
-from realm_tf.training.refresh import IndexRefresher, RefreshSettings
+from realm_tf.retrieval.refresh import IndexRefresher, RefreshSettings
 from tests import task_fixtures as tf_
 
 

@@ -10,8 +10,10 @@ from realm_tf.corpus import formats
 
 
 @dataclasses.dataclass
-class PreprocessConfig(base_config.Config):
-  """Command-line flags of `python -m beam.preprocess` (see there for help)."""
+class CorpusConfig(base_config.Config):
+  """How a corpus is made: the settings of `python -m beam.preprocess` that shape its
+  output (see there for help). realm_tf.pipelines.preprocess.PreprocessConfig adds how
+  the job runs."""
   input_format: str = "wikipedia_xml"
   input: str = ""
   output_dir: str = ""

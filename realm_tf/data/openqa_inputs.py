@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from realm_tf.corpus import readers
 from realm_tf.io import storage
-from realm_tf.openqa import answers as answers_lib
+from realm_tf.text import answers as answers_lib
 from realm_tf.text.tokenization import Tokenizer
 
 

@@ -68,11 +68,9 @@ def main(argv):
   # SIGTERM unwinds like Ctrl-C, so the running stage's process group (a trainer and its
   # index builder, the server) is stopped before the demo exits.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.demo.fill_in import format_results
-  from realm_tf.demo.pipeline import Demo, format_answers, format_summary
-  from realm_tf.demo.stages import StageError
-  # pylint: enable=g-import-not-at-top
+  from realm_tf.demo.fill_in import format_results  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.demo.pipeline import Demo, format_answers, format_summary  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.demo.stages import StageError  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   options = DemoOptions(**{name: FLAGS[name].value for name in (
       "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
       "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",

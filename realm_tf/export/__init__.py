@@ -1,6 +1,6 @@
-"""SavedModel exports with in-graph tokenization: what the index builder and server load."""
-from realm_tf.export.encoders import (
-    BlockEncoder, QueryEncoder, export_encoder, latest_encoder_export, load_encoder)
+"""Serving exports: the QA SavedModels (retriever + reader with in-graph tokenization),
+their warm-up records and the `python -m realm_tf.export` command.
 
-__all__ = ["BlockEncoder", "QueryEncoder", "export_encoder", "latest_encoder_export",
-           "load_encoder"]
+The retriever's own encoder SavedModels, which the trainer hands to the index builder,
+live beside the retriever in realm_tf.retrieval.encoders.
+"""

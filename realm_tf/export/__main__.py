@@ -26,8 +26,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from realm_tf.configs import ConfigError  # pylint: disable=g-import-not-at-top
-  from realm_tf.export.exporter import export_run  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import ConfigError  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   try:
     published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
                            FLAGS.version)

@@ -39,11 +39,12 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export.encoders import BlockEncoder, QueryEncoder
 from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher
 from realm_tf.io import layout, versioned
+from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
 from realm_tf.retrieval.index_export import load_shard_array, shard_name
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+from realm_tf.training.train_lib import set_precision
 
 KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
 PROVENANCE_FILE = "realm_provenance.json"
@@ -97,7 +98,6 @@ def build_run(config: ExperimentConfig, model_dir: str = "", step: int = 0,
     raise ValueError("serving exports need dense retrieval (task.openqa.retrieval=dense)")
   # The exports search in graph; a 'scann' run's index is searched by realm_qa_scann.
   config = config.replace(index=dict(backend="exact"))
-  from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
   set_precision(config)
   strategy = tf.distribute.get_strategy()
   task = tasks.get_task(config, model_dir)

@@ -30,11 +30,15 @@ from typing import Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.openqa import spans
-from realm_tf.tasks import openqa_evaluation as evaluation
-from realm_tf.openqa.model import BERT_KEYS, OpenQAModel
+from realm_tf.modeling import spans
+from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, Retrieved
+# As a module: with a global `ScannSearcher` here, autograph's conversion of
+# _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
+from realm_tf.retrieval import scann_searcher as scann_backend
 from realm_tf.retrieval.searcher import Searcher
+from realm_tf.retrieval.sharded import ShardedSearcher
+from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
 
 QUESTION = "question"
@@ -77,7 +81,7 @@ class ScannHandle(tf.Module):
     self.state = state  # scann_ops.ScannState (or its restored form): the searcher's data
 
   def handle(self) -> tf.Tensor:
-    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
     s = self.state
     return scann_ops.tensors_to_scann(
         s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
@@ -92,7 +96,7 @@ class _GraphScann:
 
   def search_batched(self, queries, final_num_neighbors=None,
                      pre_reorder_num_neighbors=None, leaves_to_search=None):
-    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
+    from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
     return scann_ops.ScannSearcher(self._handle.handle()).search_batched(
         queries, final_num_neighbors, pre_reorder_num_neighbors, leaves_to_search)
 
@@ -106,17 +110,15 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
   export stores them; without, one ScaNN searcher is built over `embeddings` with ScaNN's
   recommended configuration for the corpus size (scann_params_for).
   """
-  from realm_tf.retrieval.scann_searcher import ScannSearcher, build_scann, scann_params_for  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.sharded import ShardedSearcher  # pylint: disable=g-import-not-at-top
   if states is None:
     embeddings = np.asarray(embeddings, np.float32)
-    built = build_scann(embeddings, scann_params_for(len(embeddings)))
+    built = scann_backend.build_scann(embeddings, scann_backend.scann_params_for(len(embeddings)))
     states = [(built.serialize_to_module(), np.asarray(block_ids, np.int64), embeddings)]
   handles, shards = [], []
   for i, (state, ids, vectors) in enumerate(states):
     handle = ScannHandle(state, name=f"scann_handle_{i}")
     handles.append(handle)
-    shards.append(ScannSearcher(
+    shards.append(scann_backend.ScannSearcher(
         _GraphScann(handle), ids, int(np.shape(vectors)[1]),
         rescore_embeddings=np.asarray(vectors, np.float32) if rescore else None,
         name=f"scann_{i}"))

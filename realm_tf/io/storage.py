@@ -251,8 +251,8 @@ def _gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
   try:
     # Optional: google-cloud-storage comes with apache-beam[gcp], which a trainer that
     # never touches gs:// does not need.
-    from google.api_core import exceptions  # noqa: PLC0415
-    from google.cloud import storage as gcs  # noqa: PLC0415
+    from google.api_core import exceptions  # noqa: PLC0415  optional (above)
+    from google.cloud import storage as gcs  # noqa: PLC0415  optional (above)
   except ImportError:
     logging.warning("google-cloud-storage is not installed: %s is committed without a "
                     "create-if-absent precondition (pip install 'apache-beam[gcp]')", path)

@@ -8,15 +8,12 @@ from typing import Optional
 import tensorflow as tf
 import tf_keras
 
-from realm_tf.configs.experiment import ExperimentConfig, WarmStartConfig
+from realm_tf.configs.experiment import WARM_START_SOURCES, ExperimentConfig, WarmStartConfig
 from realm_tf.modeling.models import KnowledgeAugmentedEncoder, Reader, RealmPretrainer, Retriever
 from realm_tf.modeling.networks import Embedder, build_encoder, dummy_bert_inputs
 from realm_tf.modeling.networks.embedder import output_size as embedder_output_size
 from realm_tf.modeling.networks.encoder import ACTIVATIONS
 from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
-
-WARM_START_SOURCES = ("", "minilm", "google_bert")
-
 
 def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
   """Loads pretrained weights into a built encoder (and MLM head, where the source has one)."""

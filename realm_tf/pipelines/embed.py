@@ -21,7 +21,12 @@ import logging
 import time
 from typing import Optional, Sequence
 
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
 from realm_tf.io import storage, versioned
+from realm_tf.pipelines.transforms.embedding import (
+    CommitIndex, EmbedBlocks, ReadBlocks, WriteIndexShards, blocks_pattern)
 
 
 @dataclasses.dataclass
@@ -91,10 +96,6 @@ def _encoder_root(encoder: versioned.Version) -> str:
 
 def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
   """Runs the pipeline to completion; returns the committed index export path."""
-  import apache_beam as beam  # pylint: disable=g-import-not-at-top
-  from apache_beam.options.pipeline_options import PipelineOptions  # pylint: disable=g-import-not-at-top
-  from realm_tf.pipelines.transforms.embedding import (  # pylint: disable=g-import-not-at-top
-      CommitIndex, EmbedBlocks, ReadBlocks, WriteIndexShards, blocks_pattern)
   config.validate()
   encoder = resolve_encoder(config.encoder)
   version = encoder.manifest.get("step", 0) if config.version is None else config.version

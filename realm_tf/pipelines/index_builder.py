@@ -11,7 +11,9 @@ import logging
 import time
 from typing import Optional, Sequence
 
-from realm_tf.io import versioned
+from realm_tf.configs import load_config
+from realm_tf.data.block_store import blocks_pattern
+from realm_tf.io import layout, versioned
 from realm_tf.pipelines import embed
 
 
@@ -32,7 +34,6 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
                batch_size: int = 64, large_model: bool = False,
                model_copies: int = 0) -> Optional[str]:
   """Embeds the newest snapshot if the index is behind it; returns the new index path."""
-  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
   snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
   index = versioned.latest_version(index_dir)
   if snapshot is None or (index is not None and index.version >= snapshot.version):
@@ -47,11 +48,6 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
 
 def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] = ()) -> int:
   """Builds indexes until training is done; returns the number of builds."""
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.configs import load_config
-  from realm_tf.data.block_store import blocks_pattern
-  from realm_tf.io import layout
-  # pylint: enable=g-import-not-at-top
   run_config = load_config(layout.params_path(config.model_dir))
   blocks = blocks_pattern(config.blocks or run_config.index.blocks)
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)

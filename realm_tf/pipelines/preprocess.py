@@ -53,7 +53,7 @@ _LOG = logging.getLogger("realm_tf.preprocess")
 
 
 @dataclasses.dataclass
-class PreprocessConfig(corpus_config.PreprocessConfig):
+class PreprocessConfig(corpus_config.CorpusConfig):
   """The corpus settings (realm_tf.corpus.config) plus how the job runs inference."""
   # > 0: the tagger is loaded once per worker VM and shared by its SDK processes, at most
   # this many copies (RunInference large_model); 0: one copy per SDK process.

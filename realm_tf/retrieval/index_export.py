@@ -27,8 +27,15 @@ import tensorflow as tf
 
 from realm_tf.io import storage, versioned
 from realm_tf.io.versioned import (  # noqa: F401  (re-exported for index readers)
-    MANIFEST, Version as IndexExport, VersionError as ExportError, garbage_collect,
-    read_json, verify_version, write_json_atomic)
+  MANIFEST,
+  garbage_collect,
+  read_json,
+  verify_version,
+  write_json_atomic,
+)
+from realm_tf.io.versioned import Version as IndexExport
+from realm_tf.io.versioned import VersionError as ExportError
+from realm_tf.retrieval import scann_searcher
 
 
 @dataclasses.dataclass
@@ -95,7 +102,6 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
   info = dict(shard=shard_index, num_shards=num_shards, num_blocks=int(embeddings.shape[0]),
               dimension=int(embeddings.shape[1]), embedding_dtype=embedding_dtype)
   if build_scann and embeddings.shape[0]:
-    from realm_tf.retrieval import scann_searcher  # pylint: disable=g-import-not-at-top
     params = scann_searcher.scann_params_for(embeddings.shape[0], **(scann_overrides or {}))
     start = time.time()
     searcher = scann_searcher.build_scann(embeddings, params)

@@ -38,6 +38,7 @@ from realm_tf.data.block_store import BlockStore
 from realm_tf.io import versioned
 from realm_tf.retrieval.exact import exact_top_k
 from realm_tf.retrieval.index_export import load_shard_array
+from realm_tf.retrieval.index_loading import load_searcher
 from realm_tf.text.tokenization import Tokenizer
 
 BACKENDS = ("exact", "scann")
@@ -188,7 +189,6 @@ class KnowledgeIndex(tf.Module):
     vectors = row_ordered_embeddings(export, self.store.block_ids)
     searcher = None
     if self.backend == "scann":
-      from realm_tf.retrieval.loading import load_searcher  # pylint: disable=g-import-not-at-top
       # The index arrives through shared storage: every file is checksummed.
       searcher = load_searcher(export, "scann", self.rescore, verify_checksums=True)
     self.set_embeddings(vectors, export.version, export=export, host_searcher=searcher)

@@ -10,7 +10,7 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.openqa import answers
+from realm_tf.text import answers
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, tokenize_blocks
 
 

@@ -160,6 +160,8 @@ class RealmTask(base_task.Task):
   # True when an evaluation must see the whole validation set (per-question scoring), so
   # trainer.validation_steps does not apply.
   evaluates_whole_set: bool = False
+  # What an evaluation's files are called (eval/<name>-<step>.json); evaluate_run sets it.
+  evaluation_name: str = "validation"
 
   def __init__(self, params, experiment: ExperimentConfig, model_dir: str = "",
                start_step: int = 0, name: Optional[str] = None):
@@ -242,6 +244,16 @@ class RealmTask(base_task.Task):
     return model.trainable_variables
 
   # ------------------------------------------------------------------ driver hooks (host)
+
+  def build_index(self, strategy) -> Optional[Any]:
+    """The task's knowledge index, built under `strategy` after the model (the driver calls
+    this for every task). None: the task searches no index (ICT: negatives in the batch)."""
+    del strategy
+    return None
+
+  def run_summary(self) -> dict:
+    """What the task adds to the run's summary when training ends (index refresh counts)."""
+    return {}
 
   def train_actions(self, trainer) -> list[Callable[[dict], None]]:
     """orbit train actions to run after each train loop (host side)."""

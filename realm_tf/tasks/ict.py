@@ -12,7 +12,7 @@ from realm_tf.data import ict_inputs
 from realm_tf.io import layout
 from realm_tf.modeling import factory, losses
 from realm_tf.tasks import base
-from realm_tf.training import snapshots
+from realm_tf.retrieval import snapshots
 
 
 class IctTask(base.RealmTask):

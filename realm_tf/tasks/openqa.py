@@ -15,6 +15,7 @@ Validation returns per-question outputs; `aggregate_logs` collects them on the h
 `reduce_aggregated_logs` scores them (exact match, recall@k, reader oracle) and writes the
 per-question predictions (tasks/openqa_evaluation.py).
 """
+import json
 import logging
 import os
 from typing import Optional
@@ -23,17 +24,15 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import block_store
-from realm_tf.io import layout, versioned
-from realm_tf.modeling import factory, losses
 from realm_tf.data import openqa_inputs as inputs
-from realm_tf.openqa import spans
-from realm_tf.tasks import openqa_evaluation as evaluation
+from realm_tf.io import layout, versioned
+from realm_tf.modeling import factory, losses, spans
+from realm_tf.modeling.models.openqa import OpenQAModel
+from realm_tf.retrieval import refresh
 from realm_tf.retrieval.bm25 import BM25Retriever
-from realm_tf.openqa.model import OpenQAModel
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.tasks import base
-from realm_tf.training import refresh
-
+from realm_tf.tasks import openqa_evaluation as evaluation
 
 # The span choice is openqa_evaluation's, shared with the serving exports.
 best_spans = evaluation.best_spans
@@ -97,7 +96,6 @@ class OpenQATask(base.RealmTask):
     self._qa_sets: dict[str, inputs.QASet] = {}
     self._bm25: Optional[BM25Retriever] = None
     self._records = _Records()
-    self.evaluation_name = "validation"
 
   @property
   def predictions(self) -> list[dict]:
@@ -322,6 +320,9 @@ class OpenQATask(base.RealmTask):
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
+  def run_summary(self) -> dict:
+    return self.refresher.summary() if self.refresher is not None else {}
+
   def host_logs(self, global_step: int) -> dict[str, float]:
     return self.refresher.logs(global_step) if self.refresher else {}
 
@@ -341,7 +342,6 @@ def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
                     predictions: list[dict]) -> dict:
   """<model_dir>/eval/<name>-<step>.json (metrics) and .predictions.jsonl, plus one line in
   metrics.jsonl."""
-  import json  # pylint: disable=g-import-not-at-top
   directory = layout.eval_dir(model_dir)
   tf.io.gfile.makedirs(directory)
   base_name = os.path.join(directory, f"{name}-{step}")

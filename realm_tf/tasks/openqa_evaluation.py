@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
-from realm_tf.openqa import answers as answers_lib
+from realm_tf.text import answers as answers_lib
 from realm_tf.data.openqa_inputs import QAExample
 from realm_tf.text.tokenization import Tokenizer, span_text
 

@@ -25,10 +25,10 @@ import tensorflow as tf
 from realm_tf.data import block_store, pretraining_inputs
 from realm_tf.io import layout
 from realm_tf.modeling import factory, losses
-from realm_tf.openqa.spans import pack_reader_inputs
+from realm_tf.modeling.spans import pack_reader_inputs
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.tasks import base
-from realm_tf.training import refresh
+from realm_tf.retrieval import refresh
 
 
 def null_block_inputs(tokenizer, seq_length: int) -> dict[str, np.ndarray]:
@@ -234,6 +234,9 @@ class PretrainTask(base.RealmTask):
     if not self.task_config.retrieval:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
+
+  def run_summary(self) -> dict:
+    return self.refresher.summary() if self.refresher is not None else {}
 
   def host_logs(self, global_step: int) -> dict[str, float]:
     return self.refresher.logs(global_step) if self.refresher else {}

@@ -1,1 +1,2 @@
-"""Training: strategies, optimizers, snapshots for the index builder, orbit trainers."""
+"""Training: the generic driver (strategies, optimizers, checkpoints, preemption, orbit
+trainers). Tasks never import it; it drives any registered task."""

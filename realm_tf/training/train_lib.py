@@ -28,7 +28,7 @@ from official.modeling import performance
 from realm_tf import tasks
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
-from realm_tf.openqa.corpus import JSONL_SUFFIXES, prepare_blocks
+from realm_tf.pipelines.corpus_blocks import JSONL_SUFFIXES, prepare_blocks
 from realm_tf.tasks.base import RealmTask, steps_per_loop
 from realm_tf.training import checkpoints, preemption
 from realm_tf.training.progress import ProgressReporter
@@ -156,8 +156,7 @@ class Run:
     with self.strategy.scope():
       model = self.task.build_model()
       optimizer = self.task.create_task_optimizer()
-    if hasattr(self.task, "build_index"):
-      self.task.build_index(self.strategy)
+    self.task.build_index(self.strategy)
     train_dataset = distribute(self.strategy, self.task, task_config.train_data) \
         if train else None
     evaluate = evaluate and bool(task_config.validation_data.input_path)
@@ -219,8 +218,7 @@ class Run:
                if r.get("mode") == self.experiment.task.type]
     if history:
       result["last_train_loop"] = history[-1]
-    if hasattr(self.task, "refresher") and self.task.refresher is not None:
-      result.update(self.task.refresher.summary())
+    result.update(self.task.run_summary())
     return result
 
   def evaluate(self, steps: int = -1) -> dict:
@@ -251,8 +249,7 @@ def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint
   run = Run(experiment, model_dir, strategy, train=False, evaluate=True)
   if not run.evaluate_enabled:
     raise ValueError("nothing to evaluate: task validation_data.input_path is empty")
-  if hasattr(run.task, "evaluation_name"):
-    run.task.evaluation_name = name
+  run.task.evaluation_name = name
   path = checkpoint or layout.latest_checkpoint(model_dir)
   status = tf.train.Checkpoint(model=run.model, global_step=run.trainer.global_step).read(path)
   status.expect_partial()

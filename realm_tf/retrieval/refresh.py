@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from realm_tf.io import layout, storage, versioned
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
-from realm_tf.training import snapshots
+from realm_tf.retrieval import snapshots
 
 
 class IndexBuilderProcess:

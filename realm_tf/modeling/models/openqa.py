@@ -13,18 +13,31 @@ pre-training, so the gradient reaches it; the rest of the beam keeps the index's
 embeddings). With BM25 retrieval there is no retriever model: the top-k and their scores
 come with the features, and the span scores are used alone.
 """
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional, Protocol
 
 import tensorflow as tf
 import tf_keras
 
-from realm_tf.modeling import losses
+from realm_tf.modeling import losses, spans
 from realm_tf.modeling.models.reader import Reader
 from realm_tf.modeling.models.retriever import Retriever
-from realm_tf.openqa import spans
-from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 
 BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
+
+
+class BlockIndex(Protocol):
+  """What the model needs of a knowledge index (realm_tf.retrieval.knowledge_index.
+  KnowledgeIndex is one). A protocol rather than an import: models sit below retrieval,
+  which builds on them (the retriever is a model; the index embeds with it)."""
+
+  def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
+    """Index rows [B, k] of corpus block ids [B, k]."""
+
+  def search(self, queries: tf.Tensor, k: int) -> Any:
+    """The top-k of queries [B, P]; the result has `.rows` [B, k] and `.scores` [B, k]."""
+
+  def gather(self, rows: tf.Tensor) -> Any:
+    """The blocks at rows [B, k]: tokens, embeddings [B, k, P] and ids."""
 
 
 class OpenQAOutputs(NamedTuple):
@@ -70,7 +83,7 @@ def gold_first(rows: tf.Tensor, gold_rows: tf.Tensor,
 class OpenQAModel(tf_keras.Model):
   """Retriever (None for BM25) and reader; the checkpoint holds exactly these two.
 
-  The KnowledgeIndex is passed to each call rather than owned, so checkpoints stay the size
+  The index is passed to each call rather than owned, so checkpoints stay the size
   of the networks and one model can be evaluated against another corpus.
   """
 
@@ -88,7 +101,7 @@ class OpenQAModel(tf_keras.Model):
     self.train_document_encoder = train_document_encoder
     self.answer_logits = answer_logits
 
-  def retrieve(self, features: dict, index: KnowledgeIndex, k: int, training=None,
+  def retrieve(self, features: dict, index: BlockIndex, k: int, training=None,
                gold_rows: Optional[tf.Tensor] = None,
                num_live: int = 0) -> tuple[tf.Tensor, tf.Tensor, object]:
     """Rows [B, k] of the top-k blocks, relevance logits [B, k], and the gathered blocks.
@@ -117,7 +130,7 @@ class OpenQAModel(tf_keras.Model):
     logits = Retriever.relevance(query, documents)
     return rows, tf.cast(logits, tf.float32), blocks
 
-  def call(self, features: dict, index: KnowledgeIndex, num_retrieved: int, num_read: int,
+  def call(self, features: dict, index: BlockIndex, num_retrieved: int, num_read: int,
            training=None, gold_rows: Optional[tf.Tensor] = None) -> OpenQAOutputs:
     """Retrieves `num_retrieved` blocks and reads the best `num_read` of them (the gold
     block first, for questions with gold_rows >= 0)."""

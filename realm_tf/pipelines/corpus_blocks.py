@@ -1,6 +1,7 @@
 """An Open-QA corpus given as JSON lines or blocks, turned into the blocks the index reads.
 
-(Retrieval itself is realm_tf.retrieval.knowledge_index, shared with pre-training.)
+Used by the trainer for Open-QA corpora (`--corpus`); retrieval itself is
+realm_tf.retrieval.knowledge_index, shared with pre-training.
 """
 import logging
 import os
@@ -8,6 +9,7 @@ import os
 import tensorflow as tf
 
 from realm_tf.io import versioned
+from realm_tf.pipelines import preprocess
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -32,7 +34,6 @@ def prepare_blocks(corpus: str, work_dir: str, max_block_length: int) -> str:
                          f"with {max_block_length}: use another model_dir")
       logging.info("Reusing the blocks of %s in %s", corpus, work_dir)
     else:
-      from realm_tf.pipelines import preprocess  # pylint: disable=g-import-not-at-top
       logging.info("Preprocessing %s into blocks in %s", corpus, work_dir)
       # Titles keep the pipeline's 64-wordpiece limit unless the blocks are short.
       preprocess.prepare_corpus(preprocess.PreprocessConfig(

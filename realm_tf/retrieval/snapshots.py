@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable, Optional
 
-from realm_tf.export.encoders import BlockEncoder, QueryEncoder, export_encoder
+from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder, export_encoder
 from realm_tf.io import layout, versioned
 
 

@@ -3,11 +3,13 @@ import os
 from typing import Union
 
 import tensorflow as tf
+from scann.scann_ops.py import scann_ops
 
-from realm_tf.retrieval.exact import ExactSearcher
 from realm_tf.io import versioned
+from realm_tf.retrieval.exact import ExactSearcher
 from realm_tf.retrieval.index_export import (
     ExportError, IndexExport, latest_export, load_shard_array, shard_name)
+from realm_tf.retrieval.scann_searcher import ScannSearcher
 from realm_tf.retrieval.sharded import ShardedSearcher
 
 BACKENDS = ("scann", "exact")
@@ -69,8 +71,6 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
     scann_dir = os.path.join(path, "scann")
     if not tf.io.gfile.exists(scann_dir):
       raise ExportError(f"{path}: no ScaNN searcher in this shard; use backend='exact'")
-    from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
-    from realm_tf.retrieval.scann_searcher import ScannSearcher  # pylint: disable=g-import-not-at-top
     state = tf.saved_model.load(scann_dir)
     searcher = ScannSearcher(
         scann_ops.searcher_from_module(state), block_ids, int(info["dimension"]),
