@@ -200,9 +200,10 @@ def recall_questions(work: str, num: int) -> dict:
 # ----------------------------------------------------------------------------- models
 
 
-def load_config(overrides: dict):
+def load_config(overrides: dict, experiment: str = "realm/pretrain"):
+  """A stage's registered experiment, then demo.yaml's sizes, then `overrides`."""
   from realm_tf.configs import load_config as load  # pylint: disable=g-import-not-at-top
-  return load(CONFIG, [f"{k}={v}" for k, v in overrides.items()])
+  return load(CONFIG, [f"{k}={v}" for k, v in overrides.items()], experiment=experiment)
 
 
 def start_retriever(config, ict_dir: str):
@@ -293,13 +294,13 @@ def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps
       return json.load(f)
   log(f"MLM-head warm-up: {steps} steps, encoder frozen, no retrieval")
   config = load_config(dict(common, **{
-      "task.pretrain.retrieval": False, "task.pretrain.trainable": "mlm_head",
       "trainer.train_steps": steps, "trainer.learning_rate": 1e-3,
       "trainer.warmup_steps": max(1, steps // 10),
       "task.pretrain.train_data.global_batch_size": batch,
       # Only x and [SEP] are read: a short reader input gives the same numbers.
       "model.reader.seq_length": QUERY_LENGTH + 2,
-      "trainer.validation_interval": steps, "trainer.checkpoint_interval": steps}))
+      "trainer.validation_interval": steps, "trainer.checkpoint_interval": steps}),
+      experiment="realm/mlm_warmup")
   start = time.time()
   run = train_lib.Run(config, model_dir)
   result = run.train()
@@ -646,7 +647,7 @@ def main(argv=None) -> int:
   tagger = args.tagger_dir or (train_tagger(work, args.tagger_epochs)
                                if args.tagger_epochs else "")
   tagger_seconds = time.time() - stage
-  from realm_tf.openqa.corpus import prepare_blocks  # pylint: disable=g-import-not-at-top
+  from realm_tf.pipelines.corpus_blocks import prepare_blocks  # pylint: disable=g-import-not-at-top
   vital = os.path.join(SHARED_DATA, "wikipedia", "vital_articles.jsonl")
   if args.z_records:
     vital_subset = os.path.join(work, f"vital-{args.z_records}.jsonl")
@@ -675,7 +676,7 @@ def main(argv=None) -> int:
   questions = recall_questions(work, args.recall_questions)
   validation_steps = max(1, split["heldout"] // args.batch_size)
   common = {
-      "task.type": "pretrain", "index.blocks": z_dir,
+      "index.blocks": z_dir,
       "task.pretrain.train_data.input_path": split["train_file"],
       "task.pretrain.validation_data.input_path": split["heldout_file"],
       "task.pretrain.validation_data.global_batch_size": args.batch_size,
@@ -706,9 +707,9 @@ def main(argv=None) -> int:
     if not layout.training_done(ict_dir):
       log(f"ICT warm start: {args.ict_steps} steps")
       train_lib.run_experiment(load_config(dict(common, **{
-          "task.type": "ict", "task.ict.train_data.input_path": os.path.join(z_dir, "ict-*"),
+          "task.ict.train_data.input_path": os.path.join(z_dir, "ict-*"),
           "task.ict.train_data.global_batch_size": 16,
-          "trainer.train_steps": args.ict_steps})), ict_dir)
+          "trainer.train_steps": args.ict_steps}), experiment="realm/ict"), ict_dir)
   start_path = os.path.join(work, f"start-{'ict' if ict_dir else 'minilm'}")
   warmup = run_warmup(work, common, args.warmup_steps, args.warmup_batch_size,
                       validation_steps)

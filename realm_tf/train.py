@@ -1,21 +1,26 @@
-"""`python -m realm_tf.train`: any realm_tf task (ICT, REALM pre-training, Open-QA).
+"""`python -m realm_tf.train`: one stage of REALM, as a registered experiment.
 
-    python -m realm_tf.train --config configs/demo.yaml --model_dir runs/ict \\
-        --override task.type=ict,task.ict.train_data.input_path=runs/corpus/ict-*
-    python -m realm_tf.train --config configs/demo.yaml --model_dir runs/realm \\
-        --override task.type=pretrain,index.blocks=runs/corpus \\
+    python -m realm_tf.train --experiment realm/ict --config configs/demo.yaml \\
+        --model_dir runs/ict --override task.ict.train_data.input_path=runs/corpus/ict-*
+    python -m realm_tf.train --experiment realm/pretrain --config configs/demo.yaml \\
+        --model_dir runs/realm --override index.blocks=runs/corpus \\
         --override task.pretrain.train_data.input_path=runs/corpus/pretraining-* \\
         --override task.pretrain.init_checkpoint=runs/ict,task.pretrain.start_index_builder=true
-    python -m realm_tf.train --config configs/demo.yaml --model_dir runs/nq \\
-        --override task.type=openqa,index.blocks=runs/corpus \\
+    python -m realm_tf.train --experiment realm/openqa --config configs/demo.yaml \\
+        --model_dir runs/nq --override index.blocks=runs/corpus \\
+        --override task.openqa.init_checkpoint=runs/realm \\
         --override task.openqa.train_data.input_path=nq/train.jsonl \\
         --override task.openqa.validation_data.input_path=nq/dev.jsonl
 
-On Cloud TPU (everything on GCS):
-    python -m realm_tf.train --config configs/realm_paper.yaml --tpu=$TPU_NAME \\
+On Cloud TPU (everything on GCS), the paper's settings, one file per stage:
+    python -m realm_tf.train --experiment realm/pretrain --tpu=$TPU_NAME \\
+        --config configs/realm_paper/bert_base.yaml --config configs/realm_paper/pretrain.yaml \\
         --model_dir gs://BUCKET/realm
 
-The config (with its overrides) is the whole run: it is saved as <model_dir>/params.yaml.
+The experiment (realm_tf.configs.experiments: realm/ict, realm/mlm_warmup, realm/pretrain,
+realm/openqa) gives the stage's defaults and its own trainer section; each --config file
+in order, then --override, change them. Without --experiment the files alone (a saved
+params.yaml, say) are the run. The result is saved as <model_dir>/params.yaml.
 --tpu gives TPUStrategy; GPUs give MirroredStrategy; TF_CONFIG gives multi-worker; else the
 default strategy (or runtime.distribution_strategy).
 """
@@ -25,7 +30,10 @@ import sys
 
 from absl import app, flags
 
-flags.DEFINE_string("config", None, "Experiment config YAML.", required=True)
+flags.DEFINE_string("experiment", "", "A registered experiment: realm/ict, realm/mlm_warmup, "
+                    "realm/pretrain or realm/openqa (the stage's defaults).")
+flags.DEFINE_multi_string("config", [], "Config YAML files, applied in order over the "
+                          "experiment's defaults.")
 flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, exports (local or gs://).",
                     required=True)
 flags.DEFINE_multi_string("override", [], "Config overrides: key=value[,key=value].")
@@ -37,13 +45,15 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from realm_tf.configs import ConfigError, load_config  # pylint: disable=g-import-not-at-top
-  from realm_tf.training import runtime, train_lib  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   overrides = list(FLAGS.override)
   if FLAGS.tpu:
     overrides.append(f"runtime.tpu={FLAGS.tpu}")
   try:
-    config = load_config(FLAGS.config, overrides)
+    if not FLAGS.experiment and not FLAGS.config:
+      raise ConfigError("give --experiment (a stage), --config (a full config), or both")
+    config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
   except (ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
   strategy = runtime.make_strategy(config, FLAGS.tpu)

@@ -1,28 +1,77 @@
 """Experiment configs: YAML files, command-line overrides, errors that name key and file."""
 import pytest
+from official.core import exp_factory
 
-from realm_tf.configs import ConfigError, load_config, parse_overrides
+from realm_tf.configs import EXPERIMENTS, ConfigError, load_config, parse_overrides
 
 
-def test_paper_config_has_the_paper_settings(repo_dir):
-  c = load_config(str(repo_dir / "configs" / "realm_paper.yaml"))
+PAPER = ("realm_paper/bert_base.yaml",)
+PAPER_STAGES = {"realm/ict": "realm_paper/ict.yaml", "realm/pretrain": "realm_paper/pretrain.yaml",
+                "realm/openqa": "realm_paper/openqa.yaml"}
+
+
+def _paper(repo_dir, experiment):
+  files = [str(repo_dir / "configs" / f) for f in PAPER + (PAPER_STAGES[experiment],)]
+  return load_config(files, experiment=experiment)
+
+
+def test_paper_configs_have_the_paper_settings_per_stage(repo_dir):
+  c = _paper(repo_dir, "realm/pretrain")
   m = c.model
+  assert c.task.type == "pretrain"
   assert (m.encoder.hidden_size, m.encoder.num_layers, m.encoder.num_attention_heads) == (
       768, 12, 12)
   assert m.retriever.block_seq_length == 288
   assert m.retriever.query_seq_length == 96
   assert m.retriever.projection_size == 128
   assert c.task.pretrain.num_candidates == 8 and c.task.pretrain.include_null_document
-  assert c.task.openqa.num_candidates == 5
   assert c.trainer.learning_rate == pytest.approx(3e-5)
   assert c.task.pretrain.train_data.global_batch_size == 512
   assert c.trainer.train_steps == 200_000
   assert c.task.pretrain.refresh_every_steps == 500
   assert c.runtime.distribution_strategy == "tpu"
   assert m.warm_start.source == "google_bert"
+  ict = _paper(repo_dir, "realm/ict")
+  assert ict.task.type == "ict" and ict.task.ict.train_data.global_batch_size == 4096
+  assert ict.trainer.learning_rate == pytest.approx(1e-4)  # its own schedule, not REALM's
+  assert ict.trainer.train_steps == 100_000
+  openqa = _paper(repo_dir, "realm/openqa")
+  assert openqa.task.type == "openqa" and openqa.task.openqa.num_candidates == 5
+  assert openqa.trainer.learning_rate == pytest.approx(1e-5)
+  assert openqa.model.encoder.num_layers == 12
 
 
-@pytest.mark.parametrize("name", ["tiny", "demo", "realm_paper"])
+def test_every_stage_is_a_registered_experiment():
+  configs = {name: exp_factory.get_exp_config(name) for name in EXPERIMENTS}
+  assert {n: c.task.type for n, c in configs.items()} == {
+      "realm/ict": "ict", "realm/mlm_warmup": "pretrain", "realm/pretrain": "pretrain",
+      "realm/openqa": "openqa"}
+  warmup = configs["realm/mlm_warmup"].task.pretrain
+  assert not warmup.retrieval and warmup.trainable == "mlm_head"
+  assert len({c.trainer.learning_rate for c in configs.values()}) > 1
+
+
+def test_files_and_overrides_apply_over_the_experiment(repo_dir):
+  c = load_config(str(repo_dir / "configs" / "tiny.yaml"), ["trainer.train_steps=7"],
+                  experiment="realm/ict")
+  assert c.task.type == "ict" and c.trainer.train_steps == 7
+  assert c.model.encoder.num_layers == 2  # from tiny.yaml
+
+
+def test_a_config_naming_another_stage_is_refused(repo_dir, tmp_path):
+  path = tmp_path / "stage.yaml"
+  path.write_text("task:\n  type: pretrain\n")
+  with pytest.raises(ConfigError, match=r"stage.yaml: task.type=pretrain, but --experiment "
+                     r"realm/ict trains task.type=ict"):
+    load_config(str(path), experiment="realm/ict")
+  with pytest.raises(ConfigError, match="command-line override: task.type=openqa"):
+    load_config(None, ["task.type=openqa"], experiment="realm/pretrain")
+  with pytest.raises(ConfigError, match="unknown experiment 'realm/bert'; registered: "
+                     "realm/ict"):
+    load_config(None, experiment="realm/bert")
+
+
+@pytest.mark.parametrize("name", ["tiny", "demo"])
 def test_every_shipped_config_loads(repo_dir, name):
   c = load_config(str(repo_dir / "configs" / f"{name}.yaml"))
   m = c.model

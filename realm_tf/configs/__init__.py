@@ -17,11 +17,12 @@ from realm_tf.configs.experiment import (
     TrainerConfig,
     WarmStartConfig,
 )
+from realm_tf.configs.experiments import EXPERIMENTS, experiment_config
 from realm_tf.configs.loading import ConfigError, load_config, parse_overrides
 
 __all__ = [
-    "ConfigError", "ConfigValueError", "DataConfig", "EncoderConfig", "ExperimentConfig",
+    "EXPERIMENTS", "ConfigError", "ConfigValueError", "DataConfig", "EncoderConfig", "ExperimentConfig",
     "IctTaskConfig", "IndexConfig", "ModelConfig", "OpenQATaskConfig", "PretrainTaskConfig",
     "ReaderConfig", "RetrieverConfig", "RuntimeConfig", "TaskSelection", "TokenizerConfig",
-    "TrainerConfig", "WarmStartConfig", "load_config", "parse_overrides",
+    "TrainerConfig", "WarmStartConfig", "experiment_config", "load_config", "parse_overrides",
 ]

@@ -6,13 +6,14 @@ override tree against the dataclass fields first, so every error names the dotte
 the file (or command-line flag) it came from, then hand the checked dict to `override`.
 """
 import dataclasses
-from typing import Any, Iterable, Mapping, Optional, Type
+from typing import Any, Iterable, Mapping, Sequence, Type, Union
 
 import tensorflow as tf
 import yaml
 
 from official.modeling.hyperparams import base_config
 
+from realm_tf.configs import experiments
 from realm_tf.configs.experiment import ExperimentConfig
 
 
@@ -120,23 +121,48 @@ def _split_assignments(item: str) -> list[str]:
   return [p.strip() for p in parts if p.strip()]
 
 
-def load_config(path: Optional[str] = None, overrides: Iterable[str] = (),
-                config_cls: Type[base_config.Config] = ExperimentConfig) -> base_config.Config:
-  """Defaults, then the YAML file at `path`, then `overrides`; raises ConfigError."""
-  config = config_cls()
-  if path:
+def load_config(path: Union[str, Sequence[str], None] = None, overrides: Iterable[str] = (),
+                config_cls: Type[base_config.Config] = ExperimentConfig,
+                experiment: str = "") -> base_config.Config:
+  """The registered `experiment`'s defaults (else the dataclass defaults), then each YAML
+  file in `path` in order, then `overrides`; validated; raises ConfigError.
+
+  A file may leave task.type out; with an experiment it may not name another type (a
+  pre-training file run as realm/ict would silently train the wrong stage).
+  """
+  if experiment:
+    if config_cls is not ExperimentConfig:
+      raise ConfigError("--experiment applies to experiment configs only")
+    try:
+      config = experiments.experiment_config(experiment)
+    except ValueError as e:
+      raise ConfigError(str(e)) from e
+  else:
+    config = config_cls()
+  paths = [path] if isinstance(path, str) else list(path or ())
+  for one in paths:
     # tf.io.gfile: a run's params.yaml is read from gs:// model dirs too.
-    if not tf.io.gfile.exists(path):
-      raise ConfigError(f"{path}: config file not found")
-    with tf.io.gfile.GFile(path, "r") as f:
+    if not tf.io.gfile.exists(one):
+      raise ConfigError(f"{one}: config file not found")
+    with tf.io.gfile.GFile(one, "r") as f:
       try:
         tree = yaml.safe_load(f.read()) or {}
       except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    config.override(_check(config_cls, tree, "", path), is_strict=True)
+        raise ConfigError(f"{one}: not valid YAML: {e}") from e
+    tree = _check(config_cls, tree, "", one)
+    _same_task_type(experiment, config, tree, one)
+    config.override(tree, is_strict=True)
   override_tree = parse_overrides(overrides)
   if override_tree:
-    config.override(_check(config_cls, override_tree, "", "command-line override"),
-                    is_strict=True)
+    override_tree = _check(config_cls, override_tree, "", "command-line override")
+    _same_task_type(experiment, config, override_tree, "command-line override")
+    config.override(override_tree, is_strict=True)
   config.validate()
   return config
+
+
+def _same_task_type(experiment: str, config, tree: Mapping[str, Any], source: str) -> None:
+  chosen = tree.get("task", {}).get("type") if isinstance(tree.get("task"), Mapping) else None
+  if experiment and chosen is not None and chosen != config.task.type:
+    raise ConfigError(f"{source}: task.type={chosen}, but --experiment {experiment} trains "
+                      f"task.type={config.task.type}")

@@ -11,14 +11,14 @@
               examples
   data        held-out masked sentences out of pre-training; cloze questions on salient
               spans, kept only when another block holds the answer (realm_tf.demo.questions)
-  ict         python -m realm_tf.train, task ict: the retriever's warm start
+  ict         python -m realm_tf.train --experiment realm/ict: the retriever's warm start
   index       python -m beam.embed_corpus: the corpus embedded by the ICT retriever
-  warmup      python -m realm_tf.train, task pretrain, retrieval=false, trainable=mlm_head:
+  warmup      python -m realm_tf.train --experiment realm/mlm_warmup (no retrieval):
               MiniLM ships no MLM head; a fresh one is trained on the frozen encoder first
-  pretrain    python -m realm_tf.train, task pretrain: REALM from the ICT retriever and the
+  pretrain    python -m realm_tf.train --experiment realm/pretrain: REALM from the ICT retriever and the
               warm-up's MLM head, the index builder refreshing the index in the background
   fill_in     held-out masked sentences filled in with and without retrieval (Table 3)
-  openqa      python -m realm_tf.train, task openqa, init_from=realm: reader fine-tuning
+  openqa      python -m realm_tf.train --experiment realm/openqa: reader fine-tuning
   export      python -m realm_tf.export: the realm_qa SavedModel (TF Serving layout)
   serve       python -m serving.server on a free localhost port; questions asked over gRPC
               with python -m serving.client; the server is always stopped
@@ -34,11 +34,19 @@ import re
 import time
 from typing import Callable, List, Sequence
 
+import tensorflow as tf
+
+from realm_tf.configs import experiments, load_config
 from realm_tf.demo import corpus as corpus_lib
 from realm_tf.demo import questions as questions_lib
 from realm_tf.demo import records
+from realm_tf.demo.fill_in import fill_in, fits_query
 from realm_tf.demo.serve import serve_and_ask
 from realm_tf.demo.stages import StageError, Stages, clock, python_module, run_command
+from realm_tf.io import versioned
+from realm_tf.tagger.export import read_manifest
+from realm_tf.text import Tokenizer
+from realm_tf.text.answers import exact_match
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHARED_CONLL = os.path.join(REPO, "..", "shared", "data", "ner", "conll2003")
@@ -139,8 +147,6 @@ def republish_index(source_root: str, dest_root: str) -> int:
   """The newest committed index under `source_root`, committed again (same version and
   manifest) under `dest_root`: the pre-training run's first index, while the index stage
   keeps its own copy (the builder adds and deletes versions in the run's index dir)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
   latest = versioned.latest_version(source_root)
   if latest is None:
     raise FileNotFoundError(f"{source_root}: no committed index")
@@ -164,7 +170,6 @@ class Demo:
   """Runs the stages of the module docstring; `result` holds what the demo printed."""
 
   def __init__(self, options: DemoOptions, log: Callable[[str], None] = print):
-    from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
     options.validate()
     self.o = options
     self.log = log
@@ -179,10 +184,11 @@ class Demo:
 
   # --------------------------------------------------------------------------- helpers
 
-  def train(self, stage_dir: str, label: str, values: dict):
-    """python -m realm_tf.train on the demo config + the user's overrides + `values`."""
-    argv = python_module("realm_tf.train", "--config", self.config_path, "--model_dir",
-                         stage_dir)
+  def train(self, stage_dir: str, label: str, experiment: str, values: dict):
+    """python -m realm_tf.train: the stage's registered `experiment`, then the demo config
+    (its sizes), the user's overrides and the stage's `values`."""
+    argv = python_module("realm_tf.train", "--experiment", experiment, "--config",
+                         self.config_path, "--model_dir", stage_dir)
     for override in self.o.overrides:
       argv += ["--override", override]
     run_command(argv + _overrides(values), stage_dir, label, self.log)
@@ -220,7 +226,6 @@ class Demo:
                                 "--output_dir", export, "--epochs", "1",
                                 "--max_steps", str(self.o.tagger_steps)),
                   directory, "tagger", self.log)
-      from realm_tf.tagger.export import read_manifest  # pylint: disable=g-import-not-at-top
       scores = read_manifest(export)["scores"]
       self.log(f"  entity F1 {scores['dev']['f1']:.3f} on eng.testa, "
                f"{scores['test']['f1']:.3f} on eng.testb")
@@ -263,10 +268,6 @@ class Demo:
     o, c = self.o, self.config
 
     def body(directory):
-      # pylint: disable=g-import-not-at-top
-      from realm_tf.demo.fill_in import fits_query
-      from realm_tf.text import Tokenizer
-      # pylint: enable=g-import-not-at-top
       blocks = records.read_blocks(corpus_dir)
       sentences = records.read_sentences(corpus_dir)
       tokenizer = Tokenizer(c.model.tokenizer.vocab_file or None, c.model.tokenizer.lower_case)
@@ -328,8 +329,8 @@ class Demo:
 
   def ict(self, corpus_dir: str, upstream: list) -> dict:
     def body(directory):
-      self.train(directory, "ict", {
-          "task.type": "ict", "task.ict.train_data.input_path": os.path.join(corpus_dir,
+      self.train(directory, "ict", experiments.ICT, {
+          "task.ict.train_data.input_path": os.path.join(corpus_dir,
                                                                             "ict-*"),
           "trainer.train_steps": self.o.ict_steps})
       last = _last_metrics(directory, "ict")
@@ -360,9 +361,8 @@ class Demo:
     o, q = self.o, self.config.model.retriever.query_seq_length
 
     def body(directory):
-      self.train(directory, "warmup", {
-          "task.type": "pretrain", "task.pretrain.retrieval": False,
-          "task.pretrain.trainable": "mlm_head", "index.blocks": "",
+      self.train(directory, "warmup", experiments.MLM_WARMUP, {
+          "index.blocks": "",
           "task.pretrain.train_data.input_path": pretraining,
           "task.pretrain.train_data.global_batch_size": o.warmup_batch_size,
           "trainer.train_steps": o.warmup_steps,
@@ -387,8 +387,8 @@ class Demo:
     def body(directory):
       version = republish_index(index_dir, os.path.join(directory, "index"))
       self.log(f"  first index: version {version} of {index_dir}")
-      self.train(directory, "pretrain", {
-          "task.type": "pretrain", "index.blocks": corpus_dir,
+      self.train(directory, "pretrain", experiments.PRETRAIN, {
+          "index.blocks": corpus_dir,
           "task.pretrain.train_data.input_path": pretraining,
           "task.pretrain.train_data.global_batch_size": o.pretrain_batch_size,
           "task.pretrain.num_candidates": o.num_candidates,
@@ -411,7 +411,6 @@ class Demo:
 
   def fill_in(self, pretrain_dir: str, masked: str, masked_json: str, upstream: list) -> dict:
     def body(directory):
-      from realm_tf.demo.fill_in import fill_in  # pylint: disable=g-import-not-at-top
       sentences = [questions_lib.Sentence(r["text"], r["block_id"], r["doc_uid"],
                                           tuple(tuple(s) for s in r["spans"]))
                    for r in records.read_json_lines(masked_json)]
@@ -429,8 +428,8 @@ class Demo:
     o = self.o
 
     def body(directory):
-      self.train(directory, "openqa", {
-          "task.type": "openqa", "index.blocks": corpus_dir,
+      self.train(directory, "openqa", experiments.OPENQA, {
+          "index.blocks": corpus_dir,
           "task.openqa.train_data.input_path": train_questions,
           "task.openqa.validation_data.input_path": heldout_questions,
           "task.openqa.train_data.global_batch_size": o.finetune_batch_size,
@@ -530,8 +529,6 @@ class Demo:
 
 
 def format_answers(answers: Sequence[dict], top_blocks: int = 3) -> str:
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.openqa.answers import exact_match
   lines = []
   for a in answers:
     expected = a.get("expected") or []

@@ -1,0 +1,67 @@
+"""One registered experiment per REALM stage (tf-models' `exp_factory`).
+
+    python -m realm_tf.train --experiment realm/ict --config my_sizes.yaml --model_dir D
+
+An experiment is the stage's defaults: its task type, its task settings and its own
+trainer section (steps, learning rate, warm-up), so a stage never borrows another stage's
+schedule. `--config` files and `--override`s then change any field, in that order.
+
+  realm/ict         Inverse Cloze Task warm start of the retriever (ORQA: batch 4096,
+                    lr 1e-4, 100k steps).
+  realm/mlm_warmup  the knowledge-augmented encoder's MLM head alone, no retrieval: for warm
+                    starts that ship no MLM head (MiniLM), whose fresh head would otherwise
+                    start REALM at chance.
+  realm/pretrain    REALM pre-training (paper: batch 512, lr 3e-5, 200k steps, k=8 with the
+                    null document, an index refresh about every 500 steps).
+  realm/openqa      Open-QA fine-tuning (paper: k=5; ORQA's fine-tuning lr 1e-5).
+"""
+from official.core import exp_factory
+
+from realm_tf.configs.experiment import ExperimentConfig
+
+ICT = "realm/ict"
+MLM_WARMUP = "realm/mlm_warmup"
+PRETRAIN = "realm/pretrain"
+OPENQA = "realm/openqa"
+EXPERIMENTS = (ICT, MLM_WARMUP, PRETRAIN, OPENQA)
+
+
+@exp_factory.register_config_factory(ICT)
+def realm_ict() -> ExperimentConfig:
+  return ExperimentConfig(
+      task=dict(type="ict"),
+      trainer=dict(train_steps=100_000, learning_rate=1e-4, warmup_steps=10_000,
+                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+
+
+@exp_factory.register_config_factory(MLM_WARMUP)
+def realm_mlm_warmup() -> ExperimentConfig:
+  return ExperimentConfig(
+      task=dict(type="pretrain", pretrain=dict(retrieval=False, trainable="mlm_head",
+                                               refresh_every_steps=0)),
+      trainer=dict(train_steps=10_000, learning_rate=1e-4, warmup_steps=1000,
+                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+
+
+@exp_factory.register_config_factory(PRETRAIN)
+def realm_pretrain() -> ExperimentConfig:
+  return ExperimentConfig(
+      task=dict(type="pretrain", pretrain=dict(num_candidates=8, include_null_document=True,
+                                               refresh_every_steps=500)),
+      trainer=dict(train_steps=200_000, learning_rate=3e-5, warmup_steps=10_000,
+                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+
+
+@exp_factory.register_config_factory(OPENQA)
+def realm_openqa() -> ExperimentConfig:
+  return ExperimentConfig(
+      task=dict(type="openqa", openqa=dict(num_candidates=5, init_from="realm")),
+      trainer=dict(train_steps=10_000, learning_rate=1e-5, warmup_steps=1000,
+                   steps_per_loop=100, summary_interval=100, checkpoint_interval=1000))
+
+
+def experiment_config(name: str) -> ExperimentConfig:
+  """The registered experiment `name`; ValueError naming the known ones otherwise."""
+  if name not in EXPERIMENTS:
+    raise ValueError(f"unknown experiment {name!r}; registered: {', '.join(EXPERIMENTS)}")
+  return exp_factory.get_exp_config(name)
