@@ -65,7 +65,7 @@ def minilm_scores(repo_dir, tokenizer):
 
 def test_normalised_scoring_ranks_the_paraphrase_over_short_fragments(minilm_scores):
   raw, normalised = minilm_scores["raw"], minilm_scores["normalised"]
-  assert np.argmax(raw) != 0, raw  # the failure issue 11 measured: a fragment wins
+  assert np.argmax(raw) != 0, raw  # the failure raw inner products give: a fragment wins
   assert np.argmax(normalised) == 0, normalised
   np.testing.assert_allclose(minilm_scores["normalised_norms"], 1.0, rtol=1e-5)
   # relevance = 20 · cosine: the raw scores divided by both norms, times the scale.

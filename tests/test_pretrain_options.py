@@ -1,4 +1,4 @@
-"""Pre-training set-ups of the paper's ablations (issue 14) on the tiny config: sentences
+"""Pre-training set-ups of the paper's ablations on the tiny config: sentences
 without a salient span skipped, the no-retrieval arm (null document only), the MLM-head
 warm-up on a frozen encoder and a run starting from it, held-out masking fixed across
 masking ablations, and span-level accuracy against a NumPy reference."""
