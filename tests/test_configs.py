@@ -130,3 +130,23 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_parse_overrides_types_and_nesting():
   tree = parse_overrides(["a.b=1,a.c=x", "d=true", "e=1e-4"])
   assert tree == {"a": {"b": 1, "c": "x"}, "d": True, "e": 1e-4}
+
+
+def test_tf_models_optimizer_config_is_used_as_written(repo_dir):
+  from realm_tf.tasks.base import build_optimizer  # pylint: disable=g-import-not-at-top
+  c = load_config(str(repo_dir / "configs" / "tiny.yaml"), [
+      "trainer.optimizer_config.optimizer.type=sgd",
+      "trainer.optimizer_config.learning_rate.type=constant",
+      "trainer.optimizer_config.learning_rate.constant.learning_rate=0.25"],
+      experiment="realm/ict")
+  optimizer = build_optimizer(c.trainer)
+  assert "SGD" in type(optimizer).__name__
+  assert float(optimizer.learning_rate.numpy()) == pytest.approx(0.25)
+  shorthand = build_optimizer(load_config(str(repo_dir / "configs" / "tiny.yaml")).trainer)
+  assert "AdamWeightDecay" in type(shorthand).__name__
+
+
+def test_an_optimizer_config_without_an_optimizer_type_is_refused(repo_dir):
+  with pytest.raises(ValueError, match="trainer.optimizer_config needs optimizer.type"):
+    load_config(str(repo_dir / "configs" / "tiny.yaml"),
+                ["trainer.optimizer_config.learning_rate.type=constant"])

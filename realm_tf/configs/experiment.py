@@ -294,9 +294,9 @@ class TrainerConfig(cfg.TrainerConfig):
   summary_interval, validation_interval, validation_steps, max_to_keep, ...) plus BERT's
   optimiser in three numbers: AdamW, linear warm-up, linear decay to zero at train_steps.
 
-  The optimiser is built from these fields (realm_tf.tasks.base) rather than from
-  tf-models' `optimizer_config`, so the decay always ends at train_steps; setting
-  `optimizer_config` is rejected by validate() so there is one way to configure it.
+  The optimiser is built from these fields (realm_tf.tasks.base), so the decay ends at
+  train_steps, unless tf-models' `optimizer_config` names an optimizer type: then that
+  section is used as written (its own schedule) and these three fields are unused.
   """
   train_steps: int = 200000
   steps_per_loop: int = 100
@@ -376,10 +376,12 @@ class ExperimentConfig(cfg.ExperimentConfig):
     if self.index.backend == "scann" and self.runtime.distribution_strategy == "tpu":
       raise ConfigValueError("index.backend=scann runs on the host CPU: TPU runs need "
                              "index.backend=exact (block embeddings sharded over the cores)")
+    optimizer = self.trainer.optimizer_config
     default_optimizer = cfg.TrainerConfig().optimizer_config.as_dict()
-    if self.trainer.optimizer_config.as_dict() != default_optimizer:
-      raise ConfigValueError("trainer.optimizer_config is not used: set trainer."
-                             "learning_rate, warmup_steps and weight_decay instead")
+    if not optimizer.optimizer.type and optimizer.as_dict() != default_optimizer:
+      raise ConfigValueError("trainer.optimizer_config needs optimizer.type (e.g. adamw) to "
+                             "be used; or set trainer.learning_rate, warmup_steps and "
+                             "weight_decay without it")
     for key in ("train_steps", "steps_per_loop", "checkpoint_interval", "max_to_keep"):
       _positive(getattr(self.trainer, key), f"trainer.{key}")
     for key in ("ict", "pretrain", "openqa"):

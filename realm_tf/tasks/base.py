@@ -82,20 +82,27 @@ class AdamWeightDecayWithHeadRate(legacy_adamw.AdamWeightDecay):
 def build_optimizer(trainer: TrainerConfig, runtime=None):
   """AdamW with linear warm-up and linear decay to zero at train_steps (BERT's schedule),
   through tf-models' OptimizerFactory; loss scaling for float16 as tf-models configures it.
+  A trainer.optimizer_config with an optimizer type (tf-models' section: optimizer,
+  learning_rate, warmup) replaces that schedule and learning_rate / warmup_steps /
+  weight_decay are then unused.
   With trainer.head_learning_rate_multiplier != 1, the same AdamW with the span head's
   learning rate multiplied (AdamWeightDecayWithHeadRate)."""
   steps = trainer.train_steps
-  config = optimization.OptimizationConfig({
-      "optimizer": {"type": "adamw", "adamw": {
-          "weight_decay_rate": trainer.weight_decay,
-          "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"],
-          "global_clipnorm": 1.0}},
-      "learning_rate": {"type": "polynomial", "polynomial": {
-          "initial_learning_rate": trainer.learning_rate, "decay_steps": steps,
-          "end_learning_rate": 0.0}},
-      "warmup": {"type": "linear", "linear": {
-          "warmup_steps": min(trainer.warmup_steps, max(1, steps // 2))}},
-  })
+  if trainer.optimizer_config.optimizer.type:
+    # tf-models' own optimizer section, as written (its schedule's decay_steps included).
+    config = trainer.optimizer_config
+  else:
+    config = optimization.OptimizationConfig({
+        "optimizer": {"type": "adamw", "adamw": {
+            "weight_decay_rate": trainer.weight_decay,
+            "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"],
+            "global_clipnorm": 1.0}},
+        "learning_rate": {"type": "polynomial", "polynomial": {
+            "initial_learning_rate": trainer.learning_rate, "decay_steps": steps,
+            "end_learning_rate": 0.0}},
+        "warmup": {"type": "linear", "linear": {
+            "warmup_steps": min(trainer.warmup_steps, max(1, steps // 2))}},
+    })
   factory = optimization.OptimizerFactory(config)
   learning_rate = factory.build_learning_rate()
   optimizer = factory.build_optimizer(learning_rate)
