@@ -150,3 +150,28 @@ def test_an_optimizer_config_without_an_optimizer_type_is_refused(repo_dir):
   with pytest.raises(ValueError, match="trainer.optimizer_config needs optimizer.type"):
     load_config(str(repo_dir / "configs" / "tiny.yaml"),
                 ["trainer.optimizer_config.learning_rate.type=constant"])
+
+
+def test_params_yaml_survives_concurrent_writers(repo_dir, tmp_path):
+  """Every worker of a multi-worker job saves params.yaml (a shared temporary name made
+  one worker's rename find nothing)."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from realm_tf.training.train_lib import save_params  # pylint: disable=g-import-not-at-top
+  config = load_config(str(repo_dir / "configs" / "tiny.yaml"))
+  errors = []
+
+  def worker():
+    try:
+      for _ in range(40):
+        save_params(config, str(tmp_path))
+    except Exception as e:  # pylint: disable=broad-except
+      errors.append(e)
+
+  threads = [threading.Thread(target=worker) for _ in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors, errors[:2]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["params.yaml"]
+  assert load_config(str(tmp_path / "params.yaml")).as_dict() == config.as_dict()

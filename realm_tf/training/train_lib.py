@@ -16,6 +16,7 @@ the first step; the command line only chooses the config, overrides and where to
 """
 import logging
 import time
+import uuid
 from typing import Optional
 
 import numpy as np
@@ -36,10 +37,11 @@ from realm_tf.training.progress import ProgressReporter
 
 def save_params(config: ExperimentConfig, model_dir: str):
   """<model_dir>/params.yaml: what the run is (read back by the index builder and
-  evaluation). Written through a temporary object so a reader never sees half of it."""
+  evaluation). Written through a temporary object so a reader never sees half of it; the
+  temporary name is this writer's own, as every worker of a multi-worker job runs this."""
   tf.io.gfile.makedirs(model_dir)
   path = layout.params_path(model_dir)
-  tmp = path + ".tmp"
+  tmp = f"{path}.tmp-{uuid.uuid4().hex}"
   with tf.io.gfile.GFile(tmp, "w") as f:
     yaml.safe_dump(config.as_dict(), f, sort_keys=True)
   tf.io.gfile.rename(tmp, path, overwrite=True)
