@@ -101,7 +101,8 @@ ROWS = {
     "realm_refresh": "REALM pre-trained + reader, index refreshed during fine-tuning",
 }
 
-# Fine-tuning: demo.yaml with these overrides for every row.
+# Fine-tuning: the realm/openqa experiment, demo.yaml, then these overrides for every row
+# (task.type repeats the experiment's: the dict is part of the recorded settings).
 FINETUNE_OVERRIDES = {
     "task.type": "openqa",
     "task.openqa.num_candidates": 5, "task.openqa.query_seq_length": 32,
@@ -114,7 +115,7 @@ FINETUNE_OVERRIDES = {
     "trainer.summary_interval": 10, "trainer.steps_per_loop": 10,
     "index.backend": "exact", "index.num_shards": 1,
 }
-# REALM pre-training: demo.yaml with these overrides.
+# REALM pre-training: the realm/pretrain experiment, demo.yaml, then these overrides.
 PRETRAIN_STEPS = 50
 PRETRAIN_OVERRIDES = {
     "task.type": "pretrain", "task.pretrain.train_data.global_batch_size": 4,
@@ -206,7 +207,7 @@ def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
   overrides = dict(PRETRAIN_OVERRIDES, **{
       "trainer.train_steps": steps, "index.blocks": corpus_dir,
       "task.pretrain.train_data.input_path": os.path.join(corpus_dir, "pretraining-*")})
-  config = load_config(CONFIG, _overrides(overrides))
+  config = load_config(CONFIG, _overrides(overrides), experiment="realm/pretrain")
   start = time.time()
   result = train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy())
   history = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
@@ -301,7 +302,7 @@ def finetune_row(work, row, key, files, corpus, pretrained, steps, batch, gold_s
       index_built_here = True
   elif row != "bm25":
     values["index.index_dir"] = index_dir
-  config = load_config(CONFIG, _overrides(values))
+  config = load_config(CONFIG, _overrides(values), experiment="realm/openqa")
   strategy = tf.distribute.get_strategy()
   start = time.time()
   train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer

@@ -234,7 +234,7 @@ def main(argv=None):
   work = args.work_dir or tempfile.mkdtemp(prefix="serving_bench_")
   os.makedirs(work, exist_ok=True)
   config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
-                       ["task.type=openqa", "runtime.enable_xla=false"])
+                       ["runtime.enable_xla=false"], experiment="realm/openqa")
   timings = {}
   start = time.time()
   blocks = prepare_corpus(work, args.articles, config.model.retriever.block_seq_length)

@@ -93,7 +93,7 @@ def build_demo_export(work: str, articles: int) -> str:
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
   config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
-                       ["task.type=openqa", "runtime.enable_xla=false"])
+                       ["runtime.enable_xla=false"], experiment="realm/openqa")
   blocks = serving_bench.prepare_corpus(work, articles, config.model.retriever.block_seq_length)
   run = exporter.build_run(config.replace(index=dict(blocks=blocks)))
   serving_bench.embed_corpus(run)

@@ -40,7 +40,8 @@ from realm_tf.pipelines import index_builder
 from realm_tf.retrieval import index_loading
 from realm_tf.retrieval.index_export import shard_name
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
-from realm_tf.training import checkpoints, preemption, snapshots, train_lib
+from realm_tf.retrieval import snapshots
+from realm_tf.training import checkpoints, preemption, train_lib
 from realm_tf.training.preemption import RESTART_EXIT_CODE
 from realm_tf.retrieval.refresh import IndexRefresher, RefreshSettings
 from serving.server import ModelServer, ServerOptions

@@ -14,7 +14,7 @@ from realm_tf.corpus import schema
 from realm_tf.retrieval import encoders
 from realm_tf.io import storage, versioned
 from realm_tf.pipelines import embed, index_builder
-from realm_tf.retrieval import index_export, loading
+from realm_tf.retrieval import index_export, index_loading
 from realm_tf.tagger import export as tagger_export
 
 DIM = 4
@@ -60,7 +60,7 @@ def test_encoder_snapshot_export_and_load_on_ram(ram_root):
   # ... other weights under the same step are a conflict, never a silent replacement.
   with pytest.raises(versioned.VersionConflictError):
     encoders.export_encoder(_HashEncoder(scale=2.0), root, step=30)
-  # A truncated variables file is refused by name before SavedModel loading.
+  # A truncated variables file is refused by name before SavedModel index_loading.
   [variables] = [f["name"] for f in latest.manifest["files"]
                  if f["name"].startswith("variables/variables.data")]
   data = storage.read_bytes(os.path.join(path, variables))
@@ -75,15 +75,15 @@ def test_index_export_and_searcher_on_ram(ram_root):
   shards = [index_export.ShardData(rng.normal(size=(6, DIM)).astype(np.float32),
                                    np.arange(6) + 10 * i) for i in range(2)]
   path = index_export.write_export(index_dir, 7, shards, build_scann=True)
-  searcher = loading.load_searcher(index_dir, backend="scann")
+  searcher = index_loading.load_searcher(index_dir, backend="scann")
   assert searcher.num_blocks == 12 and searcher.export.path == path
-  assert loading.load_searcher(os.path.join(index_dir, "000000000007"),
+  assert index_loading.load_searcher(os.path.join(index_dir, "000000000007"),
                                backend="exact").num_blocks == 12
   # A shard truncated after the commit: refused with the file's name.
   npy = os.path.join(path, index_export.shard_name(1, 2), "embeddings.npy")
   storage.write_bytes_atomic(npy, storage.read_bytes(npy)[:-4])
   with pytest.raises(versioned.VerificationError, match="shard-00001-of-00002/embeddings.npy"):
-    loading.load_searcher(index_dir, backend="exact")
+    index_loading.load_searcher(index_dir, backend="exact")
 
 
 class _TinyTagger(tf.Module):
@@ -131,7 +131,7 @@ def test_index_builder_step_embeds_a_ram_snapshot_into_a_ram_index(ram_root, blo
   assert versioned.leased_versions(encoder_root) == set()
   # Nothing newer: no build.
   assert index_builder.build_once(model_dir, blocks, index_dir, 3, "exact", 2) is None
-  searcher = loading.load_searcher(index_dir, backend="exact")
+  searcher = index_loading.load_searcher(index_dir, backend="exact")
   assert sorted(searcher.export.manifest["encoder"]["path"] for _ in [0]) == [
       versioned.latest_version(encoder_root).path]
   assert searcher.num_blocks == len(rows)
@@ -195,7 +195,7 @@ def test_a_flipped_byte_in_an_index_is_refused(ram_root):
   storage.write_bytes_atomic(ids, bytes(data))
   for verify_checksums in (False, True):  # sizes agree: only the CRC32C tells
     with pytest.raises(versioned.VerificationError, match="block_ids.npy: CRC32C"):
-      loading.load_searcher(index_dir, backend="exact", verify_checksums=verify_checksums)
+      index_loading.load_searcher(index_dir, backend="exact", verify_checksums=verify_checksums)
 
 
 def test_index_builder_loop_on_an_object_store_model_dir(ram_root, blocks_dir, repo_dir):

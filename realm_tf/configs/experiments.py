@@ -26,38 +26,42 @@ OPENQA = "realm/openqa"
 EXPERIMENTS = (ICT, MLM_WARMUP, PRETRAIN, OPENQA)
 
 
+def _stage(task: dict, train_steps: int, learning_rate: float, warmup_steps: int,
+           steps_per_loop: int) -> ExperimentConfig:
+  """A stage's task settings and its own schedule (summaries every loop, checkpoints
+  every 1000 steps)."""
+  return ExperimentConfig(task=task, trainer=dict(
+      train_steps=train_steps, learning_rate=learning_rate, warmup_steps=warmup_steps,
+      steps_per_loop=steps_per_loop, summary_interval=steps_per_loop,
+      checkpoint_interval=1000))
+
+
 @exp_factory.register_config_factory(ICT)
 def realm_ict() -> ExperimentConfig:
-  return ExperimentConfig(
-      task=dict(type="ict"),
-      trainer=dict(train_steps=100_000, learning_rate=1e-4, warmup_steps=10_000,
-                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+  return _stage(dict(type="ict"), train_steps=100_000, learning_rate=1e-4,
+                warmup_steps=10_000, steps_per_loop=500)
 
 
 @exp_factory.register_config_factory(MLM_WARMUP)
 def realm_mlm_warmup() -> ExperimentConfig:
-  return ExperimentConfig(
-      task=dict(type="pretrain", pretrain=dict(retrieval=False, trainable="mlm_head",
-                                               refresh_every_steps=0)),
-      trainer=dict(train_steps=10_000, learning_rate=1e-4, warmup_steps=1000,
-                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+  return _stage(dict(type="pretrain", pretrain=dict(retrieval=False, trainable="mlm_head",
+                                                    refresh_every_steps=0)),
+                train_steps=10_000, learning_rate=1e-4, warmup_steps=1000, steps_per_loop=500)
 
 
 @exp_factory.register_config_factory(PRETRAIN)
 def realm_pretrain() -> ExperimentConfig:
-  return ExperimentConfig(
-      task=dict(type="pretrain", pretrain=dict(num_candidates=8, include_null_document=True,
-                                               refresh_every_steps=500)),
-      trainer=dict(train_steps=200_000, learning_rate=3e-5, warmup_steps=10_000,
-                   steps_per_loop=500, summary_interval=500, checkpoint_interval=1000))
+  return _stage(dict(type="pretrain", pretrain=dict(num_candidates=8,
+                                                    include_null_document=True,
+                                                    refresh_every_steps=500)),
+                train_steps=200_000, learning_rate=3e-5, warmup_steps=10_000,
+                steps_per_loop=500)
 
 
 @exp_factory.register_config_factory(OPENQA)
 def realm_openqa() -> ExperimentConfig:
-  return ExperimentConfig(
-      task=dict(type="openqa", openqa=dict(num_candidates=5, init_from="realm")),
-      trainer=dict(train_steps=10_000, learning_rate=1e-5, warmup_steps=1000,
-                   steps_per_loop=100, summary_interval=100, checkpoint_interval=1000))
+  return _stage(dict(type="openqa", openqa=dict(num_candidates=5, init_from="realm")),
+                train_steps=10_000, learning_rate=1e-5, warmup_steps=1000, steps_per_loop=100)
 
 
 def experiment_config(name: str) -> ExperimentConfig:

@@ -32,11 +32,11 @@ import tensorflow as tf
 
 from realm_tf.modeling import spans
 from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
-from realm_tf.retrieval.knowledge_index import KnowledgeIndex, Retrieved
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 # As a module: with a global `ScannSearcher` here, autograph's conversion of
 # _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
 from realm_tf.retrieval import scann_searcher as scann_backend
-from realm_tf.retrieval.searcher import Searcher
+from realm_tf.retrieval.searcher import Searcher, SearchResult
 from realm_tf.retrieval.sharded import ShardedSearcher
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
@@ -126,11 +126,11 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
 
 
 class SearcherIndex:
-  """A KnowledgeIndex whose search goes through another in-graph Searcher (ScaNN ops).
+  """The export's BlockIndex (realm_tf.modeling.models.openqa): a KnowledgeIndex whose
+  search goes through an in-graph Searcher (ScaNN's TF ops, saved in the SavedModel).
 
-  OpenQAModel takes any object with the KnowledgeIndex's search / gather / rows; this one
-  replaces only the search, so the gathered tokens, the reader inputs and the recomputed
-  relevance logits are the KnowledgeIndex's own.
+  Only the search is replaced, so the gathered tokens, the reader inputs and the recomputed
+  relevance logits are the KnowledgeIndex's own, and the result is the same SearchResult.
   """
 
   def __init__(self, index: KnowledgeIndex, searcher: Searcher):
@@ -142,14 +142,14 @@ class SearcherIndex:
     self.num_blocks = index.num_blocks
     self.block_ids = index.block_ids
 
-  def search(self, queries: tf.Tensor, k: int) -> Retrieved:
+  def search(self, queries: tf.Tensor, k: int) -> SearchResult:
     if k > self.num_blocks:
       raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
     found = self.searcher.search(tf.cast(tf.stop_gradient(queries), tf.float32), k)
     # ScaNN's ops give no static shapes; the gathers downstream need the rank.
     block_ids = tf.reshape(found.block_ids, [-1, k])
     scores = tf.reshape(found.scores, [-1, k])
-    return Retrieved(self.index.rows(block_ids), block_ids, scores)
+    return SearchResult(block_ids, scores, self.index.rows(block_ids))
 
   def gather(self, rows: tf.Tensor):
     return self.index.gather(rows)

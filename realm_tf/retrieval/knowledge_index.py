@@ -39,17 +39,11 @@ from realm_tf.io import versioned
 from realm_tf.retrieval.exact import exact_top_k
 from realm_tf.retrieval.index_export import load_shard_array
 from realm_tf.retrieval.index_loading import load_searcher
+from realm_tf.retrieval.searcher import SearchResult
 from realm_tf.text.tokenization import Tokenizer
 
 BACKENDS = ("exact", "scann")
 _NEG_INF = -1e30  # a score no real inner product reaches; finite so top_k stays ordered
-
-
-class Retrieved(NamedTuple):
-  """Top-k blocks per query, best first."""
-  rows: tf.Tensor  # [B, k] int32 global rows of the index (ascending block id order)
-  block_ids: tf.Tensor  # [B, k] int64
-  scores: tf.Tensor  # [B, k] float32 inner products with the indexed embeddings
 
 
 class BlockInputs(NamedTuple):
@@ -257,7 +251,7 @@ class KnowledgeIndex(tf.Module):
     return tf.reshape(tf.cast(rows, tf.int32), tf.shape(block_ids))
 
   def search(self, queries: tf.Tensor, k: int,
-             exclude_block_ids: Optional[tf.Tensor] = None) -> Retrieved:
+             exclude_block_ids: Optional[tf.Tensor] = None) -> SearchResult:
     """The k blocks with the largest inner product with each query [B, P].
 
     exclude_block_ids [B] (optional): a block each query must not retrieve (REALM's "no
@@ -279,7 +273,7 @@ class KnowledgeIndex(tf.Module):
       rows = tf.gather(rows, top.indices, batch_dims=1)
       block_ids = tf.gather(block_ids, top.indices, batch_dims=1)
       scores = top.values
-    return Retrieved(rows, block_ids, scores)
+    return SearchResult(block_ids, scores, rows)  # [B, k] each
 
   def _sharded_exact_search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
     """Per-shard exact top-k of every replica's queries, then a global top-k."""

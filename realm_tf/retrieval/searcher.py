@@ -1,19 +1,26 @@
 """The one interface every MIPS backend implements."""
 import abc
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import tensorflow as tf
 
 
 class SearchResult(NamedTuple):
-  """Top-k blocks per query, best first."""
+  """Top-k blocks per query, best first: the one result type of every search."""
   block_ids: tf.Tensor  # [Q, k] int64
   scores: tf.Tensor  # [Q, k] float32 inner products
+  # [Q, k] int32 rows of the KnowledgeIndex that searched (ascending block id order), where
+  # its blocks' inputs and embeddings are gathered; None from a bare Searcher.
+  rows: Optional[tf.Tensor] = None
 
 
 class Searcher(tf.Module, abc.ABC):
-  """search(queries [Q, P], k) → SearchResult; TF ops only, so it runs in a tf.function
-  (the host input pipeline of a TPU job, a training step) and inside a SavedModel."""
+  """search(queries [Q, P], k) → SearchResult over one committed index export.
+
+  The backends behind KnowledgeIndex's host search (ScaNN on the host CPU, called from the
+  training step; the in-step default is KnowledgeIndex's own sharded exact MIPS) and behind
+  the serving exports (exact, or ScaNN's TF ops inside the SavedModel). TF ops only, so a
+  searcher runs inside a tf.function and is saved with a SavedModel."""
 
   @property
   @abc.abstractmethod
