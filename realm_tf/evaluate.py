@@ -54,6 +54,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
   from realm_tf.configs import load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.data.block_store import blocks_pattern  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.tasks import openqa_evaluation as evaluation  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.tasks.openqa import save_evaluation  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -67,7 +68,7 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
       model_dir, "eval_corpora", hashlib.sha1((corpus or blocks).encode()).hexdigest()[:12])
   index = dict(index_dir=layout.index_dir(model_dir, config.index.index_dir))
   if corpus:
-    other = train_lib.resolve_corpus(config.replace(index=dict(blocks=corpus)), work)
+    other = resolve_index_blocks(config.replace(index=dict(blocks=corpus)), work)
     if blocks_pattern(other.index.blocks) != blocks_pattern(blocks):
       # A fresh index of the other corpus in the work directory, built from the checkpoint.
       blocks = other.index.blocks

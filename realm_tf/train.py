@@ -46,6 +46,7 @@ FLAGS = flags.FLAGS
 def main(argv):
   del argv
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   overrides = list(FLAGS.override)
   if FLAGS.tpu:
@@ -57,6 +58,8 @@ def main(argv):
   except (ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
   strategy = runtime.make_strategy(config, FLAGS.tpu)
+  # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first.
+  config = resolve_index_blocks(config, FLAGS.model_dir)
   result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step)
   print(json.dumps(result, indent=2, default=str))
 

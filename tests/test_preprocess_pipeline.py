@@ -259,3 +259,31 @@ def test_vital_articles_slice_end_to_end_and_output_protection(vital_articles, t
   # A failed run leaves no output (it wrote straight into its empty output directory).
   assert not (tmp_path / "failed").exists() or not os.listdir(tmp_path / "failed")
   assert [p for p in os.listdir(tmp_path) if p != "failed"] == ["vital"]
+
+
+def test_json_lines_as_index_blocks_are_preprocessed_once_into_the_run(tmp_path, repo_dir):
+  """`python -m realm_tf.train` with index.blocks={title, text} JSON lines: the entry point
+  runs the corpus pipeline into <model_dir>/corpus before training, reuses it on a rerun,
+  and refuses blocks of another length there."""
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # pylint: disable=g-import-not-at-top
+  articles = tmp_path / "articles.jsonl"
+  with open(articles, "w", encoding="utf-8") as f:
+    for i in range(3):
+      f.write(json.dumps({"title": f"Place {i}", "text": f"Place {i} lies on river {i}. "
+                                                         "It has a bridge and a market."}) + "\n")
+  model_dir = tmp_path / "run"
+  config = load_config(str(repo_dir / "configs" / "tiny.yaml"), [f"index.blocks={articles}"])
+  resolved = resolve_index_blocks(config, str(model_dir))
+  assert resolved.index.blocks == str(model_dir / "corpus" / "blocks-*")
+  assert len(next(iter(_read(str(model_dir / "corpus"), "blocks").values()))) >= 3
+  made = (model_dir / "corpus" / "manifest.json").stat().st_mtime_ns
+  assert resolve_index_blocks(config, str(model_dir)).index.blocks == resolved.index.blocks
+  assert (model_dir / "corpus" / "manifest.json").stat().st_mtime_ns == made  # reused
+  longer = config.replace(model=dict(retriever=dict(
+      block_seq_length=config.model.retriever.block_seq_length * 2)))
+  with pytest.raises(ValueError, match="use another model_dir"):
+    resolve_index_blocks(longer, str(model_dir))
+  unchanged = load_config(str(repo_dir / "configs" / "tiny.yaml"),
+                          [f"index.blocks={tmp_path / 'corpus'}"])
+  assert resolve_index_blocks(unchanged, str(model_dir)).index.blocks == str(tmp_path / "corpus")

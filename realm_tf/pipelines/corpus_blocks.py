@@ -8,7 +8,8 @@ import os
 
 import tensorflow as tf
 
-from realm_tf.io import versioned
+from realm_tf.configs.experiment import ExperimentConfig
+from realm_tf.io import layout, versioned
 from realm_tf.pipelines import preprocess
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -47,3 +48,17 @@ def prepare_blocks(corpus: str, work_dir: str, max_block_length: int) -> str:
     raise FileNotFoundError(f"--corpus {corpus}: no such directory, JSON lines file or "
                             f"blocks file pattern")
   return corpus
+
+
+def resolve_index_blocks(experiment: ExperimentConfig, model_dir: str) -> ExperimentConfig:
+  """index.blocks given as {title, text} JSON lines is run through the corpus pipeline once
+  (into <model_dir>/corpus); the run then names the resulting blocks, so params.yaml tells
+  the index builder and evaluation exactly which blocks were indexed. Called by the entry
+  points (realm_tf.train, realm_tf.evaluate) before the driver: training itself never
+  starts a Beam job."""
+  blocks = experiment.index.blocks
+  if blocks.endswith(JSONL_SUFFIXES):
+    blocks = prepare_blocks(blocks, layout.corpus_dir(model_dir),
+                            experiment.model.retriever.block_seq_length)
+    experiment = experiment.replace(index=dict(blocks=blocks))
+  return experiment

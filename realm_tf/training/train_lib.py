@@ -29,7 +29,6 @@ from official.modeling import performance
 from realm_tf import tasks
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
-from realm_tf.pipelines.corpus_blocks import JSONL_SUFFIXES, prepare_blocks
 from realm_tf.tasks.base import RealmTask, steps_per_loop
 from realm_tf.training import checkpoints, preemption
 from realm_tf.training.progress import ProgressReporter
@@ -260,23 +259,10 @@ def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint
   return dict(metrics, step=run.global_step, checkpoint=path), run
 
 
-def resolve_corpus(experiment: ExperimentConfig, model_dir: str) -> ExperimentConfig:
-  """index.blocks given as {title, text} JSON lines is run through the corpus pipeline once
-  (into <model_dir>/corpus); the run then names the resulting blocks, so params.yaml tells
-  the index builder and evaluation exactly which blocks were indexed."""
-  blocks = experiment.index.blocks
-  if blocks.endswith(JSONL_SUFFIXES):
-    blocks = prepare_blocks(blocks, layout.corpus_dir(model_dir),
-                            experiment.model.retriever.block_seq_length)
-    experiment = experiment.replace(index=dict(blocks=blocks))
-  return experiment
-
-
 def run_experiment(experiment: ExperimentConfig, model_dir: str,
                    strategy: Optional[tf.distribute.Strategy] = None,
                    stop_at_step: Optional[int] = None) -> dict:
   """`python -m realm_tf.train`: saves params.yaml, then trains the configured task."""
-  experiment = resolve_corpus(experiment, model_dir)
   save_params(experiment, model_dir)
   run = Run(experiment, model_dir, strategy)
   logging.info("Task %s from step %d (%d replicas)", experiment.task.type, run.start_step,
