@@ -22,9 +22,6 @@ from realm_tf.tasks import base
 from tests import task_fixtures
 from tests.synthetic_corpus import _CITIES, _COUNTRIES, write_corpus
 
-SQUAD_OPEN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..",
-                          "shared", "data", "openqa", "squad_open")
-
 # A question, a block that answers it in other words, and short fragments that share only
 # the question's form. Mean-pooled MiniLM vectors of short texts are about twice as long
 # as those of a 70-word block, so the raw inner product puts the fragments first.
@@ -184,12 +181,29 @@ def _read_jsonl(path, limit=0):
   return rows
 
 
-@pytest.mark.skipif(not os.path.isdir(SQUAD_OPEN), reason="../shared/data not present")
-def test_gold_block_stage_finds_the_gold_block_of_squad_open_questions():
-  corpus = _read_jsonl(os.path.join(SQUAD_OPEN, "corpus.jsonl"))
+def _write_squad_open_layout(directory):
+  """An invented SQuAD-open-layout set: articles of several paragraphs (corpus.jsonl) and
+  questions written from one paragraph, naming their article (dev.jsonl). The answer also
+  occurs earlier, in another article, so only the title tells the gold paragraph apart."""
+  corpus, questions = [], []
+  for country, city in zip(_COUNTRIES, _CITIES):
+    corpus.append(dict(title=f"Travel in {country}", text=f"Trains run daily to {city}."))
+    corpus.append(dict(title=country, text=f"{country} is a country with a long coast."))
+    corpus.append(dict(title=country, text=f"The capital of {country} is {city}, on a river."))
+    questions.append(dict(question=f"What is the capital of {country}?", answer=[city],
+                          title=country))
+  for name, rows in (("corpus.jsonl", corpus), ("dev.jsonl", questions)):
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+  return str(directory)
+
+
+def test_gold_block_stage_finds_the_gold_block_of_squad_open_questions(tmp_path):
+  squad_open = _write_squad_open_layout(tmp_path)
+  corpus = _read_jsonl(os.path.join(squad_open, "corpus.jsonl"))
   titles = [c["title"] for c in corpus]
   texts = [c["text"] for c in corpus]
-  examples = inputs.read_questions(os.path.join(SQUAD_OPEN, "dev.jsonl"), limit=400)
+  examples = inputs.read_questions(os.path.join(squad_open, "dev.jsonl"), limit=400)
   assert all(e.title for e in examples)
   gold = inputs.find_gold_rows(examples, titles, texts, regex=False)
   found = gold >= 0

@@ -162,7 +162,7 @@ def load_config(path: Union[str, Sequence[str], None] = None, overrides: Iterabl
 
 
 def _same_task_type(experiment: str, config, tree: Mapping[str, Any], source: str) -> None:
-  chosen = tree.get("task", {}).get("type") if isinstance(tree.get("task"), Mapping) else None
+  chosen = tree.get("task", {}).get("type")  # _check made `task` a mapping
   if experiment and chosen is not None and chosen != config.task.type:
     raise ConfigError(f"{source}: task.type={chosen}, but --experiment {experiment} trains "
                       f"task.type={config.task.type}")

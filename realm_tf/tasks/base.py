@@ -26,6 +26,8 @@ from official.modeling.optimization import legacy_adamw
 
 from realm_tf.configs.experiment import ExperimentConfig, TrainerConfig
 from realm_tf.io import layout
+from realm_tf.modeling import factory
+from realm_tf.retrieval import refresh
 from realm_tf.text.tokenization import Tokenizer
 
 
@@ -311,3 +313,37 @@ def steps_per_loop(trainer: TrainerConfig, *intervals: int) -> int:
 def log_restore(what: str, path: str):
   logging.info("%s restored from %s", what, path)
 
+
+class RetrievalTask(RealmTask):
+  """A task that searches a KnowledgeIndex kept fresh by an IndexRefresher (pretrain,
+  openqa). The refresher's lifecycle is here once: a task says when it starts one and with
+  which settings; its logs, its summary and its stop follow."""
+
+  refresher: Optional[refresh.IndexRefresher] = None
+
+  def start_refresher(self, model, global_step: int, train: bool, **settings):
+    """Starts an IndexRefresher over self.index and the model's retriever. `settings`:
+    the RefreshSettings that differ per task (refresh_every_steps, start_builder, ...)."""
+    index = self.experiment.index
+    self.refresher = refresh.IndexRefresher(
+        self.model_dir, self.index, refresh.RefreshSettings(
+            index_dir=layout.index_dir(self.model_dir, index.index_dir),
+            train_steps=self.experiment.trainer.train_steps,
+            first_index_timeout_seconds=index.first_index_timeout_seconds,
+            poll_seconds=index.poll_seconds, **settings),
+        retriever=model.retriever,
+        build_shadow=lambda: factory.build_retriever(self.experiment.replace(
+            model=dict(warm_start=dict(source="")))),
+        tokenizer=self.tokenizer, config=self.experiment)
+    self.refresher.start(global_step, training=train)
+
+  def run_summary(self) -> dict:
+    return self.refresher.summary() if self.refresher is not None else {}
+
+  def host_logs(self, global_step: int) -> dict[str, float]:
+    return self.refresher.logs(global_step) if self.refresher is not None else {}
+
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    if self.refresher is not None:
+      self.refresher.stop(global_step, reached_train_steps)
+      logging.info("Index refresh: %s", self.refresher.summary())

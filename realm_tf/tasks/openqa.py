@@ -28,7 +28,6 @@ from realm_tf.data import openqa_inputs as inputs
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory, losses, spans
 from realm_tf.modeling.models.openqa import OpenQAModel
-from realm_tf.retrieval import refresh
 from realm_tf.retrieval.bm25 import BM25Retriever
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.tasks import base
@@ -82,7 +81,7 @@ class _Records:
     self.records: list[dict] = []
 
 
-class OpenQATask(base.RealmTask):
+class OpenQATask(base.RetrievalTask):
   """build_model → OpenQAModel; inputs {'example_index', 'query', 'answers'[, 'bm25']}."""
 
   metric_names = ("loss", "retriever_loss", "reader_loss", "answer_retrieved",
@@ -92,7 +91,6 @@ class OpenQATask(base.RealmTask):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self.index: Optional[KnowledgeIndex] = None
-    self.refresher: Optional[refresh.IndexRefresher] = None
     self._qa_sets: dict[str, inputs.QASet] = {}
     self._bm25: Optional[BM25Retriever] = None
     self._records = _Records()
@@ -291,19 +289,12 @@ class OpenQATask(base.RealmTask):
     index_dir = layout.index_dir(self.model_dir, i.index_dir)
     refreshing = train and c.refresh_index
     needs_build = versioned.latest_version(index_dir) is None
-    self.refresher = refresh.IndexRefresher(
-        self.model_dir, self.index, refresh.RefreshSettings(
-            index_dir=index_dir, refresh_every_steps=c.refresh_every_steps if refreshing else 0,
-            train_steps=self.experiment.trainer.train_steps,
-            first_index_timeout_seconds=i.first_index_timeout_seconds,
-            poll_seconds=i.poll_seconds, start_builder=refreshing or needs_build,
-            max_staleness_steps=i.max_staleness_steps if refreshing else 0,
-            builder_args=() if refreshing else ("--max_builds", "1")),
-        retriever=model.retriever,
-        build_shadow=lambda: factory.build_retriever(self.experiment.replace(
-            model=dict(warm_start=dict(source="")))),
-        tokenizer=self.tokenizer, config=self.experiment)
-    self.refresher.start(global_step, training=train)
+    self.start_refresher(
+        model, global_step, train,
+        refresh_every_steps=c.refresh_every_steps if refreshing else 0,
+        start_builder=refreshing or needs_build,
+        max_staleness_steps=i.max_staleness_steps if refreshing else 0,
+        builder_args=() if refreshing else ("--max_builds", "1"))
 
   def on_train_begin(self, model, global_step: int):
     self.start_index(model, global_step, train=True)
@@ -319,16 +310,6 @@ class OpenQATask(base.RealmTask):
     if not self.task_config.refresh_index:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
-
-  def run_summary(self) -> dict:
-    return self.refresher.summary() if self.refresher is not None else {}
-
-  def host_logs(self, global_step: int) -> dict[str, float]:
-    return self.refresher.logs(global_step) if self.refresher else {}
-
-  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
-    if self.refresher is not None:
-      self.refresher.stop(global_step, reached_train_steps)
 
   def steps_per_loop_divisors(self):
     return [self.task_config.refresh_every_steps] if self.task_config.refresh_index else []

@@ -16,7 +16,6 @@ With task.pretrain.retrieval=false every x reads the null document alone (K = 1,
 no retriever in the step): the no-retrieval baseline, and, with trainable=mlm_head, the
 warm-up of a fresh MLM head on a frozen encoder.
 """
-import logging
 from typing import Optional
 
 import numpy as np
@@ -28,7 +27,6 @@ from realm_tf.modeling import factory, losses
 from realm_tf.modeling.spans import pack_reader_inputs
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.tasks import base
-from realm_tf.retrieval import refresh
 
 
 def null_block_inputs(tokenizer, seq_length: int) -> dict[str, np.ndarray]:
@@ -49,7 +47,7 @@ def prepend_null(blocks, null: dict, batch_size):
   return document, body_ids, body_lengths
 
 
-class PretrainTask(base.RealmTask):
+class PretrainTask(base.RetrievalTask):
   """build_model → RealmPretrainer; inputs {'query', 'masked_lm', 'block_id'}."""
 
   metric_names = ("loss", "mlm_accuracy", "span_accuracy", "retrieval_utility",
@@ -58,7 +56,6 @@ class PretrainTask(base.RealmTask):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self.index: KnowledgeIndex = None
-    self.refresher: refresh.IndexRefresher = None
 
   @property
   def num_retrieved(self) -> int:
@@ -215,36 +212,16 @@ class PretrainTask(base.RealmTask):
       self._start_refresher(model, global_step, train=True)
 
   def _start_refresher(self, model, global_step: int, train: bool):
-    i = self.experiment.index
-    self.refresher = refresh.IndexRefresher(
-        self.model_dir, self.index, refresh.RefreshSettings(
-            index_dir=layout.index_dir(self.model_dir, i.index_dir),
-            refresh_every_steps=self.task_config.refresh_every_steps if train else 0,
-            train_steps=self.experiment.trainer.train_steps,
-            first_index_timeout_seconds=i.first_index_timeout_seconds,
-            poll_seconds=i.poll_seconds, max_staleness_steps=i.max_staleness_steps,
-            start_builder=train and self.task_config.start_index_builder),
-        retriever=model.retriever,
-        build_shadow=lambda: factory.build_retriever(self.experiment.replace(
-            model=dict(warm_start=dict(source="")))),
-        tokenizer=self.tokenizer, config=self.experiment)
-    self.refresher.start(global_step, training=train)
+    self.start_refresher(
+        model, global_step, train,
+        refresh_every_steps=self.task_config.refresh_every_steps if train else 0,
+        max_staleness_steps=self.experiment.index.max_staleness_steps,
+        start_builder=train and self.task_config.start_index_builder)
 
   def train_actions(self, trainer):
     if not self.task_config.retrieval:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
-
-  def run_summary(self) -> dict:
-    return self.refresher.summary() if self.refresher is not None else {}
-
-  def host_logs(self, global_step: int) -> dict[str, float]:
-    return self.refresher.logs(global_step) if self.refresher else {}
-
-  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
-    if self.refresher is not None:
-      self.refresher.stop(global_step, reached_train_steps)
-      logging.info("Pre-training index refresh: %s", self.refresher.summary())
 
   def steps_per_loop_divisors(self):
     return [self.task_config.refresh_every_steps] if self.task_config.retrieval else []
