@@ -13,7 +13,7 @@ starts over). The work directory is fixed (--work_dir, default WORK_DIR) so a re
 reuses the prepared corpora, the REALM pre-training run, the indexes, and a cut row's
 checkpoints (it resumes from its newest one).
 
-Recipe per row (issue 11): configs/demo.yaml's retriever scoring (MiniLM mean pooling,
+Recipe per row: configs/demo.yaml's retriever scoring (MiniLM mean pooling,
 384-d, L2-normalised, scale 20); ORQA fine-tuning (answer logits = span score + retrieval
 score, retriever loss over a --retriever_beam beam labelled by answer match on the whole
 block); a reading-comprehension stage on gold blocks first (--gold_steps, SQuAD-open only:
@@ -439,7 +439,7 @@ def markdown(payload: dict) -> str:
     lines.append(f"- {d['name']}: reported on {d['num_eval']} questions ({d['report_split']}); "
                  f"trained on questions sampled from the other {d['train_pool']} (how many: "
                  f"each row's 'questions').")
-  lines += ["", "Targets (issue 11), read off the rows above:", ""] + targets(payload)
+  lines += ["", "Targets, read off the rows above:", ""] + targets(payload)
   return "\n".join(lines) + "\n"
 
 

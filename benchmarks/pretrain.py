@@ -9,7 +9,7 @@
 Arms run in the order given (default: the paper's main comparison, a against d, first), so
 a run cut by --budget_minutes loses the least informative arms.
 
-Set-up (issue 14), as the paper's CC-News row:
+Set-up, as the paper's CC-News row:
   Z  the vital-articles corpus (wikipedia/vital_articles.jsonl, ~13k blocks of 128
      wordpieces): the knowledge corpus every arm retrieves from.
   X  sentences of the BBC news stand-in for CC-News (news/bbc.jsonl, first --news_records

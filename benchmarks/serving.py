@@ -16,7 +16,7 @@ for --seconds per cell at each --clients level.
 Reported per cell: p50 / p99 latency (ms) and queries/s; per export, the in-process time
 of the same SavedModel signature called directly (one client, same questions), and the
 gRPC overhead = (gRPC p50 at one client, no batching − in-process p50) / in-process p50.
-Targets (issue 12): p50 ≤ 100 ms at 1 client; gRPC overhead ≤ 10%; batching ≥ 1.5× the
+Targets: p50 ≤ 100 ms at 1 client; gRPC overhead ≤ 10%; batching ≥ 1.5× the
 queries/s of no batching at 8 clients. Results: benchmarks/results/serving.json and .md.
 """
 import argparse

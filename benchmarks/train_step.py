@@ -1,4 +1,4 @@
-"""Train-step benchmark (issue 10, item 9), one part at a time.
+"""Train-step benchmark, one part at a time.
 
     python -m benchmarks.train_step --parts mips [--num_vectors 1000000 --dim 128
         --batch 256 --k 10 --repeats 5]

@@ -11,7 +11,7 @@ not timed) over a knowledge corpus of --num_blocks real Wikipedia blocks:
   retrieval     the step's index work alone: sharded exact MIPS with trivial-block
                 exclusion + gathering the winners' tokens and embeddings
 The rest of fwd+bwd (heads: MLM over the vocabulary, span scorer, projections; packing the
-reader inputs; losses) is reported as `heads, packing, losses`. Target (issue 10): retrieval,
+reader inputs; losses) is reported as `heads, packing, losses`. Target: retrieval,
 gathers and losses at most 15% of the step.
 """
 import json

@@ -1,4 +1,4 @@
-"""Issue 11: retriever scoring that keeps the MiniLM warm start, ORQA's joint answer logits
+"""Retriever scoring that keeps the MiniLM warm start, ORQA's joint answer logits
 and beam-labelled retriever loss, the gold-block (reading-comprehension) stage, and the
 span head's learning rate."""
 import json

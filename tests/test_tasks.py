@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
 from realm_tf.io import layout, versioned
+from realm_tf.retrieval.exact import ExactSearcher
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, tokenize_blocks
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
@@ -114,6 +115,29 @@ def test_index_rejects_embeddings_of_another_corpus(tokenizer):
   index = KnowledgeIndex(_store(), tokenizer, 12, 8, dimension=6)
   with pytest.raises(ValueError, match="do not fit an index of 13 blocks x 6"):
     index.set_embeddings(np.zeros([12, 6], np.float32), version=1)
+
+
+def test_an_in_graph_searcher_backs_the_same_index_api(tokenizer):
+  """The exports' backend: a Searcher (TF ops) replaces the sharded exact search behind
+  the same KnowledgeIndex, same SearchResult, rows and exclusion."""
+  store = _store()
+  index = KnowledgeIndex(store, tokenizer, block_seq_length=12, body_length=8, dimension=6)
+  rng = np.random.default_rng(2)
+  vectors = rng.normal(size=[13, 6]).astype(np.float32)
+  index.set_embeddings(vectors, version=1)
+  queries = tf.constant(rng.normal(size=[3, 6]).astype(np.float32))
+  exclude = tf.constant(store.block_ids[[4, 0, 9]])
+  exact = index.search(queries, 3, exclude_block_ids=exclude)
+  with pytest.raises(ValueError, match="covers 12 blocks, the index 13"):
+    index.search_with(ExactSearcher(vectors[:12], store.block_ids[:12]))
+  index.search_with(ExactSearcher(vectors[::-1].copy(), store.block_ids[::-1].copy()))
+  searched = tf.function(lambda q, e: index.search(q, 3, exclude_block_ids=e))(
+      queries, exclude)
+  for got, want in zip(searched, exact):
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5)
+  scann = KnowledgeIndex(store, tokenizer, 12, 8, dimension=6, backend="scann")
+  with pytest.raises(ValueError, match="replaces the 'exact' backend"):
+    scann.search_with(ExactSearcher(vectors, store.block_ids))
 
 
 # ---------------------------------------------------------------- 2 replicas = 1 device

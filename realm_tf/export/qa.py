@@ -36,7 +36,7 @@ from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 # As a module: with a global `ScannSearcher` here, autograph's conversion of
 # _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
 from realm_tf.retrieval import scann_searcher as scann_backend
-from realm_tf.retrieval.searcher import Searcher, SearchResult
+from realm_tf.retrieval.searcher import Searcher
 from realm_tf.retrieval.sharded import ShardedSearcher
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
@@ -125,39 +125,6 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
   return ShardedSearcher(shards), handles
 
 
-class SearcherIndex:
-  """The export's BlockIndex (realm_tf.modeling.models.openqa): a KnowledgeIndex whose
-  search goes through an in-graph Searcher (ScaNN's TF ops, saved in the SavedModel).
-
-  Only the search is replaced, so the gathered tokens, the reader inputs and the recomputed
-  relevance logits are the KnowledgeIndex's own, and the result is the same SearchResult.
-  """
-
-  def __init__(self, index: KnowledgeIndex, searcher: Searcher):
-    if searcher.num_blocks != index.num_blocks:
-      raise ValueError(f"the searcher covers {searcher.num_blocks} blocks, the index "
-                       f"{index.num_blocks}")
-    self.index = index
-    self.searcher = searcher
-    self.num_blocks = index.num_blocks
-    self.block_ids = index.block_ids
-
-  def search(self, queries: tf.Tensor, k: int) -> SearchResult:
-    if k > self.num_blocks:
-      raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
-    found = self.searcher.search(tf.cast(tf.stop_gradient(queries), tf.float32), k)
-    # ScaNN's ops give no static shapes; the gathers downstream need the rank.
-    block_ids = tf.reshape(found.block_ids, [-1, k])
-    scores = tf.reshape(found.scores, [-1, k])
-    return SearchResult(block_ids, scores, self.index.rows(block_ids))
-
-  def gather(self, rows: tf.Tensor):
-    return self.index.gather(rows)
-
-  def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
-    return self.index.rows(block_ids)
-
-
 # ------------------------------------------------------------------------------ QA module
 
 
@@ -181,8 +148,9 @@ class QAModule(tf.Module):
     if index.version is None:
       raise ValueError("the knowledge index holds no embeddings (set_embeddings / swap)")
     self.kind = kind
-    searched = index if searcher is None else SearcherIndex(index, searcher)
-    self._held = _Untracked(model=model, index=index, searched=searched)
+    if searcher is not None:
+      index.search_with(searcher)
+    self._held = _Untracked(model=model, index=index)
     self.tokenizer = tokenizer
     self.model_variables = list(model.variables)
     self.index_variables = [index.embeddings, index.valid, index.word_ids, index.type_ids,
@@ -207,7 +175,7 @@ class QAModule(tf.Module):
   def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
     """The `answer` computation, callable eagerly or inside another tf.function."""
     query = self.tokenizer.encode(question, self.query_seq_length).as_dict()
-    out = self.model({"query": query}, index=self._held.searched,
+    out = self.model({"query": query}, index=self.index,
                      num_retrieved=self.num_retrieved, num_read=self.num_read,
                      training=False)
     chosen = evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,

@@ -26,6 +26,10 @@ with the export's ScaNN shards, called through `tf.py_function`; only the query 
 go to the host and only ids and scores come back. The searcher is a Python reference that
 `swap` replaces, so a compiled step keeps working; XLA cannot compile the host call
 (the config validator says so).
+
+An in-graph `Searcher` (the serving exports: ScaNN's TF ops saved in the SavedModel) can
+take over the search with `search_with`; rows, gathers and swaps stay the index's own, so
+training, evaluation and serving go through this one class and its one result type.
 """
 import logging
 import threading
@@ -39,7 +43,7 @@ from realm_tf.io import versioned
 from realm_tf.retrieval.exact import exact_top_k
 from realm_tf.retrieval.index_export import load_shard_array
 from realm_tf.retrieval.index_loading import load_searcher
-from realm_tf.retrieval.searcher import SearchResult
+from realm_tf.retrieval.searcher import Searcher, SearchResult
 from realm_tf.text.tokenization import Tokenizer
 
 BACKENDS = ("exact", "scann")
@@ -130,6 +134,7 @@ class KnowledgeIndex(tf.Module):
     self.num_swaps = 0
     self._failed_version = -1  # newest export that failed to load (not retried)
     self._host_searcher = None  # backend 'scann': the current host-side searcher
+    self._graph_searcher: Optional[Searcher] = None  # search_with: an in-graph searcher
     self._lock = threading.Lock()
     tables = tokenize_blocks(store, tokenizer, block_seq_length, body_length)
     dtype = tf.bfloat16 if embedding_dtype == "bfloat16" else tf.float32
@@ -241,6 +246,17 @@ class KnowledgeIndex(tf.Module):
     encoder = self.export.manifest.get("encoder", {})
     return float(encoder.get("committed_at") or self.export.manifest.get("committed_at", 0.0))
 
+  def search_with(self, searcher: Searcher) -> None:
+    """Searches through `searcher` (TF ops, e.g. ScaNN's, saved with an export) instead of
+    the sharded exact search; it must cover exactly this index's blocks."""
+    if self.backend != "exact":
+      raise ValueError("an in-graph searcher replaces the 'exact' backend's search; this "
+                       f"index searches with {self.backend!r}")
+    if searcher.num_blocks != self.num_blocks:
+      raise ValueError(f"the searcher covers {searcher.num_blocks} blocks, the index "
+                       f"{self.num_blocks}")
+    self._graph_searcher = searcher
+
   # --------------------------------------------------------------------------- in the step
 
   def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
@@ -261,7 +277,9 @@ class KnowledgeIndex(tf.Module):
       raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
     fetch = k + (1 if exclude_block_ids is not None else 0)
     queries = tf.cast(tf.stop_gradient(queries), tf.float32)
-    if self.backend == "scann":
+    if self._graph_searcher is not None:
+      rows, scores = self._graph_search(queries, fetch)
+    elif self.backend == "scann":
       rows, scores = self._host_search(queries, fetch)
     else:
       rows, scores = self._sharded_exact_search(queries, fetch)
@@ -300,6 +318,14 @@ class KnowledgeIndex(tf.Module):
                         [batch, num_replicas * local_k])
     top = tf.math.top_k(scores, k=k)  # [B, k]
     return tf.gather(rows, top.indices, batch_dims=1), top.values
+
+  def _graph_search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """The attached in-graph searcher (search_with) over all queries of this call."""
+    found = self._graph_searcher.search(queries, k)
+    # ScaNN's ops give no static shapes; the gathers downstream need the rank.
+    block_ids = tf.reshape(found.block_ids, [-1, k])  # [B, k]
+    scores = tf.reshape(found.scores, [-1, k])  # [B, k]
+    return self.rows(block_ids), scores
 
   def _host_search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
     """ScaNN on the host: query embeddings go out, ids and scores come back."""

@@ -26,18 +26,31 @@ BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
 
 
 class BlockIndex(Protocol):
-  """What the model needs of a knowledge index (realm_tf.retrieval.knowledge_index.
-  KnowledgeIndex is one). A protocol rather than an import: models sit below retrieval,
-  which builds on them (the retriever is a model; the index embeds with it)."""
+  """The one knowledge-index API (realm_tf.retrieval.knowledge_index.KnowledgeIndex
+  implements it, with its backends: sharded exact MIPS in the step, ScaNN on the host, or
+  an in-graph Searcher in the exports). Declared here as a protocol rather than imported:
+  models sit below retrieval, which builds on them (the retriever is a model; the index
+  embeds with it). The model uses the in-step half; the refresher the host half."""
 
+  # In the step.
   def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
     """Index rows [B, k] of corpus block ids [B, k]."""
 
   def search(self, queries: tf.Tensor, k: int) -> Any:
-    """The top-k of queries [B, P]; the result has `.rows` [B, k] and `.scores` [B, k]."""
+    """The top-k of queries [B, P]: a SearchResult (block_ids, scores, rows [B, k])."""
 
   def gather(self, rows: tf.Tensor) -> Any:
     """The blocks at rows [B, k]: tokens, embeddings [B, k, P] and ids."""
+
+  # On the host, between steps.
+  version: Optional[int]  # the committed index version searched (None: none yet)
+
+  @property
+  def encoder_step(self) -> int:
+    """The training step of the document tower behind `version` (staleness = step - it)."""
+
+  def maybe_swap(self, index_dir: str) -> bool:
+    """Swaps in the newest committed version under index_dir if newer; True if it did."""
 
 
 class OpenQAOutputs(NamedTuple):
