@@ -12,17 +12,22 @@
         --override task.openqa.train_data.input_path=nq/train.jsonl \\
         --override task.openqa.validation_data.input_path=nq/dev.jsonl
 
-On Cloud TPU (everything on GCS), the paper's settings, one file per stage:
-    python -m realm_tf.train --experiment realm/pretrain --tpu=$TPU_NAME \\
+On Cloud TPU (everything on GCS), the paper's settings, one file per stage. On a
+single-host TPU VM, on that VM:
+    python -m realm_tf.train --experiment realm/pretrain --tpu=local \\
         --config configs/realm_paper/bert_base.yaml --config configs/realm_paper/pretrain.yaml \\
         --model_dir gs://BUCKET/realm
+On a pod slice, on worker 0 ONLY (it drives every host), with TPU_NAME the TPU's name and
+TPU_LOAD_LIBRARY=0 exported: the same with --tpu=$TPU_NAME. README ("TPU VM: one host and
+pod slices") has the full commands, from creating the TPU on.
 
 The experiment (realm_tf.configs.experiments: realm/ict, realm/mlm_warmup, realm/pretrain,
 realm/openqa) gives the stage's defaults and its own trainer section; each --config file
 in order, then --override, change them. Without --experiment the files alone (a saved
 params.yaml, say) are the run. The result is saved as <model_dir>/params.yaml.
---tpu gives TPUStrategy; GPUs give MirroredStrategy; TF_CONFIG gives multi-worker; else the
-default strategy (or runtime.distribution_strategy).
+The strategy (realm_tf.training.runtime.plan_runtime): --tpu gives TPUStrategy; else
+runtime.distribution_strategy if set; else TF_CONFIG gives multi-worker, GPUs
+MirroredStrategy, and otherwise the default strategy.
 """
 import json
 import logging
@@ -57,7 +62,10 @@ def main(argv):
     config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
   except (ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
-  strategy = runtime.make_strategy(config, FLAGS.tpu)
+  try:
+    strategy = runtime.make_strategy(config, FLAGS.tpu)
+  except runtime.RuntimePlanError as e:
+    sys.exit(f"runtime error: {e}")
   # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first.
   config = resolve_index_blocks(config, FLAGS.model_dir)
   result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step)

@@ -1,38 +1,195 @@
-"""The distribution strategy, from tf-models-official's utilities and the runtime config."""
+"""The distribution strategy: which one, handed what, run where.
+
+`plan_runtime` makes the whole decision as a pure function of the command line's `--tpu`,
+the config's runtime section, the environment and the GPU count, so that it can be tested
+for every command line README documents without a TPU or a cluster; `make_strategy` hands
+the result to tf-models' `distribute_utils.get_distribution_strategy`, which builds the
+strategy (and, for TPUs, the `TPUClusterResolver`). The cases, following Google's way of
+running TensorFlow 2 on Cloud TPU VMs (README, "TPU VM: one host and pod slices", links the
+pages and the code this follows):
+
+- A single-host TPU VM (one VM, e.g. v3-8 or v4-8; TPU software `tpu-vm-tf-X.Y.Z-pjrt`):
+  `--tpu=local` gives TPUStrategy over `TPUClusterResolver(tpu="local")`, the chips attached
+  to this VM; there is no cluster to connect to (tf-models skips
+  `experimental_connect_to_cluster` for "local"). One process, which writes.
+- A TPU pod slice (several hosts; software `tpu-vm-tf-X.Y.Z-pod-pjrt`): every host runs the
+  TPU runtime as a TensorFlow server, and ONE Python program, on worker 0, drives them all:
+  `--tpu=$TPU_NAME` (the TPU's name) gives `TPUClusterResolver(tpu=name)`, which finds the
+  hosts through the Cloud TPU API, and tf-models connects to them. That program must not
+  load libtpu itself (`TPU_LOAD_LIBRARY=0`: the chips belong to the hosts' servers). Being
+  the only process, it is the one that writes; a copy started on another host (say by
+  `gcloud ... ssh --worker=all`) is refused with the command to use instead.
+- `TF_CONFIG` naming a cluster: MultiWorkerMirroredStrategy; every task runs the program
+  and the chief (worker 0 when the cluster has no chief, as TensorFlow decides) writes.
+- GPUs: MirroredStrategy over them; none: the default strategy. `runtime.distribution_strategy`
+  names one outright; `tpu` there needs a TPU address (`--tpu`, `runtime.tpu`, or the
+  `TPU_NAME` environment variable, as Google's own TF-on-TPU tests run tf-models).
+"""
+import dataclasses
 import json
 import logging
 import os
+import urllib.request
+from typing import Mapping, Optional
 
 import tensorflow as tf
 from official.common import distribute_utils
 
-from realm_tf.configs.experiment import STRATEGIES, ExperimentConfig
+from realm_tf.configs.experiment import STRATEGIES, ExperimentConfig, RuntimeConfig
+
+# Where the program runs (`RuntimePlan.launch`).
+ONE_PROCESS = "one process on this machine"
+TPU_SLICE_WORKER_0 = "one process on worker 0 of the TPU slice, driving every host"
+EVERY_TF_CONFIG_TASK = "every task named in TF_CONFIG"
+
+# The Cloud TPU VM metadata entry that numbers the hosts of a slice (0 on a single host); JAX
+# reads the same entry to find its process index on a TPU VM.
+_WORKER_NUMBER_PATH = "computeMetadata/v1/instance/attributes/agent-worker-number"
 
 
-def choose_strategy_name(configured: str = "", tpu: str = "") -> str:
-  """--tpu → TPUStrategy; a configured name; TF_CONFIG → multi-worker; GPUs → mirrored;
-  else the default strategy."""
-  if configured not in STRATEGIES:
-    raise ValueError(f"runtime.distribution_strategy must be one of {STRATEGIES}, "
-                     f"got {configured!r}")
+class RuntimePlanError(ValueError):
+  """A command line, config and environment that cannot run; the message names the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimePlan:
+  """What `make_strategy` builds, with what, and where the program runs: decided before
+  TensorFlow touches a device, so each documented command line has a testable answer.
+
+  strategy: a tf-models `distribution_strategy` name. tpu_address: the `tpu` argument of
+  `TPUClusterResolver` ("local", or a TPU's name), None off TPU. launch: where the program is
+  meant to run (ONE_PROCESS, TPU_SLICE_WORKER_0, EVERY_TF_CONFIG_TASK). is_coordinator: this
+  process does the host-side writes (files, snapshots, the builder child, exports).
+  num_gpus: what tf-models is told (0 for the default strategy, which takes no device list).
+  """
+  strategy: str
+  tpu_address: Optional[str] = None
+  launch: str = ONE_PROCESS
+  is_coordinator: bool = True
+  num_gpus: int = 0
+
+
+def _tf_config(env: Mapping[str, str]) -> dict:
+  try:
+    return json.loads(env.get("TF_CONFIG") or "{}")
+  except json.JSONDecodeError as e:
+    raise RuntimePlanError(f"TF_CONFIG is not JSON: {e}") from e
+
+
+def is_coordinator_process(env: Optional[Mapping[str, str]] = None, tpu: str = "") -> bool:
+  """Whether this process does a job's host-side writes, known before any strategy exists
+  (e.g. to decide who runs a preprocessing step before training starts).
+
+  With a TPU (`tpu` given) or no `TF_CONFIG` cluster there is one process: True. Under
+  `TF_CONFIG`, TensorFlow's rule (multi_worker_util.is_chief): the `chief` task, else
+  worker 0 when the cluster has no chief; an `evaluator` is its own chief. This is the answer
+  for a strategy chosen from the environment; `plan_runtime(...).is_coordinator` also
+  accounts for a strategy the config names outright.
+  """
+  env = os.environ if env is None else env
   if tpu:
-    return "tpu"
+    return True
+  config = _tf_config(env)
+  cluster = config.get("cluster") or {}
+  if not cluster:
+    return True
+  task = config.get("task") or {}
+  task_type, index = task.get("type"), int(task.get("index", 0))
+  if task_type in ("chief", "evaluator"):
+    return True
+  return task_type == "worker" and index == 0 and "chief" not in cluster
+
+
+def plan_runtime(runtime: RuntimeConfig, tpu: str = "",
+                 env: Optional[Mapping[str, str]] = None, num_gpus: int = 0) -> RuntimePlan:
+  """The strategy for `--tpu=tpu`, the config's `runtime` section, the environment `env`
+  (default os.environ) and `num_gpus` visible GPUs; see the module docstring. Raises
+  RuntimePlanError, naming the fix, for a combination that cannot work (no TPU address for
+  `distribution_strategy: tpu`, `--tpu` against another named strategy, `TPU_LOAD_LIBRARY`
+  set the wrong way for the kind of TPU)."""
+  env = os.environ if env is None else env
+  configured = runtime.distribution_strategy or ""
+  if configured not in STRATEGIES:
+    raise RuntimePlanError(f"runtime.distribution_strategy must be one of {STRATEGIES}, "
+                     f"got {configured!r}")
+  address = tpu or runtime.tpu or ""
+  if not address and configured == "tpu":
+    address = env.get("TPU_NAME", "")
+  if address:
+    return _tpu_plan(address, configured, env)
+  if configured == "tpu":
+    raise RuntimePlanError(
+        "runtime.distribution_strategy is 'tpu' but no TPU is named: give --tpu=local on a "
+        "single-host TPU VM, or --tpu=$TPU_NAME (the TPU's name) on worker 0 of a pod slice")
   if configured:
-    return configured
-  if json.loads(os.environ.get("TF_CONFIG", "{}")).get("cluster"):
-    return "multi_worker_mirrored"
-  if tf.config.list_physical_devices("GPU"):
-    return "mirrored"
-  return "off"
+    name = configured
+  elif _tf_config(env).get("cluster"):
+    name = "multi_worker_mirrored"
+  else:
+    name = "mirrored" if num_gpus else "off"
+  if name == "multi_worker_mirrored":
+    return RuntimePlan(name, None, EVERY_TF_CONFIG_TASK, is_coordinator_process(env), num_gpus)
+  return RuntimePlan(name, None, ONE_PROCESS, True, 0 if name == "off" else num_gpus)
 
 
-def make_strategy(config: ExperimentConfig, tpu: str = "") -> tf.distribute.Strategy:
-  tpu = tpu or config.runtime.tpu or ""
-  name = choose_strategy_name(config.runtime.distribution_strategy, tpu)
-  num_gpus = len(tf.config.list_physical_devices("GPU"))
+def _tpu_plan(address: str, configured: str, env: Mapping[str, str]) -> RuntimePlan:
+  if configured not in ("", "tpu"):
+    raise RuntimePlanError(f"--tpu={address} (runtime.tpu) asks for TPUStrategy but "
+                     f"runtime.distribution_strategy is {configured!r}: drop one of them")
+  load_library = env.get("TPU_LOAD_LIBRARY")
+  if address == "local":
+    if load_library == "0":
+      raise RuntimePlanError(
+          "TPU_LOAD_LIBRARY=0 stops this process from loading libtpu, which --tpu=local "
+          "needs: it is for pod slices only; unset it on a single-host TPU VM")
+    return RuntimePlan("tpu", "local", ONE_PROCESS, True)
+  # A TPU's name: a slice whose hosts run the TPU runtime; this program only drives them.
+  # (A grpc:// address, an older setup not documented here, is passed through unchecked.)
+  if not address.startswith("grpc://") and load_library != "0":
+    raise RuntimePlanError(
+        f"--tpu={address} names a TPU slice whose hosts run the TPU runtime: this process "
+        "must not load libtpu itself. Set TPU_LOAD_LIBRARY=0 before starting python "
+        "(or use --tpu=local on a single-host TPU VM)")
+  return RuntimePlan("tpu", address, TPU_SLICE_WORKER_0, True)
+
+
+def tpu_vm_worker_number(timeout: float = 2.0) -> Optional[int]:
+  """This host's worker number in its TPU slice, from the TPU VM's metadata server; None
+  where there is none (not a TPU VM, or unreachable)."""
+  host = os.environ.get("GCE_METADATA_HOST", "metadata.google.internal")
+  request = urllib.request.Request(f"http://{host}/{_WORKER_NUMBER_PATH}",
+                                   headers={"Metadata-Flavor": "Google"})
+  try:
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+      return int(response.read().decode().strip())
+  except (OSError, ValueError):
+    return None
+
+
+def check_tpu_worker(plan: RuntimePlan, worker_number: Optional[int]) -> None:
+  """Refuses a pod-slice run on any host but worker 0: the program there drives every host,
+  and a second copy (e.g. from `ssh --worker=all`) would initialise the same TPUs again."""
+  if plan.launch == TPU_SLICE_WORKER_0 and worker_number not in (None, 0):
+    raise RuntimePlanError(
+        f"this is worker {worker_number} of TPU slice {plan.tpu_address}; on a pod slice the "
+        "training program runs on worker 0 only (it drives every host): start it with "
+        "`gcloud compute tpus tpu-vm ssh $TPU_NAME --zone=$ZONE --worker=0`, not --worker=all")
+
+
+def visible_gpus() -> int:
+  return len(tf.config.list_physical_devices("GPU"))
+
+
+def make_strategy(config: ExperimentConfig, tpu: str = "",
+                  env: Optional[Mapping[str, str]] = None) -> tf.distribute.Strategy:
+  """The strategy `plan_runtime` chooses, built by tf-models (which, for a TPU, creates the
+  `TPUClusterResolver`, connects to a slice's hosts and initialises the TPU system)."""
+  plan = plan_runtime(config.runtime, tpu, env, num_gpus=visible_gpus())
+  if plan.launch == TPU_SLICE_WORKER_0:
+    check_tpu_worker(plan, tpu_vm_worker_number())
+  logging.info("Runtime: %s", plan)
   strategy = distribute_utils.get_distribution_strategy(
-      distribution_strategy=name, num_gpus=num_gpus if name != "off" else 0,
-      tpu_address=tpu or None)
+      distribution_strategy=plan.strategy, num_gpus=plan.num_gpus, tpu_address=plan.tpu_address)
   strategy = strategy or tf.distribute.get_strategy()
   logging.info("Strategy %s with %d replicas", type(strategy).__name__,
                strategy.num_replicas_in_sync)
