@@ -2,6 +2,7 @@
 
     python -m beam.index_builder --model_dir DIR [--blocks PATTERN] [--num_shards N]
         [--poll_seconds 5] [--max_builds N] [--large_model] [--model_copies N]
+        [--claim_ttl_seconds 600]
         [runner options, passed untouched to every embedding job]
 """
 import argparse
@@ -27,6 +28,9 @@ def parse_args(argv: Sequence[str]):
                       help="RunInference: one encoder per worker VM shared by its processes")
   parser.add_argument("--model_copies", type=int, default=0,
                       help="RunInference: at most this many encoder copies per worker VM")
+  parser.add_argument("--claim_ttl_seconds", type=float, default=600.0,
+                      help="several builders may share model_dir: a snapshot claimed by a "
+                      "builder that died is taken over after this long")
   args, beam_args = parser.parse_known_args(argv)
   return IndexBuilderConfig(**vars(args)), beam_args
 

@@ -9,6 +9,8 @@
     export/query_encoder/<step>/     retriever snapshots handed to the index builder
     export/block_encoder/<step>/
     index/<step>/                    index exports built from those snapshots
+    index/_claims/<step>.<gen>.json  which index builder is building <step>, until when
+                                     (realm_tf.io.versioned.Claim; several builders)
     eval/<name>-<step>.{json,jsonl}  evaluation metrics and per-question predictions
     index_builder.log                the child index builder's log (when the trainer owns it)
     TRAINING_DONE                    written once train_steps is reached: stops the builder

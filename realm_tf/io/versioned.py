@@ -13,6 +13,8 @@ Versioned outputs (encoder snapshots, index exports, tagger and serving exports)
     000000001300.9c1e…/               being written, or left by a crashed writer: no
                                       manifest names it, so no reader ever sees it
     _leases/000000001200.<id>.json    "a reader is using version 1200 until <time>"
+    _claims/000000001300.000000.json  "writer <host:pid> is producing version 1300 until
+                                      <time>" (generation 0; a takeover creates .000001)
 
 A flat output (a corpus, whose readers open its directory directly):
 
@@ -44,6 +46,12 @@ ifGenerationMatch=0 upload on GCS). Hence:
   lease taken on an old version while a GC pass is deleting it can lose that race (the
   lease's holder then finds files missing and fails; verify_version names them); leases
   on versions among the newest `keep` never can.
+- Writers sharing `root` on several machines (index builders) avoid doing the same work
+  with a `Claim` per version: generations of a claim object, each created with the same
+  create-if-absent primitive, the highest one counting; an expired one (its holder died)
+  is taken over by creating the next generation, so of several claimers that judged it
+  stale together exactly one wins. A claim only prevents duplicate work: what is
+  published is still decided by the manifest's create-if-absent alone.
 
 Everything reads and writes through a `storage.Storage`: tf.io.gfile (`storage.GFILE`,
 the default) on the trainer side, Beam's FileSystems (realm_tf.pipelines.filesystems.BEAM)
@@ -51,20 +59,21 @@ on pipeline launchers and workers.
 
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
 verify_version, delete_version, read_verified (one file, checked as it is read), Lease,
-garbage_collect; OutputWriter, check_output_dir and verify_published for flat outputs;
-write_json_atomic, read_json; copy_version and publish_copy (to hand a version to a
-reader with its own layout, e.g. TF Serving; the copy carries its manifest, which
-verify_copy checks).
+Claim (current_claim, list_claims, claim_is_live, superseded_because), garbage_collect;
+OutputWriter, check_output_dir and verify_published for flat outputs; write_json_atomic,
+read_json; copy_version and publish_copy (to hand a version to a reader with its own
+layout, e.g. TF Serving; the copy carries its manifest, which verify_copy checks).
 """
 import dataclasses
 import json
 import logging
 import os
 import re
+import socket
 import threading
 import time
 import uuid
-from typing import Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import google_crc32c
 
@@ -74,9 +83,11 @@ MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST = "manifest.json"  # a flat output's manifest, inside its directory
 COPIED_MANIFEST = "realm_manifest.json"  # a copy_version copy's manifest (see there)
 LEASES = "_leases"
+CLAIMS = "_claims"
 WRITER_MARKER = "_WRITER.json"  # inside a data dir while it is written; not a data file
 _MANIFEST_RE = re.compile(r"^(\d{12})\.manifest\.json$")
 _DATA_DIR_RE = re.compile(r"^(\d{12})\.([0-9a-f]{32})$")
+_CLAIM_RE = re.compile(r"^(\d{12})\.(\d{6})\.json$")
 _CHUNK = 8 << 20
 
 
@@ -532,6 +543,34 @@ def publish_copy(version: Version, dest_dir: str, manifest_dir: str = "") -> str
 
 # ------------------------------------------------------------------------------- leases
 
+class _KeepAlive:
+  """Calls `beat` every `interval` seconds on a daemon thread until stopped, or until
+  `beat` returns False: what keeps a lease or a claim from lapsing while its holder
+  lives (and lets it lapse once the holder is gone)."""
+
+  def __init__(self, interval: float, beat: Callable[[], bool], name: str):
+    self.interval, self.beat = interval, beat
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True, name=name)
+
+  def start(self) -> "_KeepAlive":
+    self._thread.start()
+    return self
+
+  def _run(self):
+    while not self._stop.wait(self.interval):
+      try:
+        if self.beat() is False:
+          return
+      except Exception as e:  # pylint: disable=broad-except
+        logging.error("%s: refreshing failed: %s", self._thread.name, e)
+
+  def stop(self) -> None:
+    self._stop.set()
+    if self._thread.is_alive() and self._thread is not threading.current_thread():
+      self._thread.join()
+
+
 class Lease:
   """Tells garbage_collect that `version` of `root` is in use, until it expires.
 
@@ -550,8 +589,7 @@ class Lease:
     self.store = store
     self.path = os.path.join(root, LEASES,
                              f"{version_name(self.version)}.{uuid.uuid4().hex}.json")
-    self._stop = threading.Event()
-    self._thread: Optional[threading.Thread] = None
+    self._keep_alive: Optional[_KeepAlive] = None
 
   def refresh(self) -> None:
     write_json_atomic(self.path, dict(version=self.version, holder=self.holder,
@@ -563,23 +601,14 @@ class Lease:
     if not self.store.exists(manifest_path(self.root, self.version)):
       self.release()
       raise VersionError(f"version {self.version} of {self.root} is no longer committed")
-    self._thread = threading.Thread(target=self._keep_alive, daemon=True,
-                                    name=f"lease-{self.version}")
-    self._thread.start()
+    self._keep_alive = _KeepAlive(self.ttl_seconds / 3, self.refresh,
+                                  f"lease-{self.version}").start()
     return self
 
-  def _keep_alive(self):
-    while not self._stop.wait(self.ttl_seconds / 3):
-      try:
-        self.refresh()
-      except Exception as e:  # pylint: disable=broad-except
-        logging.error("Refreshing lease %s failed: %s", self.path, e)
-
   def release(self) -> None:
-    self._stop.set()
-    if self._thread is not None:
-      self._thread.join()
-      self._thread = None
+    if self._keep_alive is not None:
+      self._keep_alive.stop()
+      self._keep_alive = None
     self.store.delete_prefix(self.path)
 
   def __enter__(self) -> "Lease":
@@ -610,6 +639,227 @@ def leased_versions(root: str, now: Optional[float] = None,
   return leased
 
 
+# ------------------------------------------------------------------------------- claims
+
+def claim_path(root: str, version: int, generation: int) -> str:
+  return os.path.join(root, CLAIMS, f"{version_name(version)}.{int(generation):06d}.json")
+
+
+def list_claims(root: str, version: Optional[int] = None,
+                store: Storage = GFILE) -> List[dict]:
+  """Every claim object under `root` (of `version` only, if given), by version then
+  generation. Each is the stored record plus `version`, `generation` and `path` from its
+  name; one that cannot be read is {"unreadable": True} with those three."""
+  claims_dir = os.path.join(root, CLAIMS)
+  if not store.is_dir_like(claims_dir):
+    return []
+  claims = []
+  for name in store.listdir(claims_dir):
+    match = _CLAIM_RE.match(name)
+    if not match or (version is not None and int(match.group(1)) != int(version)):
+      continue
+    path = os.path.join(claims_dir, name)
+    try:
+      record = read_json(path, store)
+    except FileNotFoundError:
+      continue  # collected while we listed
+    except VersionError:
+      record = dict(unreadable=True)
+    claims.append(dict(record, version=int(match.group(1)),
+                       generation=int(match.group(2)), path=path))
+  return sorted(claims, key=lambda c: (c["version"], c["generation"]))
+
+
+def current_claim(root: str, version: int, store: Storage = GFILE) -> Optional[dict]:
+  """The claim that counts for `version`: its highest generation (None if never claimed)."""
+  claims = list_claims(root, version, store)
+  return claims[-1] if claims else None
+
+
+def claim_is_live(claim: Optional[dict], now: Optional[float] = None) -> bool:
+  """Held: a claim no new generation may supersede (see superseded_because)."""
+  return claim is not None and superseded_because(claim, now) is None
+
+
+def superseded_because(claim: dict, now: Optional[float] = None) -> Optional[str]:
+  """Why the next generation may supersede `claim`, or None while it is held:
+  'released'; 'expired' (its holder stopped refreshing it); 'holder gone' (it was made on
+  this host by a process that no longer exists: a builder restarted after a crash need
+  not wait out the TTL); 'unreadable' (it cannot say who holds it or until when)."""
+  now = time.time() if now is None else now
+  if claim.get("unreadable"):
+    return "unreadable"
+  if "released_at" in claim:
+    return "released"
+  if float(claim.get("expires_at", 0)) <= now:
+    return "expired"
+  if _holder_gone(claim):
+    return "holder gone"
+  return None
+
+
+def _holder_gone(claim: dict) -> bool:
+  """The claim's process ran on this host and exists no more. Only ever judged on the
+  holder's own host; a reused pid makes a dead holder look alive (its claim then
+  expires as usual), never the other way round."""
+  if claim.get("host") != socket.gethostname():
+    return False
+  try:
+    pid = int(claim.get("pid"))
+  except (TypeError, ValueError):
+    return False
+  if pid <= 0 or pid == os.getpid():
+    return False
+  try:
+    os.kill(pid, 0)  # signal 0: only asks whether the process exists
+  except ProcessLookupError:
+    return True
+  except OSError:  # exists, owned by someone else
+    return False
+  return False
+
+
+def describe_claim(claim: Optional[dict]) -> str:
+  """'<holder> (<host> pid <pid>, generation <g>)' for log lines."""
+  if claim is None:
+    return "nobody"
+  if claim.get("unreadable"):
+    return f"an unreadable claim (generation {claim['generation']})"
+  return (f"{claim.get('holder') or 'a writer'} ({claim.get('host')} pid {claim.get('pid')}, "
+          f"generation {claim['generation']})")
+
+
+class Claim:
+  """"I am producing version `version` of `root`, until <time>": one writer at a time.
+
+  A lease says a version is being read; a claim says one is being written, so that
+  writers sharing `root` on several machines (index builders) do not all do the same
+  work. It never decides what is published: the manifest's create-if-absent does, so a
+  failed claim (clock skew, a holder wrongly presumed dead, ram://) costs duplicate work,
+  never a duplicate or corrupt version.
+
+      claim = Claim(index_dir, 1200, holder="index builder")
+      if claim.acquire():
+        try:
+          ...write and commit version 1200...
+        finally:
+          claim.release(index=path)
+      else:
+        describe_claim(claim.current)  # who holds it, and until when (claim.current)
+
+  A claim is a series of generations, `<root>/_claims/<version>.<generation>.json`, each
+  created once with `Storage.create_if_absent`; only the highest generation counts.
+  `acquire` creates generation 0 if there is none, else generation g+1 if generation g
+  has expired (its holder stopped refreshing it: it died), was released, or was made on
+  this host by a process that is gone (superseded_because); otherwise it loses.
+  Claimers that judged generation g stale at the same time race on creating the one
+  object g+1, so exactly one of them wins. The holder's daemon thread rewrites its
+  `expires_at` every ttl/3 seconds; if it finds a higher generation, the holder was
+  presumed dead and taken over: `taken_over` then names the new holder and refreshing
+  stops. `release` marks the generation released (with what came of it), which lets the
+  next claimer create the next generation; claims are deleted by garbage_collect once
+  their version is older than every committed version it keeps. Expiry compares wall
+  clocks of different machines, as leases do: keep the TTL far above clock skew.
+  """
+
+  def __init__(self, root: str, version: int, holder: str = "",
+               ttl_seconds: float = 600.0, store: Storage = GFILE):
+    if ttl_seconds <= 0:
+      raise ValueError(f"ttl_seconds must be positive, got {ttl_seconds}")
+    self.root, self.version, self.holder = root, int(version), holder
+    self.ttl_seconds = ttl_seconds
+    self.store = store
+    self.claimer = uuid.uuid4().hex
+    self.generation: Optional[int] = None  # held generation, once acquired
+    self.record: Optional[dict] = None
+    self.current: Optional[dict] = None  # the claim that beat this one, when lost
+    self.taken_over: Optional[dict] = None  # the claim that superseded this one
+    self._lock = threading.Lock()
+    self._keep_alive: Optional[_KeepAlive] = None
+
+  @property
+  def path(self) -> Optional[str]:
+    if self.generation is None:
+      return None
+    return claim_path(self.root, self.version, self.generation)
+
+  def acquire(self) -> bool:
+    """True if this claimer now holds the claim; False with `current` set if a live
+    claim of another holder stands."""
+    for _ in range(3):  # a generation won by another may be released at once; look again
+      current = current_claim(self.root, self.version, self.store)
+      now = time.time()
+      if claim_is_live(current, now):
+        self.current = current
+        return False
+      generation = 0 if current is None else current["generation"] + 1
+      record = dict(version=self.version, generation=generation, holder=self.holder,
+                    host=socket.gethostname(), pid=os.getpid(), claimer=self.claimer,
+                    claimed_at=now, expires_at=now + self.ttl_seconds)
+      if current is not None:
+        record["after"] = dict(generation=current["generation"],
+                               why=superseded_because(current, now),
+                               holder=describe_claim(current))
+      if self.store.create_if_absent(claim_path(self.root, self.version, generation),
+                                     _encode(record)):
+        self.generation, self.record = generation, record
+        if current is not None and record["after"]["why"] != "released":
+          logging.warning("Took over the claim on version %d of %s from %s (%s)",
+                          self.version, self.root, record["after"]["holder"],
+                          record["after"]["why"])
+        self._keep_alive = _KeepAlive(self.ttl_seconds / 3, self.refresh,
+                                      f"claim-{self.version}").start()
+        return True
+    self.current = current_claim(self.root, self.version, self.store)
+    return False
+
+  def refresh(self) -> bool:
+    """Extends the claim by ttl_seconds; False (and `taken_over` set) if a higher
+    generation superseded it."""
+    with self._lock:
+      if self.record is None or "released_at" in self.record:
+        return False
+      current = current_claim(self.root, self.version, self.store)
+      if current is not None and current["generation"] > self.generation:
+        self.taken_over = current
+        logging.warning("The claim on version %d of %s was taken over by %s: this holder "
+                        "was presumed dead (refresh it more often than ttl_seconds=%.0f)",
+                        self.version, self.root, describe_claim(current), self.ttl_seconds)
+        return False
+      self.record = dict(self.record, expires_at=time.time() + self.ttl_seconds)
+      write_json_atomic(self.path, self.record, self.store)
+      return True
+
+  def release(self, **outcome) -> None:
+    """Stops refreshing and marks the claim released, recording `outcome` (e.g. the
+    committed path, or the error); the next claimer may then create a new generation."""
+    if self._keep_alive is not None:
+      self._keep_alive.stop()
+      self._keep_alive = None
+    with self._lock:
+      if self.record is None or "released_at" in self.record or self.taken_over:
+        return
+      self.record = dict(self.record, released_at=time.time(), **outcome)
+      write_json_atomic(self.path, self.record, self.store)
+
+
+
+def _collect_claims(root: str, below: int, now: float, store: Storage) -> List[str]:
+  """Deletes the claims of versions older than `below` that nobody holds: no writer will
+  produce those versions any more (newer ones are committed)."""
+  deleted = []
+  by_version: Dict[int, List[dict]] = {}
+  for claim in list_claims(root, store=store):
+    by_version.setdefault(claim["version"], []).append(claim)
+  for version, claims in sorted(by_version.items()):
+    if version >= below or any(claim_is_live(c, now) for c in claims):
+      continue
+    for claim in claims:
+      store.delete_prefix(claim["path"])
+      deleted.append(claim["path"])
+  return deleted
+
+
 # ---------------------------------------------------------------------- garbage collection
 
 def delete_version(root: str, version: Version) -> None:
@@ -621,11 +871,11 @@ def delete_version(root: str, version: Version) -> None:
 
 def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
                     now: Optional[float] = None, store: Storage = GFILE) -> List[str]:
-  """Deletes committed versions older than the newest `keep` that no lease protects, and
-  data directories no manifest names once nothing in them is younger than
-  `stale_seconds` (crashed writers; younger ones may still be written). Returns the
-  deleted paths. A version's manifest goes first, so readers stop listing it before its
-  files disappear.
+  """Deletes committed versions older than the newest `keep` that no lease protects,
+  claims of versions older than every version kept that nobody holds, and data
+  directories no manifest names once nothing in them is younger than `stale_seconds`
+  (crashed writers; younger ones may still be written). Returns the deleted paths. A
+  version's manifest goes first, so readers stop listing it before its files disappear.
   """
   now = time.time() if now is None else now
   deleted = []
@@ -643,6 +893,9 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
     deleted.append(version.path)
   if not store.is_dir_like(root):
     return deleted
+  kept = [v for v in versions if v.path not in deleted]
+  if kept:
+    deleted.extend(_collect_claims(root, kept[0].version, now, store))
   referenced = {os.path.basename(v.path) for v in versions}
   for name in store.listdir(root):
     match = _DATA_DIR_RE.match(name)

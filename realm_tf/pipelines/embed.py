@@ -47,6 +47,7 @@ class EmbedConfig:
   large_model: bool = False
   model_copies: int = 0
   lease_ttl_seconds: float = 1800.0  # lease on the encoder snapshot, refreshed while held
+  builder: str = ""  # who builds (recorded in the manifest; the index builder's host:pid)
 
   def validate(self) -> None:
     problems = []
@@ -112,6 +113,8 @@ def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
                      committed_at=encoder.manifest.get("committed_at")),
         blocks=config.blocks, dimension=encoder.manifest.get("dimension", 0),
         embedding_dtype=config.embedding_dtype, started_at=time.time())
+    if config.builder:
+      manifest["builder"] = config.builder
     logging.info("Embedding %s with %s into %s (version %d, %d shards)", config.blocks,
                  encoder.path, config.output_dir, version, config.num_shards)
     try:

@@ -2,12 +2,23 @@
 
 Runs beside the trainer (another process, or other machines sharing model_dir on GCS):
   loop: newest <model_dir>/export/block_encoder version newer than the newest index?
+          → claim that version (versioned.Claim under the index dir; lost: wait a poll)
           → embed.build_index → <model_dir>/index/<step>   (older snapshots are skipped:
             only the newest one is ever embedded)
         until <model_dir>/TRAINING_DONE appears (or max_builds builds are done).
+
+Several builders may share one model_dir (scale-out: while one embeds snapshot 1000,
+another takes 1500 as soon as it appears). The claim keeps two of them from embedding the
+same snapshot at the same time; a builder that died holding one stops refreshing it, and
+after claim_ttl_seconds another takes the snapshot over. Publication does not depend on
+claims: each index version is committed by the create-if-absent of its manifest, so even
+two builds of one snapshot publish one version (the second finds the first's identical
+commit and drops its copy).
 """
 import dataclasses
 import logging
+import os
+import socket
 import time
 from typing import Optional, Sequence
 
@@ -27,23 +38,72 @@ class IndexBuilderConfig:
   batch_size: int = 64
   large_model: bool = False
   model_copies: int = 0
+  # A claim on a snapshot lapses this long after its builder stopped refreshing it (died);
+  # refreshed every third of it while the build runs. Far above clock skew between hosts.
+  claim_ttl_seconds: float = 600.0
+
+
+def builder_name() -> str:
+  """Who builds: 'index builder <host>:<pid>', in claims, manifests and log lines."""
+  return f"index builder {socket.gethostname()}:{os.getpid()}"
+
+
+def claim_snapshot(index_dir: str, version: int, ttl_seconds: float
+                   ) -> tuple[bool, versioned.Claim]:
+  """Claims index version `version` for this builder: (won, claim)."""
+  claim = versioned.Claim(index_dir, version, holder=builder_name(), ttl_seconds=ttl_seconds)
+  return claim.acquire(), claim
+
+
+_reported_waits: set = set()  # (index_dir, version, claim path) already logged as waited on
 
 
 def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
                backend: str, keep_versions: int, pipeline_args: Sequence[str] = (),
                batch_size: int = 64, large_model: bool = False,
-               model_copies: int = 0) -> Optional[str]:
-  """Embeds the newest snapshot if the index is behind it; returns the new index path."""
+               model_copies: int = 0, claim_ttl_seconds: float = 600.0) -> Optional[str]:
+  """Embeds the newest snapshot if the index is behind it and no other builder holds its
+  claim; returns the new index path (None: nothing to do, or another builder's work)."""
   snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
   index = versioned.latest_version(index_dir)
   if snapshot is None or (index is not None and index.version >= snapshot.version):
     return None
-  logging.info("Building index %d from %s", snapshot.version, snapshot.path)
-  return embed.build_index(embed.EmbedConfig(
-      blocks=blocks, encoder=snapshot.path, output_dir=index_dir, num_shards=num_shards,
-      version=snapshot.version, build_scann=backend != "exact",
-      keep_versions=keep_versions, batch_size=batch_size, large_model=large_model,
-      model_copies=model_copies), pipeline_args)
+  won, claim = claim_snapshot(index_dir, snapshot.version, claim_ttl_seconds)
+  if not won:
+    key = (index_dir, snapshot.version, (claim.current or {}).get("path"))
+    if key not in _reported_waits:
+      _reported_waits.add(key)
+      logging.info("Snapshot %d is being built by %s; %s waits for a newer snapshot (or "
+                   "for that claim to lapse, if its holder died)", snapshot.version,
+                   versioned.describe_claim(claim.current), builder_name())
+    return None
+  try:
+    # A builder commits before it releases its claim, so a claim won after another
+    # builder's release sees that commit here.
+    index = versioned.latest_version(index_dir)
+    if index is not None and index.version >= snapshot.version:
+      claim.release(outcome=f"index {index.version} already committed")
+      return None
+    logging.info("Building index %d from %s: %s (claim generation %s)", snapshot.version,
+                 snapshot.path, builder_name(), claim.generation)
+    path = embed.build_index(embed.EmbedConfig(
+        blocks=blocks, encoder=snapshot.path, output_dir=index_dir, num_shards=num_shards,
+        version=snapshot.version, build_scann=backend != "exact",
+        keep_versions=keep_versions, batch_size=batch_size, large_model=large_model,
+        model_copies=model_copies, builder=builder_name()), pipeline_args)
+  except BaseException as e:
+    claim.release(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
+    raise
+  built_by = versioned.read_version(path).manifest.get("builder", "")
+  if built_by == builder_name():
+    claim.release(outcome="committed", index=path)
+    logging.info("Index %d built by %s: %s", snapshot.version, built_by, path)
+  else:  # possible only if claims failed (a takeover of a live builder, ram://)
+    claim.release(outcome="duplicate", index=path, built_by=built_by)
+    logging.warning("Index %d was committed first by %s (%s); the copy %s built is dropped "
+                    "(duplicate work)", snapshot.version, built_by or "another writer", path,
+                    builder_name())
+  return path
 
 
 def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] = ()) -> int:
@@ -52,13 +112,14 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   blocks = blocks_pattern(config.blocks or run_config.index.blocks)
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
   num_shards = config.num_shards or run_config.index.num_shards
+  logging.info("%s watching %s (index %s)", builder_name(), config.model_dir, index_dir)
   builds = 0
   while not layout.training_done(config.model_dir):
     try:
       built = build_once(config.model_dir, blocks, index_dir, num_shards,
                          run_config.index.backend, run_config.index.keep_versions,
                          pipeline_args, config.batch_size, config.large_model,
-                         config.model_copies)
+                         config.model_copies, config.claim_ttl_seconds)
     except Exception:  # pylint: disable=broad-except
       # e.g. the snapshot went away before its lease was taken: a newer one will come.
       logging.exception("Index build failed; retrying with the newest snapshot")
@@ -70,5 +131,5 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
         break
     else:
       time.sleep(config.poll_seconds)
-  logging.info("Index builder done after %d builds", builds)
+  logging.info("Index builder done after %d builds (%s)", builds, builder_name())
   return builds
