@@ -28,10 +28,30 @@ params.yaml, say) are the run. The result is saved as <model_dir>/params.yaml.
 The strategy (realm_tf.training.runtime.plan_runtime): --tpu gives TPUStrategy; else
 runtime.distribution_strategy if set; else TF_CONFIG gives multi-worker, GPUs
 MirroredStrategy, and otherwise the default strategy.
+
+--mode, as tf-models' run_experiment: train_and_eval (the default) trains and evaluates
+every trainer.validation_interval steps (lines in metrics.jsonl, summaries in validation/);
+train trains only. continuous_eval is a side-car evaluator
+(realm_tf.training.continuous_eval): run beside the trainer, with the trainer's flags and
+the same --model_dir, it evaluates each new checkpoint (Open-QA: EM and recall@k;
+pre-training: masked-span accuracy and retrieval utility, on validation_data), writes one
+JSON line per checkpoint to <model_dir>/eval/<name>.jsonl and summaries to eval/<name>/
+(--eval_name, default the mode), and exits after the final checkpoint (status 1 after
+--eval_timeout seconds without a new one). eval does the same once, for the newest
+checkpoint. Without --experiment and --config, the evaluators read the run's params.yaml:
+    python -m realm_tf.train --mode train --experiment realm/pretrain ... --model_dir M
+    python -m realm_tf.train --mode continuous_eval --experiment realm/pretrain ... \\
+        --model_dir M
+    python -m realm_tf.train --mode eval --model_dir M
+They write none of the trainer's files (params.yaml, metrics.jsonl, checkpoints,
+TRAINING_DONE, snapshots) and start no index builder; run them as one process without
+TF_CONFIG.
 """
 import json
 import logging
+import os
 import sys
+import time
 
 from absl import app, flags
 
@@ -45,6 +65,14 @@ flags.DEFINE_multi_string("override", [], "Config overrides: key=value[,key=valu
 flags.DEFINE_string("tpu", "", "TPU name or address (gives TPUStrategy; sets runtime.tpu).")
 flags.DEFINE_integer("stop_at_step", None,
                      "Stop at this step of the configured schedule (resume later).")
+flags.DEFINE_enum("mode", "train_and_eval", ["train_and_eval", "train", "eval", "continuous_eval"],
+                  "train_and_eval: train, evaluating every trainer.validation_interval steps; "
+                  "train: no evaluation; eval: the newest checkpoint, once; continuous_eval: "
+                  "a side-car evaluator of each new checkpoint until the final one.")
+flags.DEFINE_string("eval_name", "", "eval / continuous_eval: what its files are called "
+                    "(<model_dir>/eval/<name>.jsonl, eval/<name>/; default: the mode).")
+flags.DEFINE_integer("eval_timeout", None, "continuous_eval: give up after this many seconds "
+                     "without a new checkpoint (default trainer.continuous_eval_timeout).")
 FLAGS = flags.FLAGS
 
 
@@ -53,23 +81,93 @@ def main(argv):
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.io.roles import HostRole  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  side_car = FLAGS.mode in ("eval", "continuous_eval")
   overrides = list(FLAGS.override)
   if FLAGS.tpu:
     overrides.append(f"runtime.tpu={FLAGS.tpu}")
+  if FLAGS.eval_timeout is not None:
+    overrides.append(f"trainer.continuous_eval_timeout={FLAGS.eval_timeout}")
   try:
     if not FLAGS.experiment and not FLAGS.config:
-      raise ConfigError("give --experiment (a stage), --config (a full config), or both")
-    config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
+      if not side_car:
+        raise ConfigError("give --experiment (a stage), --config (a full config), or both")
+      # An evaluator of an existing run: the config the trainer saved.
+      config = load_config(layout.params_path(FLAGS.model_dir), overrides)
+    else:
+      config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
   except (ConfigError, ValueError) as e:
     sys.exit(f"config error: {e}")
+  if side_car and os.environ.get("TF_CONFIG"):
+    # TF_CONFIG would make it a worker of a multi-worker job, waiting for its peers.
+    sys.exit(f"--mode {FLAGS.mode} runs as one process of its own, not in the training "
+             f"job's cluster: unset TF_CONFIG")
   try:
     strategy = runtime.make_strategy(config, FLAGS.tpu)
   except runtime.RuntimePlanError as e:
     sys.exit(f"runtime error: {e}")
-  # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first.
-  config = resolve_index_blocks(config, FLAGS.model_dir)
-  result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step)
+  if side_car:
+    evaluate(config, strategy)
+    return
+  role = HostRole(strategy)
+  # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first, by
+  # the chief; the other processes then find its output and reuse it.
+  if role.is_chief:
+    config = resolve_index_blocks(config, FLAGS.model_dir)
+  role.barrier("the corpus blocks are resolved")
+  if not role.is_chief:
+    config = resolve_index_blocks(config, FLAGS.model_dir)
+  try:
+    result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step,
+                                      evaluate=FLAGS.mode == "train_and_eval")
+  except (tf.errors.UnavailableError, tf.errors.AbortedError,
+          tf.errors.DeadlineExceededError) as e:
+    if not role.multi_process:
+      raise
+    # A collective failed: another process of the job died or cannot be reached. TF's own
+    # message is a page of gRPC detail; say what happened and what to do.
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    detail = next((line for line in lines if "abort" in line or "unhealthy" in line
+                   or "connect" in line), lines[0] if lines else "")
+    step = layout.checkpoint_step(FLAGS.model_dir)
+    sys.exit(f"training stopped ({role.describe()}): another process of the job is "
+             f"unreachable ({type(e).__name__}: {detail}). Relaunch "
+             f"every process with the same command: training resumes from the chief's "
+             f"checkpoint at step {step} in {layout.checkpoint_dir(FLAGS.model_dir)}.")
   print(json.dumps(result, indent=2, default=str))
+
+
+def evaluate(config, strategy):
+  """--mode eval / continuous_eval: a side-car evaluator of the run in --model_dir
+  (realm_tf.training.continuous_eval); it writes none of the trainer's files. Exits 1 when
+  continuous_eval gave up waiting for a checkpoint before the run's final one."""
+  import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.pipelines.corpus_blocks import JSONL_SUFFIXES, resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.training import continuous_eval  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  name = FLAGS.eval_name or FLAGS.mode
+  if config.index.blocks.endswith(JSONL_SUFFIXES):
+    # The trainer runs the corpus pipeline into <model_dir>/corpus; its manifest is written
+    # last. The evaluator waits for it and reuses the blocks (it never runs the pipeline).
+    manifest = os.path.join(layout.corpus_dir(FLAGS.model_dir), "manifest.json")
+    deadline = time.time() + config.trainer.continuous_eval_timeout
+    while not tf.io.gfile.exists(manifest):
+      if time.time() > deadline:
+        sys.exit(f"{manifest}: the trainer has not prepared the corpus blocks")
+      time.sleep(continuous_eval.POLL_SECONDS)
+    config = resolve_index_blocks(config, FLAGS.model_dir)
+  try:
+    if FLAGS.mode == "eval":
+      result = continuous_eval.evaluate_latest(config, FLAGS.model_dir, strategy, name)
+    else:
+      result = continuous_eval.evaluate_continuously(config, FLAGS.model_dir, strategy, name)
+  except (ValueError, FileNotFoundError) as e:
+    sys.exit(f"{FLAGS.mode} error: {e}")
+  print(json.dumps(result, indent=2, default=str))
+  if result.get("timed_out"):
+    sys.exit(f"continuous_eval stopped before the run's final checkpoint: {result['reason']}")
 
 
 if __name__ == "__main__":

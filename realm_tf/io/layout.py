@@ -12,6 +12,8 @@
     index/_claims/<step>.<gen>.json  which index builder is building <step>, until when
                                      (realm_tf.io.versioned.Claim; several builders)
     eval/<name>-<step>.{json,jsonl}  evaluation metrics and per-question predictions
+    eval/<name>.jsonl                a side-car evaluator's JSON lines, one per checkpoint
+    eval/<name>/                     its TensorBoard summaries (realm_tf.training.continuous_eval)
     index_builder.log                the child index builder's log (when the trainer owns it)
     TRAINING_DONE                    written once train_steps is reached: stops the builder
 
@@ -20,6 +22,7 @@ GCS (gs://...) as well as on local disk.
 """
 import json
 import os
+import socket
 import time
 from typing import Optional
 
@@ -75,6 +78,18 @@ def eval_dir(model_dir: str) -> str:
   return os.path.join(model_dir, "eval")
 
 
+def evaluator_log_path(model_dir: str, name: str) -> str:
+  """A side-car evaluator's own JSON lines (one per checkpoint it evaluated): never
+  metrics.jsonl, which the trainer appends to (two writers of one object on a store race)."""
+  return os.path.join(eval_dir(model_dir), f"{name}.jsonl")
+
+
+def evaluator_summary_subdir(name: str) -> str:
+  """A side-car evaluator's TensorBoard directory, relative to model_dir (tf-models'
+  trainer.validation_summary_subdir): beside the trainer's validation/, not in it."""
+  return os.path.join("eval", name)
+
+
 def builder_log_path(model_dir: str) -> str:
   return os.path.join(model_dir, "index_builder.log")
 
@@ -84,13 +99,24 @@ def training_done_path(model_dir: str) -> str:
 
 
 def mark_training_done(model_dir: str, step: int):
-  """Tells index builders (on any machine sharing model_dir) that training has finished."""
+  """Tells index builders (on any machine sharing model_dir) that training has finished;
+  names the writer (host and pid: only a job's chief writes it)."""
   with tf.io.gfile.GFile(training_done_path(model_dir), "w") as f:
-    json.dump(dict(step=int(step), time=time.time()), f)
+    json.dump(dict(step=int(step), time=time.time(), host=socket.gethostname(),
+                   pid=os.getpid()), f)
 
 
 def training_done(model_dir: str) -> bool:
   return tf.io.gfile.exists(training_done_path(model_dir))
+
+
+def training_done_step(model_dir: str) -> Optional[int]:
+  """The step TRAINING_DONE records (None: no marker, or one still being written)."""
+  try:
+    with tf.io.gfile.GFile(training_done_path(model_dir)) as f:
+      return int(json.load(f)["step"])
+  except (tf.errors.NotFoundError, ValueError, KeyError, TypeError):
+    return None
 
 
 def clear_training_done(model_dir: str):
@@ -100,17 +126,26 @@ def clear_training_done(model_dir: str):
 
 
 def append_metrics(model_dir: str, record: dict):
-  """One JSON line per train loop: the run's history, for tests and benchmarks.
-
-  Object stores have no append: storage.open_for_append writes each record as its own
-  object there (read back in order by read_metrics); local disk appends to the file.
-  """
-  with storage.open_for_append(metrics_path(model_dir)) as f:
-    f.write(json.dumps(record, sort_keys=True) + "\n")
+  """One JSON line per train loop: the run's history, for tests and benchmarks."""
+  append_json_line(metrics_path(model_dir), record)
 
 
 def read_metrics(model_dir: str) -> list[dict]:
-  text = storage.read_log(metrics_path(model_dir))
+  return read_json_lines(metrics_path(model_dir))
+
+
+def append_json_line(path: str, record: dict):
+  """Appends `record` to a JSON lines log (metrics.jsonl, an evaluator's eval/<name>.jsonl).
+
+  Object stores have no append: storage.open_for_append writes each record as its own
+  object there (read back in order by read_json_lines); local disk appends to the file.
+  """
+  with storage.open_for_append(path) as f:
+    f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def read_json_lines(path: str) -> list[dict]:
+  text = storage.read_log(path)
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 

@@ -11,6 +11,11 @@ between train loops and swaps them in place, hands snapshots to the builder with
 blocking the step loop, optionally runs the builder as a child process, reports staleness,
 and writes TRAINING_DONE only when the schedule's last step is reached (a run cut short by
 an error or --stop_at_step leaves builders on other machines running for its resumption).
+
+In a multi-worker job every process has a refresher, but only the chief (realm_tf.io.roles)
+exports snapshots, runs the builder child and writes TRAINING_DONE; index swaps are
+collective (KnowledgeIndex.maybe_swap loads the version the chief chose, on every process),
+so every wait here polls once per round on every process and ends on an agreed condition.
 """
 import dataclasses
 import logging
@@ -23,6 +28,7 @@ from typing import Callable, Optional, Sequence
 import tensorflow as tf
 
 from realm_tf.io import layout, storage, versioned
+from realm_tf.io.roles import HostRole
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.retrieval import snapshots
 
@@ -78,6 +84,9 @@ class RefreshSettings:
   start_builder: bool = False
   builder_args: Sequence[str] = ()
   max_staleness_steps: int = 0  # 0: never wait for the builder
+  # A side-car evaluator's refresher: it loads the run's committed indexes and nothing else
+  # (no snapshot, no builder, TRAINING_DONE untouched); it waits for a first index.
+  read_only: bool = False
 
 
 class IndexRefresher:
@@ -85,12 +94,16 @@ class IndexRefresher:
 
   def __init__(self, model_dir: str, index: KnowledgeIndex, settings: RefreshSettings,
                retriever=None, build_shadow: Optional[Callable[[], object]] = None,
-               tokenizer=None, config=None):
+               tokenizer=None, config=None, role: Optional[HostRole] = None):
     self.model_dir = model_dir
     self.index = index
+    self.role = role or HostRole()
     self.settings = settings
+    # Whether this process writes the run's refresh state: snapshots, the builder child,
+    # TRAINING_DONE (the chief of the training job; never a side-car evaluator).
+    self.writes = self.role.is_chief and not settings.read_only
     self.exporter = None
-    if retriever is not None:
+    if retriever is not None and self.writes:
       self.exporter = snapshots.SnapshotExporter(model_dir, retriever, build_shadow,
                                                  tokenizer, config)
     self.builder: Optional[IndexBuilderProcess] = None
@@ -102,27 +115,40 @@ class IndexRefresher:
     An index already committed under index_dir (built by `beam.embed_corpus` before
     training, or by an earlier run) is used as is. Otherwise the current retriever is
     exported as snapshot `global_step` for the builder, and the trainer waits for its
-    index for at most first_index_timeout_seconds.
+    index for at most first_index_timeout_seconds. A read-only refresher (a side-car
+    evaluator) only waits, as long, for the run's trainer to commit one.
     """
-    if training:  # a new training slice: builders must follow it again
+    writes = self.writes
+    if training and writes:  # a new training slice: builders must follow it again
       layout.clear_training_done(self.model_dir)
-    if self.settings.start_builder:
+    if self.settings.start_builder and writes:
       self.builder = IndexBuilderProcess(self.model_dir, self.settings.builder_args)
-    if versioned.latest_version(self.settings.index_dir) is None:
-      if self.exporter is None:
+    # The chief's view decides (a collective: every process takes the same branch).
+    if self.settings.read_only:
+      if versioned.latest_version(self.settings.index_dir) is None:
+        logging.info("No index under %s yet: waiting up to %.0fs for the run's first one "
+                     "(read-only: a side-car evaluator builds none)",
+                     self.settings.index_dir, self.settings.first_index_timeout_seconds)
+    elif self.role.chief_value(versioned.latest_version(self.settings.index_dir) is None):
+      if self.role.any_process(writes and self.exporter is None):
         raise FileNotFoundError(f"{self.settings.index_dir}: no committed index, and this "
                                 f"run exports no snapshot to build one from")
-      if snapshots.latest_snapshot_step(self.model_dir) is None:
+      if writes and snapshots.latest_snapshot_step(self.model_dir) is None:
         self.exporter.snapshot(global_step, wait=True)
-      if self.builder is None:
+      if self.builder is None and writes:
         logging.info("No index under %s yet: waiting for an index builder (run "
                      "`python -m beam.index_builder --model_dir %s`, or set "
                      "start_index_builder)", self.settings.index_dir, self.model_dir)
     deadline = time.time() + self.settings.first_index_timeout_seconds
     # An index already loaded (an evaluation before training, in the same run) counts.
     while not self.index.maybe_swap(self.settings.index_dir) and self.index.version is None:
-      if time.time() > deadline:
+      if self.role.chief_value(time.time() > deadline):
         self.stop(global_step, reached_train_steps=False)
+        if self.index.storage_error:  # not "nothing published": the store did not answer
+          raise TimeoutError(
+              f"{self.settings.index_dir}: no index loaded within "
+              f"{self.settings.first_index_timeout_seconds:.0f}s because storage failed: "
+              f"{self.index.storage_error}")
         raise TimeoutError(
             f"{self.settings.index_dir}: no loadable index within "
             f"{self.settings.first_index_timeout_seconds:.0f}s (index.first_index_timeout_"
@@ -136,12 +162,19 @@ class IndexRefresher:
         and global_step < self.settings.train_steps):
       self.exporter.snapshot(global_step)
     now = time.time()
-    if now - self._last_poll >= self.settings.poll_seconds:
+    # Several processes poll every loop: a swap is collective, so whether to poll cannot
+    # depend on each process's clock.
+    if self.role.multi_process or now - self._last_poll >= self.settings.poll_seconds:
       self._last_poll = now
       self.index.maybe_swap(self.settings.index_dir)
     bound = self.settings.max_staleness_steps
     if bound > 0 and global_step - self.index_step() > bound:
       self._wait_for_fresher(global_step, bound)
+
+  def poll(self) -> bool:
+    """Swaps in the newest committed index if it is newer (True if it did)."""
+    self._last_poll = time.time()
+    return self.index.maybe_swap(self.settings.index_dir)
 
   def index_step(self) -> int:
     """The step of this run at which the encoder behind the current index was taken.
@@ -170,7 +203,7 @@ class IndexRefresher:
       if newest is None or global_step - newest > bound:
         self.exporter.snapshot(global_step, wait=True)
     while global_step - self.index_step() > bound:
-      if time.time() > deadline:
+      if self.role.chief_value(time.time() > deadline):
         raise TimeoutError(
             f"{self.settings.index_dir}: no index within {bound} steps of step {global_step} "
             f"after {self.settings.first_index_timeout_seconds:.0f}s "
@@ -188,7 +221,7 @@ class IndexRefresher:
   def stop(self, global_step: int, reached_train_steps: bool):
     if self.exporter is not None:
       self.exporter.wait()
-    if reached_train_steps:
+    if reached_train_steps and self.writes:
       layout.mark_training_done(self.model_dir, global_step)
     if self.builder is not None:
       # Only a finished run stops its own builder; an index finished after the last step

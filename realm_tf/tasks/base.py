@@ -26,6 +26,7 @@ from official.modeling.optimization import legacy_adamw
 
 from realm_tf.configs.experiment import ExperimentConfig, TrainerConfig
 from realm_tf.io import layout
+from realm_tf.io.roles import HostRole
 from realm_tf.modeling import factory
 from realm_tf.retrieval import refresh
 from realm_tf.text.tokenization import Tokenizer
@@ -171,13 +172,26 @@ class RealmTask(base_task.Task):
   evaluates_whole_set: bool = False
   # What an evaluation's files are called (eval/<name>-<step>.json); evaluate_run sets it.
   evaluation_name: str = "validation"
+  # True in a side-car evaluator (realm_tf.training.continuous_eval): this process follows
+  # another process's run. It loads the run's newest committed index before each
+  # evaluation and writes only its own evaluation files (evaluation_log, eval/<name>-*);
+  # it never exports retriever snapshots, starts an index builder or touches TRAINING_DONE.
+  side_car: bool = False
 
   def __init__(self, params, experiment: ExperimentConfig, model_dir: str = "",
-               start_step: int = 0, name: Optional[str] = None):
+               start_step: int = 0, name: Optional[str] = None,
+               role: Optional[HostRole] = None):
     super().__init__(params, logging_dir=model_dir, name=name)
     self.experiment = experiment
     self.model_dir = model_dir
     self.start_step = start_step
+    # Whether this process writes the task's host-side files (evaluations, exports,
+    # snapshots, the index builder): the chief of a multi-worker job; see realm_tf.io.roles.
+    self.role = role or HostRole()
+    # Where one JSON line per evaluation goes: the run's metrics.jsonl for the trainer's
+    # in-loop evaluations; a side-car evaluator sets its own file (two processes appending
+    # to one object on a store would race).
+    self.evaluation_log = layout.metrics_path(model_dir) if model_dir else ""
     self._tokenizer: Optional[Tokenizer] = None
     self._compiled: dict[str, Callable] = {}
 
@@ -287,16 +301,21 @@ class RealmTask(base_task.Task):
     del model, global_step, reached_train_steps
 
   def on_evaluate_end(self, global_step: int, logs: dict):
-    """After each evaluation: its scalar metrics as one `eval` line of metrics.jsonl (the
+    """After each evaluation: its scalar metrics as one `eval` line of evaluation_log (the
     curves of held-out metrics over steps; TensorBoard gets them from orbit too)."""
-    if not self.model_dir:
+    if not self.evaluation_log or not self.role.is_chief:
       return
     scalars = {}
     for name, value in logs.items():
       value = np.asarray(value)
       if value.size == 1 and np.issubdtype(value.dtype, np.number):
         scalars[name] = float(value)
-    layout.append_metrics(self.model_dir, dict(scalars, step=global_step, mode="eval"))
+    layout.append_json_line(self.evaluation_log, dict(
+        scalars, step=global_step, mode="eval", **self.evaluation_context()))
+
+  def evaluation_context(self) -> dict:
+    """What an evaluation line records besides the metrics (the index searched, ...)."""
+    return {}
 
   def steps_per_loop_divisors(self) -> list[int]:
     """Intervals (in steps) a train loop must not straddle (e.g. the snapshot interval)."""
@@ -330,12 +349,24 @@ class RetrievalTask(RealmTask):
             index_dir=layout.index_dir(self.model_dir, index.index_dir),
             train_steps=self.experiment.trainer.train_steps,
             first_index_timeout_seconds=index.first_index_timeout_seconds,
-            poll_seconds=index.poll_seconds, **settings),
+            poll_seconds=index.poll_seconds, read_only=self.side_car, **settings),
         retriever=model.retriever,
         build_shadow=lambda: factory.build_retriever(self.experiment.replace(
             model=dict(warm_start=dict(source="")))),
-        tokenizer=self.tokenizer, config=self.experiment)
+        tokenizer=self.tokenizer, config=self.experiment, role=self.role)
     self.refresher.start(global_step, training=train)
+
+  def follow_index(self):
+    """A side-car evaluator, before each evaluation: swaps in the run's newest committed
+    index if it is newer than the loaded one (read-only; see RealmTask.side_car)."""
+    if self.refresher is not None:
+      self.refresher.poll()
+
+  def evaluation_context(self) -> dict:
+    index = getattr(self, "index", None)
+    if index is None or index.version is None:
+      return {}
+    return dict(index_version=int(index.version))
 
   def run_summary(self) -> dict:
     return self.refresher.summary() if self.refresher is not None else {}

@@ -256,9 +256,9 @@ class OpenQATask(base.RetrievalTask):
         self.index.store, gathered, self.tokenizer, self.task_config.answer_regex,
         self.task_config.num_candidates)
     step = int(global_step.numpy()) if global_step is not None else 0
-    if self.model_dir:
+    if self.model_dir and self.role.is_chief:
       files = save_evaluation(self.model_dir, self.evaluation_name, step, metrics,
-                              self.predictions)
+                              self.predictions, self.evaluation_log)
       logging.info("[openqa] evaluation at step %d: EM %.4f recall@5 %.4f (%s)", step,
                    metrics["exact_match"], metrics["recall@5"], files["metrics"])
     return metrics
@@ -300,8 +300,12 @@ class OpenQATask(base.RetrievalTask):
     self.start_index(model, global_step, train=True)
 
   def on_evaluate_begin(self, model, global_step: int):
-    if self.dense and self.index.version is None:
+    if not self.dense:
+      return
+    if self.index.version is None:
       self.start_index(model, global_step, train=False)
+    elif self.side_car:
+      self.follow_index()
 
   def train_actions(self, trainer):
     # Asked for when the runner is built, before on_train_begin makes the refresher: the
@@ -320,9 +324,9 @@ class OpenQATask(base.RetrievalTask):
 
 
 def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
-                    predictions: list[dict]) -> dict:
+                    predictions: list[dict], log_path: str = "") -> dict:
   """<model_dir>/eval/<name>-<step>.json (metrics) and .predictions.jsonl, plus one line in
-  metrics.jsonl."""
+  `log_path` (default metrics.jsonl; a side-car evaluator's own file)."""
   directory = layout.eval_dir(model_dir)
   tf.io.gfile.makedirs(directory)
   base_name = os.path.join(directory, f"{name}-{step}")
@@ -330,5 +334,6 @@ def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
   evaluation.write_predictions(files["predictions"], predictions)
   with tf.io.gfile.GFile(files["metrics"], "w") as f:
     json.dump(dict(metrics, step=step), f, indent=2, sort_keys=True)
-  layout.append_metrics(model_dir, dict(metrics, step=step, mode=f"eval:{name}"))
+  layout.append_json_line(log_path or layout.metrics_path(model_dir),
+                          dict(metrics, step=step, mode=f"eval:{name}"))
   return files

@@ -204,8 +204,12 @@ class PretrainTask(base.RetrievalTask):
     return [v for v in encoder.masked_lm.trainable_variables if v.ref() not in frozen]
 
   def on_evaluate_begin(self, model, global_step: int):
-    if self.task_config.retrieval and self.index.version is None:
+    if not self.task_config.retrieval:
+      return
+    if self.index.version is None:
       self._start_refresher(model, global_step, train=False)
+    elif self.side_car:
+      self.follow_index()
 
   def on_train_begin(self, model, global_step: int):
     if self.task_config.retrieval:

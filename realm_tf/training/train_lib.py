@@ -15,6 +15,7 @@ Everything a run is lives in its ExperimentConfig, saved as <model_dir>/params.y
 the first step; the command line only chooses the config, overrides and where to stop.
 """
 import logging
+import tempfile
 import time
 import uuid
 from typing import Optional
@@ -29,6 +30,7 @@ from official.modeling import performance
 from realm_tf import tasks
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
+from realm_tf.io.roles import HostRole
 from realm_tf.tasks.base import RealmTask, steps_per_loop
 from realm_tf.training import checkpoints, preemption
 from realm_tf.training.progress import ProgressReporter
@@ -36,8 +38,8 @@ from realm_tf.training.progress import ProgressReporter
 
 def save_params(config: ExperimentConfig, model_dir: str):
   """<model_dir>/params.yaml: what the run is (read back by the index builder and
-  evaluation). Written through a temporary object so a reader never sees half of it; the
-  temporary name is this writer's own, as every worker of a multi-worker job runs this."""
+  evaluation). Written through a temporary object, named for this writer, so a reader never
+  sees half of it. Only the chief of a multi-worker job calls it."""
   tf.io.gfile.makedirs(model_dir)
   path = layout.params_path(model_dir)
   tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -84,17 +86,48 @@ class _EvaluationCheckpointManager(tf.train.CheckpointManager):
     return self.latest_checkpoint
 
 
+class _WorkerCheckpointManager(tf.train.CheckpointManager):
+  """A non-chief worker's manager, as tf-models builds it: every worker takes part in a
+  save (variables may synchronise on read), so non-chief workers save into a temporary
+  directory of their own, keeping one. What tf-models leaves out is the resume: a worker
+  restores the chief's newest checkpoint (the job's state), not its own empty directory."""
+
+  def __init__(self, checkpoint, chief_directory: str, **kwargs):
+    super().__init__(checkpoint, directory=tempfile.mkdtemp(prefix="realm-worker-ckpt-"),
+                     **dict(kwargs, max_to_keep=1))
+    self.chief_directory = chief_directory
+    logging.info("Non-chief worker: checkpoints are saved to %s (discarded) and restored "
+                 "from the chief's %s", self.directory, chief_directory)
+
+  def restore_or_initialize(self):
+    chief_latest = tf.train.latest_checkpoint(self.chief_directory)
+    if chief_latest is None:
+      return super().restore_or_initialize()
+    self.checkpoint.restore(chief_latest)
+    return chief_latest
+
+
 class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
-  """tf-models' runner with checkpoints in <model_dir>/checkpoints (realm_tf.io.layout)."""
+  """tf-models' runner with checkpoints in <model_dir>/checkpoints (realm_tf.io.layout);
+  under a multi-worker strategy only the chief writes there (see _WorkerCheckpointManager)
+  and only the chief writes summaries."""
+
+  def __init__(self, strategy, task, mode, params, model_dir, role: HostRole, **kwargs):
+    self.role = role
+    super().__init__(strategy, task, mode, params, model_dir,
+                     save_summary=role.is_chief, **kwargs)
 
   def _maybe_build_checkpoint_manager(self):
+    settings = dict(max_to_keep=self.params.trainer.max_to_keep,
+                    step_counter=self.trainer.global_step,
+                    checkpoint_interval=self.params.trainer.checkpoint_interval,
+                    init_fn=self.trainer.initialize)
+    directory = layout.checkpoint_dir(self.model_dir)
+    if not self.role.is_chief:
+      return _WorkerCheckpointManager(self.trainer.checkpoint, directory, **settings)
     manager = (tf.train.CheckpointManager if "train" in self._mode
                else _EvaluationCheckpointManager)
-    return manager(
-        self.trainer.checkpoint, directory=layout.checkpoint_dir(self.model_dir),
-        max_to_keep=self.params.trainer.max_to_keep, step_counter=self.trainer.global_step,
-        checkpoint_interval=self.params.trainer.checkpoint_interval,
-        init_fn=self.trainer.initialize)
+    return manager(self.trainer.checkpoint, directory=directory, **settings)
 
   def _build_controller(self, trainer, evaluator, save_summary=True, train_actions=None,
                         eval_actions=None, **kwargs):
@@ -146,13 +179,16 @@ class Run:
     self.experiment = experiment
     self.model_dir = model_dir
     self.strategy = strategy or tf.distribute.get_strategy()
+    self.role = HostRole(self.strategy)
+    logging.info("This process: %s", self.role.describe())
     check_xla_placement(experiment, self.strategy)
     tf_keras.utils.set_random_seed(experiment.trainer.seed)
     set_precision(experiment)
-    if train:  # a damaged newest checkpoint is set aside before anything reads it
+    if train and self.role.is_chief:  # a damaged newest checkpoint is set aside first
       checkpoints.refuse_damaged(layout.checkpoint_dir(model_dir))
+    self.role.barrier("the chief's checkpoints are checked")
     self.start_step = layout.checkpoint_step(model_dir) if train else 0
-    self.task = tasks.get_task(experiment, model_dir, self.start_step)
+    self.task = tasks.get_task(experiment, model_dir, self.start_step, role=self.role)
     task_config = experiment.task_config
     with self.strategy.scope():
       model = self.task.build_model()
@@ -174,11 +210,12 @@ class Run:
     if train:
       actions = self.task.train_actions(self.trainer) + [ProgressReporter(
           model_dir, self.trainer.global_step, experiment.trainer.train_steps,
-          task_config.train_data.global_batch_size, experiment.task.type)]
+          task_config.train_data.global_batch_size, experiment.task.type,
+          write_metrics=self.role.is_chief)]
     self.evaluate_enabled = evaluate
     self.runner = RealmExperimentRunner(
         self.strategy, self.task, "train_and_eval" if train else "eval", self.params,
-        model_dir, trainer=self.trainer, train_actions=actions)
+        model_dir, self.role, trainer=self.trainer, train_actions=actions)
 
   @property
   def model(self):
@@ -194,6 +231,8 @@ class Run:
     t = self.experiment.trainer
     steps = t.train_steps if stop_at_step is None else min(t.train_steps, stop_at_step)
     start = time.time()
+    if self.role.is_chief:  # a new slice: the run is done again only once it reaches the end
+      layout.clear_training_done(self.model_dir)
     self.task.on_train_begin(self.model, self.global_step)
     reached = False
     try:
@@ -209,7 +248,7 @@ class Run:
     finally:
       # TRAINING_DONE (which stops index builders) only when the schedule is complete.
       self.task.on_train_end(self.model, self.global_step, reached)
-    if reached:  # every task's, not only those with an index refresher: "this run is done"
+    if reached and self.role.is_chief:  # every task's, not only those with an index refresher
       layout.mark_training_done(self.model_dir, self.global_step)
     result = dict(task=self.experiment.task.type, step=self.global_step,
                   start_step=self.start_step, reached_train_steps=reached,
@@ -243,31 +282,48 @@ def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint
   """Evaluates a run's checkpoint (its newest, or `checkpoint`) on the task's
   validation_data; returns the metrics and the Run (its task holds the predictions).
   Files written are named after `name` (e.g. eval/<name>-<step>.json)."""
-  # The weights come from the checkpoint: no warm start, no initial checkpoint to read.
-  experiment = experiment.replace(model=dict(warm_start=dict(source="")))
-  if experiment.task.type == "openqa":
-    experiment = experiment.replace(task=dict(openqa=dict(init_from="warm_start")))
-  run = Run(experiment, model_dir, strategy, train=False, evaluate=True)
+  run = Run(evaluation_config(experiment), model_dir, strategy, train=False, evaluate=True)
   if not run.evaluate_enabled:
     raise ValueError("nothing to evaluate: task validation_data.input_path is empty")
   run.task.evaluation_name = name
   path = checkpoint or layout.latest_checkpoint(model_dir)
-  status = tf.train.Checkpoint(model=run.model, global_step=run.trainer.global_step).read(path)
-  status.expect_partial()
-  status.assert_existing_objects_matched()
+  restore_model(run, path)
   metrics = run.evaluate()
   return dict(metrics, step=run.global_step, checkpoint=path), run
 
 
+def evaluation_config(experiment: ExperimentConfig) -> ExperimentConfig:
+  """`experiment` for evaluating checkpoints: the weights come from the checkpoint, so no
+  warm start and no initial checkpoint is read."""
+  experiment = experiment.replace(model=dict(warm_start=dict(source="")))
+  if experiment.task.type == "openqa":
+    experiment = experiment.replace(task=dict(openqa=dict(init_from="warm_start")))
+  return experiment
+
+
+def restore_model(run: Run, path: str):
+  """The model and step of checkpoint `path` into an evaluation Run (no optimizer slots:
+  it has none); an object of the model missing from the checkpoint is an error."""
+  with run.strategy.scope():
+    status = tf.train.Checkpoint(model=run.model,
+                                 global_step=run.trainer.global_step).read(path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+
+
 def run_experiment(experiment: ExperimentConfig, model_dir: str,
                    strategy: Optional[tf.distribute.Strategy] = None,
-                   stop_at_step: Optional[int] = None) -> dict:
-  """`python -m realm_tf.train`: saves params.yaml, then trains the configured task."""
-  save_params(experiment, model_dir)
-  run = Run(experiment, model_dir, strategy)
+                   stop_at_step: Optional[int] = None, evaluate: bool = True) -> dict:
+  """`python -m realm_tf.train`: saves params.yaml (the chief does), then trains the
+  configured task, evaluating it every trainer.validation_interval steps unless `evaluate`
+  is False (--mode train: a side-car evaluator does it, realm_tf.training.continuous_eval)."""
+  if HostRole(strategy).is_chief:
+    save_params(experiment, model_dir)
+  run = Run(experiment, model_dir, strategy, evaluate=evaluate)
   logging.info("Task %s from step %d (%d replicas)", experiment.task.type, run.start_step,
                run.strategy.num_replicas_in_sync)
   return run.train(stop_at_step)
 
 
-__all__ = ["Run", "RealmTrainer", "check_numeric", "run_experiment", "save_params"]
+__all__ = ["Run", "RealmTrainer", "check_numeric", "evaluate_checkpoint", "evaluation_config",
+           "restore_model", "run_experiment", "save_params"]
