@@ -14,6 +14,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from realm_tf.io import command_line
 from realm_tf.pipelines.embed import EmbedConfig, build_index, resolve_encoder  # noqa: F401
 
 
@@ -40,6 +41,8 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--large_model", action="store_true",
                       help="RunInference: one encoder per worker VM, shared by its SDK "
                            "processes, instead of one per process")
+  parser.add_argument("--verbosity", choices=command_line.VERBOSITY_CHOICES, default="info",
+                      help="debug: errors with their traceback (default: one line)")
   parser.add_argument("--model_copies", type=int, default=0,
                       help="RunInference: at most this many encoder copies per worker VM "
                            "(implies --large_model; 0: not capped)")
@@ -67,6 +70,13 @@ def run(argv: Optional[Sequence[str]] = None) -> str:
   return build_index(config, beam_args)
 
 
+def main(argv: Optional[Sequence[str]] = None) -> int:
+  debug, argv = command_line.split_verbosity(argv)
+  with command_line.errors_reported("beam.embed_corpus", debug):
+    print(run(argv))
+  return 0
+
+
 if __name__ == "__main__":
   logging.getLogger().setLevel(logging.INFO)
-  print(run())
+  sys.exit(main())

@@ -18,6 +18,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from realm_tf.corpus import formats
+from realm_tf.io import command_line
 from realm_tf.pipelines.preprocess import (  # noqa: F401  (re-exported)
     STATS_FILE, PreprocessConfig, build_pipeline, prepare_corpus, run_preprocess)
 
@@ -63,8 +64,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> Tuple[PreprocessConfig, 
       parser.add_argument(f"--{name}", type=type(default), default=default, help=_HELP[name],
                           required=name in ("input", "output_dir"),
                           choices=formats.NAMES if name == "input_format" else None)
+  parser.add_argument("--verbosity", choices=command_line.VERBOSITY_CHOICES, default="info",
+                      help="debug: errors with their traceback (default: one line)")
   known, beam_args = parser.parse_known_args(argv)
-  config = PreprocessConfig(**vars(known))
+  settings = vars(known)
+  settings.pop("verbosity")
+  config = PreprocessConfig(**settings)
   config.validate()
   return config, beam_args
 
@@ -77,8 +82,10 @@ def run(config: PreprocessConfig, beam_args: Sequence[str] = ()) -> Dict[str, An
 def main(argv: Optional[Sequence[str]] = None) -> int:
   logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
   _LOG.setLevel(logging.INFO)
-  config, beam_args = parse_args(argv)
-  run(config, beam_args)
+  debug, argv = command_line.split_verbosity(argv)
+  with command_line.errors_reported("beam.preprocess", debug):
+    config, beam_args = parse_args(argv)
+    run(config, beam_args)
   return 0
 
 

@@ -23,7 +23,6 @@ import hashlib
 import json
 import logging
 import os
-import sys
 import time
 
 from absl import app, flags
@@ -97,13 +96,15 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
 
 def main(argv):
   del argv
-  from realm_tf.configs import ConfigError  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  try:
-    result = evaluate_run(FLAGS.model_dir, FLAGS.questions, FLAGS.answer_regex, FLAGS.corpus,
-                          FLAGS.checkpoint, FLAGS.output, FLAGS.work_dir,
-                          FLAGS.max_questions, FLAGS.override)
-  except (ConfigError, ValueError, FileNotFoundError) as e:
-    sys.exit(f"error: {e}")
+  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  with command_line.errors_reported("realm_tf.evaluate",
+                                    command_line.debug_requested(FLAGS.verbosity)):
+    try:
+      result = evaluate_run(FLAGS.model_dir, FLAGS.questions, FLAGS.answer_regex,
+                            FLAGS.corpus, FLAGS.checkpoint, FLAGS.output, FLAGS.work_dir,
+                            FLAGS.max_questions, FLAGS.override)
+    except ValueError as e:  # what evaluate_run refuses: the command's arguments
+      raise command_line.UsageError(str(e)) from e
   print(json.dumps(result, indent=2, sort_keys=True))
 
 

@@ -20,6 +20,7 @@ from typing import Iterable, Optional
 
 import tensorflow as tf
 
+from realm_tf.io import storage
 from serving import errors
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -90,14 +91,22 @@ def _stamp(path: str) -> Optional[tuple]:
   return None
 
 
+def _is_dir(path: str) -> bool:
+  """A directory (or a GCS prefix); False only when nothing is there. Any other failure
+  raises: tf.io.gfile.isdir returns False on every error, and an outage read as "no
+  versions" would retire every model being served."""
+  return storage.is_dir_like(path)
+
+
 def list_versions(base_path: str) -> Listing:
   """The version directories under `base_path` that hold a saved model.
 
   Directories without saved_model.pb(txt) are skipped (a version still being copied in;
-  TF Serving recommends writing elsewhere and renaming, as realm_tf's exports do).
+  TF Serving recommends writing elsewhere and renaming, as realm_tf's exports do). Storage
+  failures raise tf.errors.OpError (the poller logs them and keeps what it serves).
   """
   listing = Listing(versions={}, refused={})
-  if not tf.io.gfile.isdir(base_path):
+  if not _is_dir(base_path):
     return listing
   real_base = base_path if is_url(base_path) else _local_real(base_path)
   seen_names = {}
@@ -107,7 +116,7 @@ def list_versions(base_path: str) -> Listing:
       continue
     version = int(name)
     path = os.path.join(base_path, name)
-    if not tf.io.gfile.isdir(path):
+    if not _is_dir(path):
       continue
     if version in seen_names:
       listing.refused[version] = (f"directories {seen_names[version]!r} and {name!r} both "

@@ -19,6 +19,7 @@ from realm_tf.configs.experiment import ExperimentConfig
 
 class ConfigError(ValueError):
   """A config file or override that does not fit the experiment config."""
+  is_usage_error = True  # command lines report it in one line, exit 2 (io.command_line)
 
 
 _SCALARS = (bool, int, float, str)

@@ -10,7 +10,6 @@ realm_tf.export.exporter for what each kind takes and returns.
 """
 import json
 import logging
-import sys
 
 from absl import app, flags
 
@@ -26,13 +25,15 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
-  from realm_tf.configs import ConfigError  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  try:
-    published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
-                           FLAGS.version)
-  except (ConfigError, ValueError, FileNotFoundError, FileExistsError) as e:
-    sys.exit(f"error: {e}")
+  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  with command_line.errors_reported("realm_tf.export",
+                                    command_line.debug_requested(FLAGS.verbosity)):
+    try:
+      published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds,
+                             FLAGS.checkpoint, FLAGS.version)
+    except (ValueError, FileExistsError) as e:  # what the exporter refuses: the run's args
+      raise command_line.UsageError(str(e)) from e
   print(json.dumps(published, indent=2, sort_keys=True))
 
 

@@ -58,18 +58,22 @@ def join(path: str, *parts: str) -> str:
 def is_dir_like(path: str) -> bool:
   """True for a directory, or for a prefix that at least one object lives under.
 
-  tf.io.gfile.isdir already answers for prefixes on GCS; the explicit listing below
-  covers file systems whose isdir only knows directories created with makedirs.
+  Only "not found" means False. Any other failure (no permission, no network, a bucket
+  that does not exist, a 5xx after TF's retries) raises tf.errors.OpError: a poller that
+  took an outage for "nothing published yet" would wait, rebuild or serve nothing.
+  tf.io.gfile.isdir cannot be used for that reason (it returns False on every error);
+  stat answers for directories and GCS prefixes, and the listing covers file systems
+  whose stat only knows directories created with makedirs.
   """
   path = path.rstrip("/")
   try:
-    if tf.io.gfile.isdir(path):
+    if tf.io.gfile.stat(path).is_directory:
       return True
-  except tf.errors.OpError:
+  except tf.errors.NotFoundError:
     pass
   try:
     return bool(tf.io.gfile.glob(path + "/*"))
-  except tf.errors.OpError:
+  except tf.errors.NotFoundError:
     return False
 
 
@@ -221,7 +225,7 @@ def create_if_absent(path: str, data: bytes) -> bool:
     won; the last write stays. Callers re-read what was committed (see versioned.py).
   """
   if scheme(path) == "gs":  # GCS needs no parent "directory" object
-    created = _gcs_create_if_absent(path, data)
+    created = gcs_create_if_absent(path, data)
     if created is not None:
       return created
   parent = os.path.dirname(path.rstrip("/"))
@@ -246,7 +250,7 @@ def create_if_absent(path: str, data: bytes) -> bool:
   return read_bytes(path) == data
 
 
-def _gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
+def gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
   """None when google-cloud-storage is not installed (then the generic path is used)."""
   try:
     # Optional: google-cloud-storage comes with apache-beam[gcp], which a trainer that
@@ -264,6 +268,21 @@ def _gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
     return True
   except exceptions.PreconditionFailed:
     return False
+
+
+def why_nothing_matches(pattern: str) -> str:
+  """For an error message about a path or pattern that matched nothing: " (bucket gs://b
+  does not exist)" when that is the reason, else "". Asked through google-cloud-storage
+  (which honours STORAGE_EMULATOR_HOST); "" when it is not installed or cannot answer."""
+  if scheme(pattern) != "gs":
+    return ""
+  bucket = pattern[len("gs://"):].partition("/")[0]
+  try:
+    from google.cloud import storage as gcs  # noqa: PLC0415  optional, as gcs_create_if_absent
+    exists = gcs.Client().lookup_bucket(bucket) is not None
+  except Exception:  # pylint: disable=broad-except  # no library, no credentials: no hint
+    return ""
+  return "" if exists else f" (bucket gs://{bucket} does not exist)"
 
 
 class _RotatedObjectWriter:
@@ -404,6 +423,11 @@ class Storage(abc.ABC):
     """Copies one file, replacing `target`."""
 
 
+class StorageError(OSError):
+  """The store could not be asked (permission, network, unknown bucket, a server error
+  after retries): never to be read as "nothing there"."""
+
+
 @contextlib.contextmanager
 def _translated_errors(path: str) -> Iterator[None]:
   try:
@@ -411,7 +435,8 @@ def _translated_errors(path: str) -> Iterator[None]:
   except tf.errors.NotFoundError:
     raise FileNotFoundError(f"{path}: no such file") from None
   except tf.errors.OpError as e:
-    raise OSError(f"{path}: {e.message}") from e
+    raise StorageError(f"{path}: storage failed ({type(e).__name__}: "
+                       f"{e.message.strip().splitlines()[0] if e.message else e})") from e
 
 
 class GFileStorage(Storage):
@@ -422,7 +447,8 @@ class GFileStorage(Storage):
       return tf.io.gfile.exists(path)
 
   def is_dir_like(self, path: str) -> bool:
-    return is_dir_like(path)
+    with _translated_errors(path):
+      return is_dir_like(path)
 
   def list_files(self, root: str) -> List[str]:
     with _translated_errors(root):

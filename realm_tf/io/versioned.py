@@ -380,9 +380,12 @@ class OutputWriter:
 # ------------------------------------------------------------------------------ reading
 
 def _read_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
+  """The version a manifest names; None (skipped, logged) if it is not JSON or was
+  deleted since it was listed. A store that cannot be asked raises (StorageError): an
+  outage is not "no such version"."""
   try:
     manifest = read_json(path, store)
-  except (VersionError, OSError) as e:
+  except (VersionError, FileNotFoundError) as e:
     logging.warning("Skipping %s: unreadable manifest (%s)", path, e)
     return None
   data_dir = manifest.get("data_dir")

@@ -18,6 +18,34 @@ from apache_beam.io.filesystems import FileSystems
 from realm_tf.io import storage
 
 
+def _is_not_found(error: BaseException) -> bool:
+  """Whether a Beam file-system error says "no such object" (rather than "could not
+  ask"). Beam wraps the file system's own exception (BeamIOError.exception_details, or
+  the cause): FileNotFoundError locally, google-cloud-storage's NotFound (404) on GCS."""
+  seen = set()
+  pending = [error]
+  while pending:
+    e = pending.pop()
+    if e is None or id(e) in seen:
+      continue
+    seen.add(id(e))
+    if isinstance(e, FileNotFoundError) or type(e).__name__ == "NotFound":
+      return True
+    if getattr(e, "code", None) == 404 or getattr(e, "status_code", None) == 404:
+      return True
+    details = getattr(e, "exception_details", None)
+    if isinstance(details, dict):
+      pending.extend(v for v in details.values() if isinstance(v, BaseException))
+    pending.extend([e.__cause__, e.__context__])
+  return False
+
+
+def _read_error(path: str, error: Exception) -> OSError:
+  if _is_not_found(error):
+    return FileNotFoundError(f"{path}: no such file{storage.why_nothing_matches(path)}")
+  return storage.StorageError(f"{path}: storage failed ({type(error).__name__}: {error})")
+
+
 def _all_under(path: str) -> str:
   return FileSystems.join(path.rstrip("/"), "**")
 
@@ -30,19 +58,42 @@ def _relative(path: str, root: str) -> str:
 
 
 class BeamStorage(storage.Storage):
-  """Storage over Beam's FileSystems. Beam has no create-if-absent: commits check, then
-  write (the ram:// caveat of realm_tf.io.versioned applies)."""
+  """Storage over Beam's FileSystems. Beam has no create-if-absent: on gs:// commits use
+  google-cloud-storage's ifGenerationMatch=0 upload (storage.create_if_absent's GCS path);
+  elsewhere they check, then write (the ram:// caveat of realm_tf.io.versioned applies).
+  Listing and reading failures other than "not found" raise storage.StorageError."""
+
+  def _match(self, pattern: str, root: str, limit=None) -> List[Any]:
+    """FileMetadata matching `pattern`; [] when nothing is there; FileNotFoundError when
+    the root itself is missing (an unknown bucket); StorageError when the store could not
+    be asked (no permission, no network, a server error)."""
+    try:
+      return FileSystems.match([pattern], limits=[limit] if limit else None)[0].metadata_list
+    except Exception as e:  # Beam raises BeamIOError/IOError depending on the file system
+      if _is_not_found(e):
+        # A listing finds nothing without an error; "not found" from the listing itself
+        # means its root is missing (on GCS: the bucket). An error, not an empty answer.
+        raise FileNotFoundError(f"{root}: cannot be listed"
+                                f"{storage.why_nothing_matches(root) or ' (not found)'}") from e
+      raise storage.StorageError(
+          f"{root}: storage failed ({type(e).__name__}: {e})") from e
+
+  def match_files(self, pattern: str) -> List[str]:
+    """Paths matching a file pattern ([] if none; StorageError if the store failed)."""
+    return [m.path for m in self._match(pattern, pattern)]
 
   def _metadata(self, root: str) -> List[Any]:
     """FileMetadata (path, size_in_bytes, ...) of every object under `root`, sorted."""
-    result = FileSystems.match([_all_under(root)])[0]
-    return sorted(result.metadata_list, key=lambda m: m.path)
+    return sorted(self._match(_all_under(root), root), key=lambda m: m.path)
 
   def exists(self, path: str) -> bool:
-    return FileSystems.exists(path)
+    try:
+      return FileSystems.exists(path)
+    except Exception as e:  # Beam raises BeamIOError/IOError depending on the file system
+      raise _read_error(path, e) from e
 
   def is_dir_like(self, path: str) -> bool:
-    return bool(FileSystems.match([_all_under(path)], limits=[1])[0].metadata_list)
+    return bool(self._match(_all_under(path), path, limit=1))
 
   def list_files(self, root: str) -> List[str]:
     return [_relative(m.path, root) for m in self._metadata(root)]
@@ -54,7 +105,7 @@ class BeamStorage(storage.Storage):
     try:
       metadata = FileSystems.match([path])[0].metadata_list
     except Exception as e:  # Beam raises BeamIOError/IOError depending on the file system
-      raise FileNotFoundError(f"{path}: no such file ({e})") from e
+      raise _read_error(path, e) from e
     if not metadata:
       raise FileNotFoundError(f"{path}: no such file")
     return int(metadata[0].size_in_bytes)
@@ -64,7 +115,7 @@ class BeamStorage(storage.Storage):
     try:
       f = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     except Exception as e:  # Beam raises BeamIOError/IOError depending on the file system
-      raise FileNotFoundError(f"{path}: cannot be read ({e})") from e
+      raise _read_error(path, e) from e
     with f:
       yield f
 
@@ -74,6 +125,10 @@ class BeamStorage(storage.Storage):
       f.write(data)
 
   def create_if_absent(self, path: str, data: bytes) -> bool:
+    if storage.scheme(path) == "gs":
+      created = storage.gcs_create_if_absent(path, data)
+      if created is not None:
+        return created
     if FileSystems.exists(path):
       return False
     self.write_bytes_atomic(path, data)

@@ -34,7 +34,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from realm_tf.corpus import blocks as blocks_lib
 from realm_tf.corpus import config as corpus_config
 from realm_tf.corpus import manifest, schema
-from realm_tf.io import versioned
+from realm_tf.io import storage, versioned
 from realm_tf.pipelines.filesystems import BEAM
 from realm_tf.pipelines.transforms.blocks import PackBlocks
 from realm_tf.pipelines.transforms.checksums import FILE_PREFIX, ChecksumFiles
@@ -127,8 +127,9 @@ def run_preprocess(config: PreprocessConfig,
                    pipeline_args: Sequence[str] = ()) -> Dict[str, Any]:
   """Runs the pipeline to completion and publishes the output; returns the manifest."""
   config.validate()
-  if not FileSystems.match([config.input])[0].metadata_list:
-    raise FileNotFoundError(f"--input {config.input} matches no files")
+  if not BEAM.match_files(config.input):
+    raise FileNotFoundError(f"--input {config.input} matches no files"
+                            f"{storage.why_nothing_matches(config.input)}")
   versioned.check_output_dir(config.output_dir, config.overwrite, BEAM)
   if config.tagger_dir:
     if not BEAM.is_dir_like(config.tagger_dir):

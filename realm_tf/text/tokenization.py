@@ -44,8 +44,20 @@ class Tokenizer(tf.Module):
                name: str = "tokenizer"):
     super().__init__(name=name)
     self.vocab_file = vocab_file or minilm_vocab_file()
-    with tf.io.gfile.GFile(self.vocab_file) as f:
-      self.vocab = [line.rstrip("\n") for line in f]
+    # Read whole, not line by line: TF's line iterator ends quietly on a read error, and a
+    # vocabulary that could not be read would then look empty.
+    try:
+      with tf.io.gfile.GFile(self.vocab_file, "rb") as f:
+        text = f.read().decode("utf-8")
+    except tf.errors.NotFoundError:
+      raise FileNotFoundError(f"{self.vocab_file}: no such vocabulary file") from None
+    except tf.errors.OpError as e:
+      raise OSError(f"{self.vocab_file}: the vocabulary could not be read "
+                    f"({type(e).__name__}: {e.message})") from e
+    # "\n" only: str.splitlines would also split on \x85 or \u2028 inside a token.
+    self.vocab = text.split("\n")
+    if self.vocab and self.vocab[-1] == "":
+      self.vocab.pop()
     if not self.vocab:
       raise ValueError(f"{self.vocab_file}: empty vocabulary")
     index = {token: i for i, token in enumerate(self.vocab)}
