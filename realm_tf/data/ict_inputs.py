@@ -8,7 +8,7 @@ from typing import Optional
 import tensorflow as tf
 
 from realm_tf.corpus import schema
-from realm_tf.data.files import files
+from realm_tf.data.files import pipeline_records
 from realm_tf.text.tokenization import Tokenizer
 
 
@@ -20,9 +20,7 @@ def ict_dataset(file_pattern: str, tokenizer: Tokenizer, batch_size: int,
   """Batches of ICT features; the corpus pipeline already removed each query from its block
   with probability 0.9. Records are sharded by input pipeline first, then repeated,
   shuffled in a fixed order per seed and batched; `skip_batches` resumes that order."""
-  dataset = tf.data.TFRecordDataset(files(file_pattern))
-  if input_context is not None and input_context.num_input_pipelines > 1:
-    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+  dataset = pipeline_records(file_pattern, input_context)
   if max_examples:
     dataset = dataset.take(max_examples)
   if repeat:

@@ -23,8 +23,18 @@ import tensorflow as tf
 
 from realm_tf.corpus import schema
 from realm_tf.data import masking
-from realm_tf.data.files import files
+from realm_tf.data.files import pipeline_records
 from realm_tf.text.tokenization import Tokenizer
+
+
+def mask_seed(seed: int, epoch: tf.Tensor, serialized: tf.Tensor) -> tf.Tensor:
+  """[2] int64 stateless seed of one record's mask: the run's seed and epoch, and the
+  record's own fingerprint. Not its position in the stream, which depends on how many input
+  pipelines share the files: the same record gets the same mask in a single-process run
+  and in a multi-worker one, and a new mask each epoch."""
+  fingerprint = tf.strings.to_hash_bucket_fast(serialized, 2**62)
+  return tf.stack([tf.cast(seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64),
+                   fingerprint])
 
 
 def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_length: int,
@@ -33,26 +43,30 @@ def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_leng
                          input_context: Optional[tf.distribute.InputContext] = None,
                          max_examples: int = 0, skip_unsalient: bool = True
                          ) -> tf.data.Dataset:
-  """One example at a time: the query packed and masked (deterministic per position)."""
-  dataset = tf.data.TFRecordDataset(files(file_pattern))
-  if input_context is not None and input_context.num_input_pipelines > 1:
-    dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-  if max_examples:
-    dataset = dataset.take(max_examples)
-  if repeat:
-    dataset = dataset.repeat()
+  """One example at a time: the query packed and masked (deterministic per record and epoch:
+  mask_seed)."""
+
+  def one_epoch(epoch):
+    records = pipeline_records(file_pattern, input_context)
+    if max_examples:
+      records = records.take(max_examples)
+    return records.map(lambda serialized: (epoch, serialized))
+
+  # Epochs counted explicitly (rather than .repeat()) so a record's mask can depend on them.
+  epochs = tf.data.Dataset.counter() if repeat else tf.data.Dataset.range(1)
+  dataset = epochs.flat_map(one_epoch)
   if shuffle_buffer:
     dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
   spec = schema.PRETRAINING.feature_spec()
 
-  def mask(index, serialized):
+  def mask(epoch, serialized):
     record = tf.io.parse_single_example(serialized, spec)
     ids, starts, ends = tokenizer.tokenize_with_offsets(record["text"][None])
     keep = query_seq_length - 2  # room for [CLS] and [SEP]
     masked = masking.mask_query(
         ids[0][:keep], starts[0][:keep], ends[0][:keep],
         record["salient_span_starts"], record["salient_span_ends"],
-        seed=tf.stack([tf.cast(seed, tf.int64), index]), mode=masking_mode,
+        seed=mask_seed(seed, epoch, serialized), mode=masking_mode,
         mask_id=tokenizer.mask_id, max_predictions=max_predictions, position_offset=1)
     query = tokenizer.join_bert([tf.RaggedTensor.from_tensor(masked["input_ids"][None])],
                                 query_seq_length)
@@ -63,8 +77,7 @@ def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_leng
                        weights=tf.cast(masked["masked_lm_weights"], tf.float32)),
         block_id=record["block_id"]), masked["has_salient_span"]
 
-  dataset = dataset.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE,
-                                    deterministic=True)
+  dataset = dataset.map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   if skip_unsalient and masking_mode == "salient_spans":
     dataset = dataset.filter(lambda features, salient: salient)
   return dataset.map(lambda features, salient: features)

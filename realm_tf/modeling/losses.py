@@ -7,6 +7,8 @@ from typing import Optional
 
 import tensorflow as tf
 
+from realm_tf.modeling import collectives
+
 OPENQA_LOSSES = ("orqa", "marginal")
 
 # Stand-in for log(0) that keeps log-sum-exps and their gradients finite.
@@ -168,7 +170,7 @@ def global_mean(loss_sum: tf.Tensor, weight_sum: tf.Tensor) -> tf.Tensor:
   """
   context = tf.distribute.get_replica_context()
   if context is not None:
-    weight_sum = context.all_reduce(tf.distribute.ReduceOp.SUM, weight_sum)
+    weight_sum = collectives.all_reduce(context, tf.distribute.ReduceOp.SUM, weight_sum)
   return loss_sum / tf.maximum(weight_sum, 1.0)
 
 
@@ -187,8 +189,8 @@ def ict_loss(query_embeddings: tf.Tensor, block_embeddings: tf.Tensor,
   replica = 0
   all_blocks, all_ids = block_embeddings, block_ids
   if context is not None and context.num_replicas_in_sync > 1:
-    all_blocks = context.all_gather(block_embeddings, axis=0)  # [B * R, P]
-    all_ids = context.all_gather(block_ids, axis=0)  # [B * R]
+    all_blocks = collectives.all_gather(context, block_embeddings, axis=0)  # [B * R, P]
+    all_ids = collectives.all_gather(context, block_ids, axis=0)  # [B * R]
     replica = context.replica_id_in_sync_group
   batch = tf.shape(query_embeddings)[0]
   targets = tf.range(batch) + replica * batch  # [B] column of each query's own block

@@ -40,6 +40,8 @@ import tensorflow as tf
 
 from realm_tf.data.block_store import BlockStore
 from realm_tf.io import versioned
+from realm_tf.modeling import collectives
+from realm_tf.io.roles import HostRole
 from realm_tf.retrieval.exact import exact_top_k
 from realm_tf.retrieval.index_export import load_shard_array
 from realm_tf.retrieval.index_loading import load_searcher
@@ -123,6 +125,7 @@ class KnowledgeIndex(tf.Module):
       raise ValueError(f"index backend must be one of {BACKENDS}, got {backend!r}")
     self.store = store
     self.strategy = strategy or tf.distribute.get_strategy()
+    self.role = HostRole(self.strategy)  # who chooses the version to swap in
     self.backend = backend
     self.rescore = rescore
     self.dimension = dimension
@@ -133,6 +136,7 @@ class KnowledgeIndex(tf.Module):
     self.export: Optional[versioned.Version] = None
     self.num_swaps = 0
     self._failed_version = -1  # newest export that failed to load (not retried)
+    self.storage_error = ""  # why the last poll could not list the indexes ("" if it could)
     self._host_searcher = None  # backend 'scann': the current host-side searcher
     self._graph_searcher: Optional[Searcher] = None  # search_with: an in-graph searcher
     self._lock = threading.Lock()
@@ -185,11 +189,18 @@ class KnowledgeIndex(tf.Module):
     shard; with 'scann' the host searcher reference is replaced. Compiled steps keep
     running: no variable or graph changes identity.
     """
+    self._install(export, *self._load(export))
+
+  def _load(self, export: versioned.Version) -> tuple[np.ndarray, object]:
+    """Host side of a swap: the export's embeddings (row order) and host searcher."""
     vectors = row_ordered_embeddings(export, self.store.block_ids)
     searcher = None
     if self.backend == "scann":
       # The index arrives through shared storage: every file is checksummed.
       searcher = load_searcher(export, "scann", self.rescore, verify_checksums=True)
+    return vectors, searcher
+
+  def _install(self, export: versioned.Version, vectors: np.ndarray, searcher) -> None:
     self.set_embeddings(vectors, export.version, export=export, host_searcher=searcher)
     logging.info("Knowledge index: version %d (%d blocks, %s) swapped in", export.version,
                  self.num_blocks, export.path)
@@ -217,18 +228,36 @@ class KnowledgeIndex(tf.Module):
   def maybe_swap(self, index_dir: str) -> bool:
     """Swaps in the newest committed export under `index_dir` if it is newer; a broken
     export (damaged files, other blocks) is logged once and skipped until a newer one is
-    committed, and the current one keeps serving."""
-    latest = versioned.latest_version(index_dir)
-    current = -1 if self.version is None else self.version
-    if latest is None or latest.version <= max(current, self._failed_version):
-      return False
+    committed, and the current one keeps serving.
+
+    With several processes (multi-worker) every process must call this at the same point:
+    the version is the one the chief sees, and it is swapped in everywhere or nowhere (a
+    process that cannot load it makes every process refuse it), so all replicas' shards
+    always come from one version."""
     try:
-      self.swap(latest)
-    except Exception as e:  # pylint: disable=broad-except
-      self._failed_version = latest.version
-      logging.error("Index %s is refused, keeping version %s: %s", latest.path,
-                    self.version, e)
+      latest = versioned.latest_version(index_dir)
+      self.storage_error = ""
+    except OSError as e:  # the store could not be asked: keep searching what we have
+      latest, self.storage_error = None, str(e)
+      logging.error("Could not list the indexes under %s (keeping version %s): %s",
+                    index_dir, self.version, e)
+    wanted = self.role.chief_value(-1 if latest is None else latest.version)
+    current = -1 if self.version is None else self.version
+    if wanted < 0 or wanted <= max(current, self._failed_version):
       return False
+    error, loaded, export = None, None, latest
+    try:
+      if export is None or export.version != wanted:
+        export = versioned.read_version(versioned.manifest_path(index_dir, wanted))
+      loaded = self._load(export)
+    except Exception as e:  # pylint: disable=broad-except
+      error = e
+    if self.role.any_process(error is not None):
+      self._failed_version = wanted
+      logging.error("Index version %d under %s is refused, keeping version %s: %s", wanted,
+                    index_dir, self.version, error or "another process could not load it")
+      return False
+    self._install(export, *loaded)
     return True
 
   @property
@@ -299,7 +328,7 @@ class KnowledgeIndex(tf.Module):
     batch = tf.shape(queries)[0]
     all_queries = queries
     if num_replicas > 1:
-      all_queries = context.all_gather(queries, axis=0)  # [B*R, P]
+      all_queries = collectives.all_gather(context, queries, axis=0)  # [B*R, P]
       static_batch = queries.shape[0]
       all_queries.set_shape([None if static_batch is None else static_batch * num_replicas,
                              queries.shape[1]])
@@ -309,8 +338,8 @@ class KnowledgeIndex(tf.Module):
     rows = local_rows + tf.cast(replica, tf.int32) * self.shard_size  # global rows
     if num_replicas > 1:
       # [R, B*R, k'] candidates of every shard → this replica's queries [B, R*k'].
-      all_scores = context.all_gather(scores[None], axis=0)
-      all_rows = context.all_gather(rows[None], axis=0)
+      all_scores = collectives.all_gather(context, scores[None], axis=0)
+      all_rows = collectives.all_gather(context, rows[None], axis=0)
       mine = tf.cast(replica, tf.int32) * batch + tf.range(batch)  # [B]
       scores = tf.reshape(tf.transpose(tf.gather(all_scores, mine, axis=1), [1, 0, 2]),
                           [batch, num_replicas * local_k])  # [B, R*k']
@@ -350,7 +379,7 @@ class KnowledgeIndex(tf.Module):
     batch = tf.shape(rows)[0]
     all_rows = rows
     if num_replicas > 1:
-      all_rows = context.all_gather(rows, axis=0)  # [B*R, K]
+      all_rows = collectives.all_gather(context, rows, axis=0)  # [B*R, K]
       all_rows.set_shape([None if rows.shape[0] is None else rows.shape[0] * num_replicas,
                           rows.shape[1]])
     local = all_rows - tf.cast(replica, tf.int32) * self.shard_size
@@ -370,7 +399,7 @@ class KnowledgeIndex(tf.Module):
                  embeddings=tf.cast(take(self.embeddings), tf.float32))
     if num_replicas > 1:
       mine = tf.cast(replica, tf.int32) * batch + tf.range(batch)
-      parts = {key: tf.gather(context.all_reduce(tf.distribute.ReduceOp.SUM, value), mine)
+      parts = {key: tf.gather(collectives.all_reduce(context, tf.distribute.ReduceOp.SUM, value), mine)
                for key, value in parts.items()}
     word_ids = parts["word_ids"]
     document = dict(input_word_ids=word_ids, input_mask=tf.cast(word_ids > 0, tf.int32),

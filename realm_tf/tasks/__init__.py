@@ -2,7 +2,9 @@
 
 A new training mode is one module with a `RealmTask` subclass and one `register` line here.
 """
-from typing import Type
+from typing import Optional, Type
+
+from realm_tf.io.roles import HostRole
 
 from realm_tf.tasks.base import RealmTask
 from realm_tf.tasks.ict import IctTask
@@ -24,11 +26,13 @@ def task_class(task_type: str) -> Type[RealmTask]:
   return _REGISTRY[task_type]
 
 
-def get_task(experiment, model_dir: str = "", start_step: int = 0) -> RealmTask:
-  """The task object for experiment.task.type, holding the selected task config."""
+def get_task(experiment, model_dir: str = "", start_step: int = 0,
+             role: Optional[HostRole] = None) -> RealmTask:
+  """The task object for experiment.task.type, holding the selected task config; `role`:
+  this process's part in a multi-process job (default: the only process)."""
   cls = task_class(experiment.task.type)
   return cls(experiment.task_config, experiment=experiment, model_dir=model_dir,
-             start_step=start_step, name=experiment.task.type)
+             start_step=start_step, name=experiment.task.type, role=role)
 
 
 register("ict", IctTask)

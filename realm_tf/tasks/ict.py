@@ -66,6 +66,8 @@ class IctTask(base.RealmTask):
       base.log_restore("Retriever", path)
 
   def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+    if not self.role.is_chief:
+      return
     paths = snapshots.export_retriever(self.model_dir, global_step, model, self.tokenizer,
                                        self.experiment)
     logging.info("ICT at step %d: retriever exported to %s", global_step, paths)

@@ -15,11 +15,13 @@ def _scalar(value):
 
 
 class ProgressReporter:
-  """An orbit train action: logs one line per train loop and appends metrics.jsonl."""
+  """An orbit train action: logs one line per train loop and appends metrics.jsonl (when
+  this process writes it)."""
 
   def __init__(self, model_dir: str, global_step, total_steps: int, global_batch_size: int,
-               mode: str):
+               mode: str, write_metrics: bool = True):
     self.model_dir = model_dir
+    self.write_metrics = write_metrics  # the chief's job only (realm_tf.io.roles)
     self.global_step = global_step
     self.total_steps = total_steps
     self.global_batch_size = global_batch_size
@@ -38,7 +40,8 @@ class ProgressReporter:
     self._last_step, self._last_time = step, now
     record = {k: _scalar(v) for k, v in (output or {}).items()}
     record.update(step=step, time=now, examples_per_second=examples_per_second, mode=self.mode)
-    append_metrics(self.model_dir, record)
+    if self.write_metrics:
+      append_metrics(self.model_dir, record)
     extras = "".join(f" {k} {record[k]:.4g}" for k in sorted(record)
                      if k not in ("step", "time", "examples_per_second", "mode", "loss")
                      and isinstance(record[k], float))

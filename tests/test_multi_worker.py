@@ -1,0 +1,254 @@
+"""Training as several processes: `python -m realm_tf.train` launched as two workers with
+TF_CONFIG on 127.0.0.1 (MultiWorkerMirroredStrategy, one CPU replica each, the tiny config).
+
+What a multi-worker job must do, checked on real processes:
+  - the loss at every step equals a single-process run with the same global batch;
+  - each worker reads a disjoint share of the input files;
+  - host-side work happens once, on the chief: params.yaml, metrics.jsonl, summaries,
+    retriever snapshots, the index builder child, TRAINING_DONE; the non-chief checkpoints
+    into a temporary directory of its own;
+  - index swaps are collective: both workers load the same versions at the same steps;
+  - the chief's checkpoints restore in a single process;
+  - a worker killed mid-run stops the job with a clear error within a bound, and launching
+    both again resumes from the chief's last checkpoint.
+"""
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import tensorflow as tf
+
+from realm_tf.io import layout, versioned
+from tests.synthetic_corpus import write_corpus
+
+pytestmark = pytest.mark.slow
+
+# Bounds, generous for a loaded 2-core machine (make test runs two test modules at once).
+RUN_TIMEOUT = 420.0
+KILL_TIMEOUT = 90.0  # from SIGKILL of one worker to the other's exit
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """The invented corpus, with its ICT and pre-training examples split into two files of
+  equal size (so two workers can read one file each)."""
+  path = str(tmp_path_factory.mktemp("corpus"))
+  write_corpus(path)
+  for kind in ("ict", "pretraining"):
+    originals = sorted(glob.glob(os.path.join(path, f"{kind}-*")))
+    records = [r.numpy() for r in tf.data.TFRecordDataset(originals)]
+    for original in originals:
+      os.remove(original)
+    for i in range(2):
+      with tf.io.TFRecordWriter(os.path.join(path, f"{kind}-0000{i}-of-00002.tfrecord")) as w:
+        for record in records[i::2]:
+          w.write(record)
+  return path
+
+
+def _free_ports(n: int) -> list[int]:
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
+    s.bind(("127.0.0.1", 0))
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
+
+
+def _command(repo_dir, model_dir, experiment, corpus, overrides, stop_at_step=None):
+  data = "ict" if experiment == "ict" else "pretraining"
+  items = [f"index.blocks={corpus}",
+           f"task.{experiment}.train_data.input_path={os.path.join(corpus, data + '-*')}",
+           f"task.{experiment}.train_data.shuffle_buffer_size=0",
+           "trainer.steps_per_loop=1", *overrides]
+  command = [sys.executable, "-m", "realm_tf.train", "--experiment", f"realm/{experiment}",
+             "--config", str(repo_dir / "configs" / "tiny.yaml"), "--model_dir", model_dir,
+             "--override", ",".join(items)]
+  if stop_at_step is not None:
+    command += ["--stop_at_step", str(stop_at_step)]
+  return command
+
+
+class Job:
+  """Worker processes of one job (or one process without TF_CONFIG), logging to files."""
+
+  def __init__(self, repo_dir, model_dir, experiment, corpus, overrides=(), workers=2,
+               stop_at_step=None, tag="run"):
+    self.logs = [f"{model_dir}.{tag}.w{i}.log" for i in range(workers)]
+    self.temp_dirs = [f"{model_dir}.{tag}.tmp{i}" for i in range(workers)]
+    command = _command(repo_dir, model_dir, experiment, corpus, overrides, stop_at_step)
+    ports = _free_ports(workers)
+    self.processes = []
+    for i in range(workers):
+      # Each process's own temporary directory, where a non-chief keeps its checkpoints.
+      temp = f"{model_dir}.{tag}.tmp{i}"
+      os.makedirs(temp, exist_ok=True)
+      env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="1", TMPDIR=temp)
+      env.pop("TF_CONFIG", None)
+      if workers > 1:
+        env["TF_CONFIG"] = json.dumps(dict(
+            cluster=dict(worker=[f"127.0.0.1:{p}" for p in ports]),
+            task=dict(type="worker", index=i)))
+      with open(self.logs[i], "w") as log:
+        self.processes.append(subprocess.Popen(  # pylint: disable=consider-using-with
+            command, cwd=repo_dir, env=env, stdout=log, stderr=subprocess.STDOUT))
+
+  def wait(self, timeout=RUN_TIMEOUT) -> list[int]:
+    deadline = time.time() + timeout
+    try:
+      return [p.wait(max(1.0, deadline - time.time())) for p in self.processes]
+    finally:
+      self.kill()
+
+  def kill(self):
+    for p in self.processes:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+
+  def text(self, i: int) -> str:
+    with open(self.logs[i]) as f:
+      return f.read()
+
+  def result(self, i: int = 0) -> dict:
+    """The JSON summary the process printed last."""
+    text = self.text(i)
+    return json.JSONDecoder().raw_decode(text[text.rindex("\n{") + 1:])[0]
+
+  def check_ok(self, codes):
+    assert codes == [0] * len(codes), "\n\n".join(self.text(i)[-3000:]
+                                                  for i in range(len(codes)))
+
+
+def _losses(model_dir) -> dict[int, float]:
+  records = [r for r in layout.read_metrics(model_dir) if "loss" in r and r["mode"] != "eval"]
+  steps = [r["step"] for r in records]
+  assert len(steps) == len(set(steps)), f"metrics.jsonl written more than once: {steps}"
+  return {r["step"]: r["loss"] for r in records}
+
+
+def _files_read(text: str) -> set:
+  pipelines = re.findall(r"Input pipeline (\d+) of (\d+) reads \d+ file\(s\): (\S+)", text)
+  return {(int(i), int(n), paths) for i, n, paths in pipelines}
+
+
+def test_ict_on_two_workers_equals_one_process_and_writes_once(repo_dir, corpus, tmp_path):
+  steps = 8
+  single_dir, multi_dir = str(tmp_path / "single"), str(tmp_path / "multi")
+  settings = [f"trainer.train_steps={steps}"]
+  single = Job(repo_dir, single_dir, "ict", corpus, settings, workers=1)
+  single.check_ok(single.wait())
+  job = Job(repo_dir, multi_dir, "ict", corpus, settings)
+  job.check_ok(job.wait())
+
+  # Every step's loss equals the single process's (same global batch of 4, 2 per worker).
+  want, got = _losses(single_dir), _losses(multi_dir)
+  assert sorted(got) == list(range(1, steps + 1))
+  for step in want:
+    assert got[step] == pytest.approx(want[step], rel=2e-3, abs=1e-5), step
+
+  # Disjoint shares of the input files, covering them all.
+  shares = [_files_read(job.text(i)) for i in range(2)]
+  assert shares[0] == {(0, 2, os.path.join(corpus, "ict-00000-of-00002.tfrecord"))}
+  assert shares[1] == {(1, 2, os.path.join(corpus, "ict-00001-of-00002.tfrecord"))}
+
+  # Host-side files once, by the chief (worker 0).
+  assert "chief (writes host-side files)" in job.text(0) and "non-chief" in job.text(1)
+  with tf.io.gfile.GFile(layout.training_done_path(multi_dir)) as f:
+    assert json.load(f)["pid"] == job.processes[0].pid
+  assert len(glob.glob(os.path.join(multi_dir, "train", "events.out.tfevents.*"))) == 1
+  encoders = versioned.list_versions(layout.block_encoder_dir(multi_dir))
+  assert [v.version for v in encoders] == [steps]
+  assert "ICT at step 8: retriever exported" in job.text(0)
+  assert "retriever exported" not in job.text(1)
+  # The non-chief checkpoints into a directory of its own; the chief's hold every step.
+  assert glob.glob(os.path.join(job.temp_dirs[1], "realm-worker-ckpt-*", "ckpt-*.index"))
+  assert not glob.glob(os.path.join(job.temp_dirs[0], "realm-worker-ckpt-*"))
+  assert "Non-chief worker: checkpoints are saved to" in job.text(1)
+  assert layout.checkpoint_step(multi_dir) == steps
+
+  # The chief's checkpoints restore in one process, which goes on from step 8.
+  resumed = Job(repo_dir, multi_dir, "ict", corpus, [f"trainer.train_steps={steps + 2}"],
+                workers=1, tag="resumed")
+  resumed.check_ok(resumed.wait())
+  assert resumed.result()["start_step"] == steps
+  assert resumed.result()["step"] == steps + 2
+
+
+def test_pretrain_on_two_workers_refreshes_the_index_together(repo_dir, corpus, tmp_path):
+  """The child index builder and at least two refreshes; max_staleness_steps makes the
+  trainer wait for each new index, so the refreshes happen at known steps."""
+  model_dir = str(tmp_path / "realm")
+  job = Job(repo_dir, model_dir, "pretrain", corpus, [
+      "trainer.train_steps=15", "task.pretrain.start_index_builder=true",
+      "task.pretrain.refresh_every_steps=5", "index.max_staleness_steps=5",
+      "index.first_index_timeout_seconds=300"])
+  job.check_ok(job.wait())
+  chief, other = job.text(0), job.text(1)
+
+  result = job.result(0)
+  assert result["index_refreshes"] >= 2, result
+  # Both workers swapped in the same versions, in the same order.
+  swapped = [re.findall(r"Knowledge index: version (\d+) .* swapped in", t) for t in (chief, other)]
+  assert swapped[0] == swapped[1] and len(swapped[0]) >= 3, swapped
+  # One builder, one export per snapshot, both by the chief.
+  assert chief.count("Index builder started") == 1 and "Index builder started" not in other
+  exported = re.findall(r"Snapshot of step (\d+) exported", chief)
+  assert exported and len(exported) == len(set(exported))
+  assert "Snapshot of step" not in other
+  for root in (layout.block_encoder_dir(model_dir), layout.query_encoder_dir(model_dir)):
+    committed = {v.path.rstrip("/") for v in versioned.list_versions(root)}
+    data_dirs = {p.rstrip("/") for p in glob.glob(os.path.join(root, "0*"))
+                 if not p.endswith(".json")}
+    assert data_dirs == committed, "an export was written twice (one copy uncommitted)"
+  steps = sorted(_losses(model_dir))
+  assert steps == list(range(1, 16))
+  with tf.io.gfile.GFile(layout.training_done_path(model_dir)) as f:
+    assert json.load(f)["pid"] == job.processes[0].pid
+
+
+def _wait_for(predicate, timeout: float, what: str):
+  deadline = time.time() + timeout
+  while not predicate():
+    if time.time() > deadline:
+      raise AssertionError(f"timed out waiting for {what}")
+    time.sleep(0.5)
+
+
+@pytest.mark.fault
+def test_a_killed_worker_stops_the_job_and_a_relaunch_resumes(repo_dir, corpus, tmp_path):
+  model_dir = str(tmp_path / "ict")
+  settings = ["trainer.train_steps=2000", "trainer.checkpoint_interval=5"]
+  job = Job(repo_dir, model_dir, "ict", corpus, settings)
+  try:
+    _wait_for(lambda: (layout.checkpoint_step(model_dir) or 0) >= 10, RUN_TIMEOUT,
+              "a checkpoint at step 10")
+    job.processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    code = job.processes[0].wait(KILL_TIMEOUT)
+    stopped_after = time.time() - killed_at
+  finally:
+    job.kill()
+  assert code != 0
+  text = job.text(0)
+  assert "another process of the job is unreachable" in text, text[-3000:]
+  assert "Relaunch every process with the same command" in text
+  assert stopped_after < KILL_TIMEOUT
+  checkpoint = layout.checkpoint_step(model_dir)
+  assert checkpoint >= 10
+
+  relaunched = Job(repo_dir, model_dir, "ict", corpus, settings,
+                   stop_at_step=checkpoint + 5, tag="relaunched")
+  relaunched.check_ok(relaunched.wait())
+  for i in range(2):
+    assert relaunched.result(i)["start_step"] == checkpoint
+    assert relaunched.result(i)["step"] == checkpoint + 5
+  assert "restored from the chief's" in relaunched.text(1)
