@@ -142,3 +142,27 @@ def test_embedding_pipeline_reads_blocks_from_gcs(emulator, tmp_path):
       output_dir=f"{ram}/index", num_shards=2, build_scann=False))
   committed = versioned.latest_version(f"{ram}/index")
   assert committed.path == path and committed.manifest["num_blocks"] == 30
+
+
+def test_an_unknown_bucket_is_an_error_not_an_empty_listing(emulator):
+  root = "gs://no-such-bucket-realm/index"
+  with pytest.raises(FileNotFoundError, match="bucket gs://no-such-bucket-realm does not exist"):
+    BEAM.is_dir_like(root)
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    versioned.list_versions(root, BEAM)
+  assert not BEAM.is_dir_like(f"{emulator}/nothing-here")  # a known bucket: empty is False
+
+
+def test_command_lines_say_the_bucket_is_missing_in_one_line(emulator, tmp_path, capsys):
+  from beam import preprocess as preprocess_cli  # noqa: PLC0415  the entry point under test
+  with pytest.raises(SystemExit) as exit_info:
+    preprocess_cli.main(["--input", "gs://no-such-bucket-realm/wiki/*.xml",
+                         "--output_dir", str(tmp_path / "out")])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err[-1].startswith("beam.preprocess: error: ")
+  assert "gs://no-such-bucket-realm" in err[-1] and "does not exist" in err[-1]
+  assert not any("Traceback" in line for line in err)
+  with pytest.raises(FileNotFoundError):  # --verbosity debug: the exception itself
+    preprocess_cli.main(["--input", "gs://no-such-bucket-realm/wiki/*.xml", "--output_dir",
+                         str(tmp_path / "out"), "--verbosity", "debug"])
