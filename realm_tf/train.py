@@ -78,6 +78,14 @@ FLAGS = flags.FLAGS
 
 def main(argv):
   del argv
+  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  with command_line.errors_reported("realm_tf.train",
+                                    command_line.debug_requested(FLAGS.verbosity)):
+    _main(command_line.UsageError)
+
+
+def _main(usage_error):
+  """The command; a user's mistake raises `usage_error` (one line, exit 2)."""
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -99,17 +107,17 @@ def main(argv):
     else:
       config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
   except (ConfigError, ValueError) as e:
-    sys.exit(f"config error: {e}")
+    raise usage_error(f"config error: {e}") from e
   if side_car and os.environ.get("TF_CONFIG"):
     # TF_CONFIG would make it a worker of a multi-worker job, waiting for its peers.
-    sys.exit(f"--mode {FLAGS.mode} runs as one process of its own, not in the training "
-             f"job's cluster: unset TF_CONFIG")
+    raise usage_error(f"--mode {FLAGS.mode} runs as one process of its own, not in the "
+                      f"training job's cluster: unset TF_CONFIG")
   try:
     strategy = runtime.make_strategy(config, FLAGS.tpu)
   except runtime.RuntimePlanError as e:
-    sys.exit(f"runtime error: {e}")
+    raise usage_error(f"runtime error: {e}") from e
   if side_car:
-    evaluate(config, strategy)
+    evaluate(config, strategy, usage_error)
     return
   role = HostRole(strategy)
   # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first, by
@@ -139,7 +147,7 @@ def main(argv):
   print(json.dumps(result, indent=2, default=str))
 
 
-def evaluate(config, strategy):
+def evaluate(config, strategy, usage_error):
   """--mode eval / continuous_eval: a side-car evaluator of the run in --model_dir
   (realm_tf.training.continuous_eval); it writes none of the trainer's files. Exits 1 when
   continuous_eval gave up waiting for a checkpoint before the run's final one."""
@@ -163,8 +171,8 @@ def evaluate(config, strategy):
       result = continuous_eval.evaluate_latest(config, FLAGS.model_dir, strategy, name)
     else:
       result = continuous_eval.evaluate_continuously(config, FLAGS.model_dir, strategy, name)
-  except (ValueError, FileNotFoundError) as e:
-    sys.exit(f"{FLAGS.mode} error: {e}")
+  except ValueError as e:
+    raise usage_error(f"{FLAGS.mode} error: {e}") from e
   print(json.dumps(result, indent=2, default=str))
   if result.get("timed_out"):
     sys.exit(f"continuous_eval stopped before the run's final checkpoint: {result['reason']}")

@@ -10,6 +10,9 @@ from realm_tf.io import command_line
 pytestmark = pytest.mark.slow  # each case starts a Python process that loads TensorFlow
 
 CASES = {
+    "realm_tf.train": ["--experiment", "realm/ict", "--config", "configs/tiny.yaml",
+                       "--model_dir", "{tmp}/run",
+                       "--override", "task.ict.train_data.input_path={tmp}/nothing-*"],
     "realm_tf.evaluate": ["--model_dir", "{tmp}/run", "--questions", "{tmp}/q.jsonl"],
     "realm_tf.export": ["--model_dir", "{tmp}/run", "--output_dir", "{tmp}/exports"],
     "beam.embed_corpus": ["--blocks", "{tmp}/corpus", "--encoder", "{tmp}/encoder",
