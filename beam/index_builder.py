@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from realm_tf.io import command_line
 from realm_tf.pipelines.index_builder import IndexBuilderConfig, build_once, run_index_builder  # noqa: F401
 
 
@@ -36,8 +37,10 @@ def parse_args(argv: Sequence[str]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-  config, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
-  run_index_builder(config, beam_args)
+  debug, argv = command_line.split_verbosity(argv)
+  with command_line.errors_reported("beam.index_builder", debug):
+    config, beam_args = parse_args(argv)
+    run_index_builder(config, beam_args)
   return 0
 
 

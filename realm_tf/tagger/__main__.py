@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Optional, Sequence
 
+from realm_tf.io import command_line
 from realm_tf.configs.loading import load_config
 from realm_tf.tagger.config import TaggerConfig
 from realm_tf.tagger.conll import read_sentences
@@ -65,8 +66,10 @@ def _evaluate(args) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
   logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+  debug, argv = command_line.split_verbosity(argv)
   args = build_parser().parse_args(argv)
-  result = _train(args) if args.command == "train" else _evaluate(args)
+  with command_line.errors_reported("realm_tf.tagger", debug):
+    result = _train(args) if args.command == "train" else _evaluate(args)
   json.dump(result, sys.stdout, indent=2)
   sys.stdout.write("\n")
   return 0
