@@ -30,29 +30,9 @@ import tensorflow as tf
 from realm_tf.corpus import schema
 from realm_tf.io import layout, storage, versioned
 from realm_tf.retrieval import encoders
+from tests.test_storage_publishers import _HashEncoder
 
-DIM = 4
 TIMEOUT = 180.0  # seconds a builder may take for what a test waits for (a loaded machine)
-
-
-class _HashEncoder(tf.Module):
-  """A tiny block encoder with the real export's signature: (title, text) → [B, DIM]."""
-  kind = encoders.BLOCK
-  seq_length = 8
-  dimension = DIM
-
-  def __init__(self, scale: float = 1.0):
-    super().__init__()
-    self.scale = tf.Variable(scale)
-
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
-                                tf.TensorSpec([None], tf.string, name="text")])
-  def embed(self, title, text):
-    buckets = tf.strings.to_hash_bucket_fast(tf.strings.join([title, text]), 1000)  # [B]
-    return {"embeddings": self.scale * tf.one_hot(buckets % DIM, DIM)}  # [B, DIM]
-
-  def signatures(self):
-    return {"serving_default": self.embed}
 
 
 @pytest.fixture(params=["local", "ram"])
