@@ -138,7 +138,7 @@ def test_readme_one_host_tpu_vm_gets_the_local_resolver(repo_dir, readme_command
   assert "--worker" not in cmd.ssh  # a single VM: nothing to choose
   config = cmd.config(repo_dir)
   plan = runtime.plan_runtime(config.runtime, cmd.flag("tpu"), cmd.env)
-  assert plan == runtime.RuntimePlan("tpu", "local", runtime.ONE_PROCESS, True, 0)
+  assert plan == runtime.RuntimePlan("tpu", "local", runtime.ONE_PROCESS, 0)
   worker_lookups = []
   monkeypatch.setattr(runtime, "tpu_vm_worker_number", lambda: worker_lookups.append(1))
   with pytest.raises(_Stop):
@@ -158,7 +158,7 @@ def test_readme_pod_slice_runs_on_worker_0_with_the_tpu_name(repo_dir, readme_co
   assert name and cmd.flag("tpu") == name
   config = cmd.config(repo_dir)
   plan = runtime.plan_runtime(config.runtime, cmd.flag("tpu"), cmd.env)
-  assert plan == runtime.RuntimePlan("tpu", name, runtime.TPU_SLICE_WORKER_0, True, 0)
+  assert plan == runtime.RuntimePlan("tpu", name, runtime.TPU_SLICE_WORKER_0, 0)
   monkeypatch.setattr(runtime, "tpu_vm_worker_number", lambda: 0)
   with pytest.raises(_Stop):
     runtime.make_strategy(config, cmd.flag("tpu"), cmd.env)
@@ -197,7 +197,7 @@ def test_tpu_environment_mistakes_are_named(repo_dir, readme_commands):
   # TPU_NAME alone (how Google's tests run tf-models) names it.
   assert runtime.plan_runtime(paper, "", {"TPU_NAME": "local"}).tpu_address == "local"
   assert runtime.plan_runtime(paper, "", {"TPU_NAME": "s", "TPU_LOAD_LIBRARY": "0"}) == (
-      runtime.RuntimePlan("tpu", "s", runtime.TPU_SLICE_WORKER_0, True, 0))
+      runtime.RuntimePlan("tpu", "s", runtime.TPU_SLICE_WORKER_0, 0))
   tiny = load_config(str(repo_dir / "configs" / "tiny.yaml"),
                      ["runtime.distribution_strategy=mirrored"], experiment="realm/ict")
   with pytest.raises(runtime.RuntimePlanError, match="drop one of them"):
@@ -214,16 +214,16 @@ def _tf_config(task_type, index, chief=False):
 
 # `TF_CONFIG=... python -m realm_tf.train --experiment realm/ict --config configs/demo.yaml
 # --model_dir gs://...` on each GPU machine of a cluster.
-@pytest.mark.parametrize("task,chief,writes", [
-    (("worker", 0), False, True), (("worker", 1), False, False),
-    (("chief", 0), True, True), (("worker", 0), True, False), (("evaluator", 0), True, True)])
-def test_multi_worker_gpus_from_tf_config(repo_dir, built, monkeypatch, task, chief, writes):
+@pytest.mark.parametrize("task,chief", [
+    (("worker", 0), False), (("worker", 1), False), (("chief", 0), True), (("worker", 0), True)])
+def test_multi_worker_gpus_from_tf_config(repo_dir, built, monkeypatch, task, chief):
+  """Every TF_CONFIG task runs the program; which one writes is HostRole's answer from the
+  strategy (TF's should_checkpoint), proven with real processes in test_multi_worker.py."""
   env = _tf_config(*task, chief=chief)
   config = load_config(str(repo_dir / "configs" / "demo.yaml"), experiment="realm/ict")
   plan = runtime.plan_runtime(config.runtime, "", env, num_gpus=4)
   assert plan == runtime.RuntimePlan("multi_worker_mirrored", None,
-                                     runtime.EVERY_TF_CONFIG_TASK, writes, 4)
-  assert runtime.is_coordinator_process(env) is writes
+                                     runtime.EVERY_TF_CONFIG_TASK, 4)
   monkeypatch.setattr(runtime, "visible_gpus", lambda: 4)
   runtime.make_strategy(config, "", env)
   assert built == {"distribution_strategy": "multi_worker_mirrored", "num_gpus": 4,
@@ -236,12 +236,10 @@ def test_multi_worker_gpus_from_tf_config(repo_dir, built, monkeypatch, task, ch
 def test_one_machine_gpus_or_cpu(repo_dir, built, monkeypatch, gpus, strategy):
   config = load_config(str(repo_dir / "configs" / "demo.yaml"), experiment="realm/ict")
   assert runtime.plan_runtime(config.runtime, "", {}, num_gpus=gpus) == runtime.RuntimePlan(
-      strategy, None, runtime.ONE_PROCESS, True, gpus)
+      strategy, None, runtime.ONE_PROCESS, gpus)
   monkeypatch.setattr(runtime, "visible_gpus", lambda: gpus)
   runtime.make_strategy(config, "", {})
   assert built == {"distribution_strategy": strategy, "num_gpus": gpus, "tpu_address": None}
-  assert runtime.is_coordinator_process({}) and runtime.is_coordinator_process(
-      _tf_config("worker", 1), tpu="local")
 
 
 def test_the_default_strategy_runs_for_real_on_cpu(repo_dir, monkeypatch):
@@ -254,3 +252,14 @@ def test_the_default_strategy_runs_for_real_on_cpu(repo_dir, monkeypatch):
 def test_worker_number_is_none_off_a_tpu_vm(monkeypatch):
   monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # nothing listens on discard
   assert runtime.tpu_vm_worker_number(timeout=0.5) is None
+
+
+def test_one_process_strategies_are_their_own_chief(mirrored_strategy):
+  """HostRole (realm_tf.io.roles) for the strategies of one process: chief, and the
+  agreements are plain returns (no collective: nothing else would join it)."""
+  from realm_tf.io.roles import HostRole  # noqa: PLC0415
+  for strategy in (tf.distribute.get_strategy(), mirrored_strategy):
+    role = HostRole(strategy)
+    assert role.is_chief and role.num_processes == 1 and not role.multi_process
+    assert role.chief_value(7) == 7 and role.any_process(True) and not role.any_process(False)
+    assert role.describe() == "the only process"

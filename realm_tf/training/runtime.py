@@ -58,14 +58,13 @@ class RuntimePlan:
 
   strategy: a tf-models `distribution_strategy` name. tpu_address: the `tpu` argument of
   `TPUClusterResolver` ("local", or a TPU's name), None off TPU. launch: where the program is
-  meant to run (ONE_PROCESS, TPU_SLICE_WORKER_0, EVERY_TF_CONFIG_TASK). is_coordinator: this
-  process does the host-side writes (files, snapshots, the builder child, exports).
+  meant to run (ONE_PROCESS, TPU_SLICE_WORKER_0, EVERY_TF_CONFIG_TASK); which of the
+  processes writes host-side files is realm_tf.io.roles.HostRole's answer, from the strategy.
   num_gpus: what tf-models is told (0 for the default strategy, which takes no device list).
   """
   strategy: str
   tpu_address: Optional[str] = None
   launch: str = ONE_PROCESS
-  is_coordinator: bool = True
   num_gpus: int = 0
 
 
@@ -74,30 +73,6 @@ def _tf_config(env: Mapping[str, str]) -> dict:
     return json.loads(env.get("TF_CONFIG") or "{}")
   except json.JSONDecodeError as e:
     raise RuntimePlanError(f"TF_CONFIG is not JSON: {e}") from e
-
-
-def is_coordinator_process(env: Optional[Mapping[str, str]] = None, tpu: str = "") -> bool:
-  """Whether this process does a job's host-side writes, known before any strategy exists
-  (e.g. to decide who runs a preprocessing step before training starts).
-
-  With a TPU (`tpu` given) or no `TF_CONFIG` cluster there is one process: True. Under
-  `TF_CONFIG`, TensorFlow's rule (multi_worker_util.is_chief): the `chief` task, else
-  worker 0 when the cluster has no chief; an `evaluator` is its own chief. This is the answer
-  for a strategy chosen from the environment; `plan_runtime(...).is_coordinator` also
-  accounts for a strategy the config names outright.
-  """
-  env = os.environ if env is None else env
-  if tpu:
-    return True
-  config = _tf_config(env)
-  cluster = config.get("cluster") or {}
-  if not cluster:
-    return True
-  task = config.get("task") or {}
-  task_type, index = task.get("type"), int(task.get("index", 0))
-  if task_type in ("chief", "evaluator"):
-    return True
-  return task_type == "worker" and index == 0 and "chief" not in cluster
 
 
 def plan_runtime(runtime: RuntimeConfig, tpu: str = "",
@@ -128,8 +103,8 @@ def plan_runtime(runtime: RuntimeConfig, tpu: str = "",
   else:
     name = "mirrored" if num_gpus else "off"
   if name == "multi_worker_mirrored":
-    return RuntimePlan(name, None, EVERY_TF_CONFIG_TASK, is_coordinator_process(env), num_gpus)
-  return RuntimePlan(name, None, ONE_PROCESS, True, 0 if name == "off" else num_gpus)
+    return RuntimePlan(name, None, EVERY_TF_CONFIG_TASK, num_gpus)
+  return RuntimePlan(name, None, ONE_PROCESS, 0 if name == "off" else num_gpus)
 
 
 def _tpu_plan(address: str, configured: str, env: Mapping[str, str]) -> RuntimePlan:
@@ -142,7 +117,7 @@ def _tpu_plan(address: str, configured: str, env: Mapping[str, str]) -> RuntimeP
       raise RuntimePlanError(
           "TPU_LOAD_LIBRARY=0 stops this process from loading libtpu, which --tpu=local "
           "needs: it is for pod slices only; unset it on a single-host TPU VM")
-    return RuntimePlan("tpu", "local", ONE_PROCESS, True)
+    return RuntimePlan("tpu", "local", ONE_PROCESS)
   # A TPU's name: a slice whose hosts run the TPU runtime; this program only drives them.
   # (A grpc:// address, an older setup not documented here, is passed through unchecked.)
   if not address.startswith("grpc://") and load_library != "0":
@@ -150,7 +125,7 @@ def _tpu_plan(address: str, configured: str, env: Mapping[str, str]) -> RuntimeP
         f"--tpu={address} names a TPU slice whose hosts run the TPU runtime: this process "
         "must not load libtpu itself. Set TPU_LOAD_LIBRARY=0 before starting python "
         "(or use --tpu=local on a single-host TPU VM)")
-  return RuntimePlan("tpu", address, TPU_SLICE_WORKER_0, True)
+  return RuntimePlan("tpu", address, TPU_SLICE_WORKER_0)
 
 
 def tpu_vm_worker_number(timeout: float = 2.0) -> Optional[int]:
