@@ -1,0 +1,215 @@
+"""A seeded synthetic world whose facts can only be known by retrieving and reading.
+
+Why: on real Wikipedia at this machine's compute, REALM cannot be told apart from its
+ablations (masked spans are mostly guessable or unanswerable). Here every entity is
+invented (its name built from random syllables, so no warm start knows it) and has a few
+attributes drawn from closed sets (a birthplace among invented towns, an occupation, a
+birth year), so the MLM head only has to pick one of a few values, and *which* one is
+written nowhere but in the entity's block of Z.
+
+  Z  one block per entity stating all its facts, plus distractors: namesake blocks (the same
+     first name, another family name, other facts) and blocks about the towns.
+  X  sentences about the entities in other wordings than Z, the attribute value the salient
+     span (masked by salient-span masking); each X sentence has block_id -1 (it comes from
+     no block of Z), so the entity's block may be retrieved.
+  Held out: for every entity one attribute never appears in X; its sentences (X's wordings)
+     can only be answered by retrieving and reading the entity's block.
+
+Written in the corpus pipeline's layout through realm_tf.corpus.schema (blocks-*,
+pretraining-* for X, heldout-* for the held-out sentences, ict-* for an optional ICT warm
+start) plus world.json naming each held-out sentence's gold block, so
+`python -m realm_tf.train --experiment realm/pretrain` trains on it unchanged. It lives in
+realm_tf (not benchmarks) because the demo, which may not import benchmarks, shows it too.
+"""
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import random
+from typing import Dict, List, Sequence
+
+import tensorflow as tf
+
+from realm_tf.corpus import schema
+from realm_tf.pretrained.minilm import minilm_vocab_file
+
+_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br",
+           "dr", "gr", "kl", "st", "th", "tr", "vr")
+_VOWELS = ("a", "e", "i", "o", "u", "ae", "ou", "y")
+_CODAS = ("", "", "", "n", "r", "l", "s", "th", "x")
+
+OCCUPATIONS = ("baker", "weaver", "sailor", "miner", "potter", "tailor", "farmer", "painter")
+ATTRIBUTES = ("birthplace", "occupation", "year")
+LABELS = {"birthplace": "LOC", "occupation": "MISC", "year": "DATE"}
+
+# Z states a fact one way, X (training and held out alike) in other ways.
+_BLOCK_SENTENCES = {
+    "birthplace": "{name} was born in the town of {value}.",
+    "occupation": "{name} worked as a {value} for many years.",
+    "year": "{name} was born in {value}.",
+}
+_X_TEMPLATES = {
+    "birthplace": ("The home town of {name} is {value}.",
+                   "{name} grew up in {value} as a child.",
+                   "People say {name} came from {value}."),
+    "occupation": ("By trade, {name} was a {value}.",
+                   "{name} earned a living as a {value}.",
+                   "Everyone knew {name} as the local {value}."),
+    "year": ("{name} came into the world in {value}.",
+             "The birth of {name} took place in {value}.",
+             "In {value}, {name} was born."),
+}
+_TOWN_BLOCK = "{town} is a small market town. Its people hold a fair every spring."
+
+
+def invented_word(rng: random.Random, syllables: int) -> str:
+  """A capitalised word of random syllables (onset + vowel [+ coda])."""
+  word = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) for _ in range(syllables))
+  return (word + rng.choice(_CODAS)).capitalize()
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+  first: str
+  last: str
+  facts: Dict[str, str]  # attribute → value
+  held_out: str  # the attribute never stated in X
+
+  @property
+  def name(self) -> str:
+    return f"{self.first} {self.last}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldConfig:
+  """Sizes of the world; every draw is made from `seed`."""
+  seed: int = 0
+  entities: int = 24
+  towns: int = 6
+  occupations: int = 6
+  years: int = 6
+  # Namesakes: blocks for other people sharing an entity's first name (fraction of entities).
+  namesake_fraction: float = 0.5
+  town_blocks: bool = True
+  # X wordings per (entity, attribute) pair in training (of _X_TEMPLATES' three).
+  x_templates: int = 3
+
+
+@functools.lru_cache(maxsize=1)
+def _vocabulary() -> frozenset:
+  """The uncased WordPiece vocabulary: an invented word must not be one of its words."""
+  with tf.io.gfile.GFile(minilm_vocab_file()) as f:
+    return frozenset(line.strip() for line in f)
+
+
+def _unique_words(rng: random.Random, count: int, syllables: Sequence[int], taken: set) -> list:
+  out = []
+  while len(out) < count:
+    word = invented_word(rng, rng.choice(syllables))
+    if word.lower() not in taken and word.lower() not in _vocabulary():
+      taken.add(word.lower())
+      out.append(word)
+  return out
+
+
+def make_world(config: WorldConfig = WorldConfig()) -> dict:
+  """The world as plain data: entities, towns, blocks, x, held-out (no files)."""
+  rng = random.Random(config.seed)
+  taken: set = set(OCCUPATIONS)
+  towns = _unique_words(rng, config.towns, (2,), taken)
+  firsts = _unique_words(rng, config.entities, (2,), taken)
+  lasts = _unique_words(rng, config.entities * 2, (2, 3), taken)
+  years = sorted(rng.sample(range(1610, 1890), config.years))
+  values = dict(birthplace=towns, occupation=list(OCCUPATIONS[:config.occupations]),
+                year=[str(y) for y in years])
+  entities = []
+  for i in range(config.entities):
+    facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
+    entities.append(Entity(firsts[i], lasts[i], facts, held_out=ATTRIBUTES[i % len(ATTRIBUTES)]))
+
+  blocks, gold = [], {}
+  for e in entities:
+    gold[e.name] = _add_block(blocks, e.name, [
+        _BLOCK_SENTENCES[a].format(name=e.name, value=e.facts[a]) for a in ATTRIBUTES])
+  # Namesakes: the same first name, another family name, independently drawn facts.
+  namesakes = rng.sample(entities, int(round(config.namesake_fraction * len(entities))))
+  for n, e in enumerate(namesakes):
+    name = f"{e.first} {lasts[config.entities + n]}"
+    facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
+    _add_block(blocks, name, [_BLOCK_SENTENCES[a].format(name=name, value=facts[a])
+                              for a in ATTRIBUTES])
+  if config.town_blocks:
+    for town in towns:
+      _add_block(blocks, town, [_TOWN_BLOCK.format(town=town)])
+
+  x, held_out = [], []
+  for e in entities:
+    for a in ATTRIBUTES:
+      templates = _X_TEMPLATES[a]
+      if a == e.held_out:
+        rows, chosen = held_out, templates
+      else:
+        rows, chosen = x, templates[:config.x_templates]
+      for t in chosen:
+        rows.append(_sentence(t, e, a, gold[e.name]))
+  rng.shuffle(x)
+  return dict(config=dataclasses.asdict(config), towns=towns, values=values,
+              entities=[dict(name=e.name, facts=e.facts, held_out=e.held_out,
+                             block_id=gold[e.name]) for e in entities],
+              blocks=blocks, x=x, held_out=held_out)
+
+
+def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
+  text = " ".join(sentences)
+  uid = hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()
+  block_id = int(hashlib.sha1(f"{uid}:0".encode()).hexdigest()[:15], 16)
+  blocks.append(dict(block_id=block_id, doc_uid=uid, title=title, text=text))
+  return block_id
+
+
+def _sentence(template: str, entity: Entity, attribute: str, gold_block: int) -> dict:
+  """One X / held-out sentence; the attribute value is its only salient span."""
+  value = entity.facts[attribute]
+  text = template.format(name=entity.name, value=value)
+  start = text.encode().index(value.encode())
+  return dict(text=text, entity=entity.name, attribute=attribute, value=value,
+              gold_block_id=gold_block, start=start, end=start + len(value.encode()))
+
+
+def _pretraining_record(row: dict) -> dict:
+  # block_id -1: x comes from no block of Z, so retrieval may return the entity's block.
+  return dict(text=row["text"], block_id=-1, doc_uid="x:" + row["entity"],
+              salient_span_starts=[row["start"]], salient_span_ends=[row["end"]],
+              salient_span_labels=[LABELS[row["attribute"]]])
+
+
+def write_world(directory: str, config: WorldConfig = WorldConfig()) -> dict:
+  """blocks-*, pretraining-* (X), heldout-* and ict-* TFRecords and world.json in
+  `directory`; returns the world (make_world) with the file patterns added."""
+  world = make_world(config)
+  rng = random.Random(config.seed + 1)
+  ict = []
+  for block in world["blocks"]:  # ICT: one sentence of the block against the rest of it
+    sentences = [s if s.endswith(".") else s + "." for s in block["text"].split(". ")]
+    query = rng.choice(sentences)
+    rest = " ".join(s for s in sentences if s != query) or block["text"]
+    ict.append(dict(query=query, query_removed=1, block_id=block["block_id"],
+                    doc_uid=block["doc_uid"], title=block["title"], text=rest))
+  os.makedirs(directory, exist_ok=True)
+  files = dict(blocks=(world["blocks"], schema.BLOCK),
+               pretraining=([_pretraining_record(r) for r in world["x"]], schema.PRETRAINING),
+               heldout=([_pretraining_record(r) for r in world["held_out"]],
+                        schema.PRETRAINING),
+               ict=(ict, schema.ICT))
+  patterns = {}
+  for name, (rows, record_schema) in files.items():
+    path = os.path.join(directory, f"{name}-00000-of-00001.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+      for row in rows:
+        writer.write(record_schema.serialize(row))
+    patterns[name] = os.path.join(directory, f"{name}-*")
+  world["files"] = patterns
+  with open(os.path.join(directory, "world.json"), "w") as f:
+    json.dump(world, f, indent=1)
+  return world

@@ -1,0 +1,95 @@
+"""The synthetic knowledge world (realm_tf.corpus.knowledge_world): its properties, and the
+learning signal REALM is for, measured on it at tiny scale (benchmarks.knowledge's arms)."""
+import json
+import os
+
+import pytest
+import tensorflow as tf
+
+from realm_tf.corpus import knowledge_world, schema
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+  directory = str(tmp_path_factory.mktemp("world"))
+  return directory, knowledge_world.write_world(directory, knowledge_world.WorldConfig(
+      seed=3, entities=12))
+
+
+def _records(pattern, record_schema):
+  files = tf.io.gfile.glob(pattern)
+  out = []
+  for serialized in tf.data.TFRecordDataset(files).batch(1000):
+    parsed = record_schema.parse(serialized)
+    n = int(tf.shape(serialized)[0])
+    out += [{k: (v[i].numpy().tolist() if isinstance(v, tf.RaggedTensor) else v[i].numpy())
+             for k, v in parsed.items()} for i in range(n)]
+  return out
+
+
+def test_the_same_seed_gives_the_same_world_and_another_seed_another():
+  a = knowledge_world.make_world(knowledge_world.WorldConfig(seed=1, entities=8))
+  assert a == knowledge_world.make_world(knowledge_world.WorldConfig(seed=1, entities=8))
+  b = knowledge_world.make_world(knowledge_world.WorldConfig(seed=2, entities=8))
+  assert [e["name"] for e in a["entities"]] != [e["name"] for e in b["entities"]]
+
+
+def test_names_are_invented(world, tokenizer):
+  """No name or town is a word of the WordPiece vocabulary (so no warm start knows it)."""
+  _, w = world
+  vocab = set(tokenizer.vocab)
+  words = {part.lower() for e in w["entities"] for part in e["name"].split()} | \
+      {t.lower() for t in w["towns"]}
+  assert len(words) == 2 * len(w["entities"]) + len(w["towns"])  # all distinct
+  assert not words & vocab
+
+
+def test_held_out_pairs_never_appear_in_x_and_their_facts_are_in_z(world):
+  _, w = world
+  trained = {(r["entity"], r["attribute"]) for r in w["x"]}
+  held = {(r["entity"], r["attribute"]) for r in w["held_out"]}
+  assert held and not held & trained
+  assert len(held) == len(w["entities"])  # one attribute per entity
+  blocks = {b["block_id"]: b for b in w["blocks"]}
+  entities = {e["name"]: e for e in w["entities"]}
+  x_texts = {r["text"] for r in w["x"]}
+  block_texts = {b["text"] for b in w["blocks"]}
+  for r in w["held_out"]:
+    block = blocks[r["gold_block_id"]]
+    assert block["title"] == r["entity"]
+    assert r["value"] == entities[r["entity"]]["facts"][r["attribute"]]
+    assert r["value"] in block["text"]  # the fact is stated in the entity's own block
+    # Other wordings than Z: no held-out or X sentence is a sentence of a block.
+    assert not any(r["text"] in t for t in block_texts)
+  assert not any(t in b for t in x_texts for b in block_texts)
+
+
+def test_distractors_share_names_and_values(world):
+  _, w = world
+  names = {e["name"] for e in w["entities"]}
+  firsts = {n.split()[0] for n in names}
+  namesakes = [b for b in w["blocks"] if b["title"] not in names and
+               b["title"].split()[0] in firsts]
+  assert namesakes
+  assert any(b["title"] in w["towns"] for b in w["blocks"])
+  assert len(w["blocks"]) > len(w["entities"])
+
+
+def test_records_follow_the_corpus_schema_and_spans_mask_the_attribute(world):
+  directory, w = world
+  blocks = _records(os.path.join(directory, "blocks-*"), schema.BLOCK)
+  assert sorted(b["block_id"] for b in blocks) == sorted(b["block_id"] for b in w["blocks"])
+  for split, rows in (("pretraining", w["x"]), ("heldout", w["held_out"])):
+    records = _records(os.path.join(directory, f"{split}-*"), schema.PRETRAINING)
+    assert len(records) == len(rows)
+    for record, row in zip(records, rows):
+      text = record["text"]
+      assert text.decode() == row["text"]
+      # The salient span is exactly the attribute value, so salient-span masking masks it.
+      (start,), (end,) = record["salient_span_starts"], record["salient_span_ends"]
+      assert text[start:end].decode() == row["value"]
+      # x is from no block of Z: retrieval may return the entity's own block.
+      assert record["block_id"] == -1
+  assert _records(os.path.join(directory, "ict-*"), schema.ICT)
+  with open(os.path.join(directory, "world.json")) as f:
+    assert json.load(f)["held_out"] == w["held_out"]
