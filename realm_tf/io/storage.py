@@ -63,7 +63,10 @@ def is_dir_like(path: str) -> bool:
   took an outage for "nothing published yet" would wait, rebuild or serve nothing.
   tf.io.gfile.isdir cannot be used for that reason (it returns False on every error);
   stat answers for directories and GCS prefixes, and the listing covers file systems
-  whose stat only knows directories created with makedirs.
+  whose stat only knows directories created with makedirs. On gs:// a listing answers
+  NotFound only when the bucket does not exist (an empty prefix lists nothing), which TF
+  reports as it reports a missing object: that raises FileNotFoundError naming the bucket,
+  or a poller would wait forever for versions in a bucket that is not there.
   """
   path = path.rstrip("/")
   try:
@@ -74,6 +77,9 @@ def is_dir_like(path: str) -> bool:
   try:
     return bool(tf.io.gfile.glob(path + "/*"))
   except tf.errors.NotFoundError:
+    if scheme(path) == "gs":
+      bucket = path[len("gs://"):].partition("/")[0]
+      raise FileNotFoundError(f"{path}: bucket gs://{bucket} does not exist") from None
     return False
 
 
