@@ -196,7 +196,7 @@ def write_world(directory: str, config: WorldConfig = WorldConfig()) -> dict:
     rest = " ".join(s for s in sentences if s != query) or block["text"]
     ict.append(dict(query=query, query_removed=1, block_id=block["block_id"],
                     doc_uid=block["doc_uid"], title=block["title"], text=rest))
-  os.makedirs(directory, exist_ok=True)
+  tf.io.gfile.makedirs(directory)  # gs:// as well as local disk
   files = dict(blocks=(world["blocks"], schema.BLOCK),
                pretraining=([_pretraining_record(r) for r in world["x"]], schema.PRETRAINING),
                heldout=([_pretraining_record(r) for r in world["held_out"]],
@@ -210,6 +210,6 @@ def write_world(directory: str, config: WorldConfig = WorldConfig()) -> dict:
         writer.write(record_schema.serialize(row))
     patterns[name] = os.path.join(directory, f"{name}-*")
   world["files"] = patterns
-  with open(os.path.join(directory, "world.json"), "w") as f:
+  with tf.io.gfile.GFile(os.path.join(directory, "world.json"), "w") as f:
     json.dump(world, f, indent=1)
   return world
