@@ -1,0 +1,292 @@
+"""REALM's claim on a controlled world: the retriever learns, from the MLM loss alone, to
+fetch the block that holds the missing fact.
+
+    python -m benchmarks.knowledge [--arms realm,frozen,none] [--steps 300] [--batch_size 8]
+        [--entities 24] [--refresh_every 10] [--learning_rate 3e-3] [--seed 0]
+        [--config configs/tiny.yaml] [--work_dir DIR] [--no_write]
+
+The world (realm_tf.corpus.knowledge_world): invented entities with closed-set attributes;
+Z states each entity's facts in one block (plus namesake and town distractors); X states
+them in other wordings; held out are the (entity, attribute) pairs never seen in X. Every
+arm trains the registered realm/pretrain experiment on --config's model from the same
+seeded random initialisation, for the same steps, batch and learning rate:
+  realm   REALM with asynchronous refresh: a snapshot every --refresh_every steps for the
+          index builder running beside the trainer.
+  frozen  REALM over the step-0 index (the start document tower's embeddings), never
+          refreshed.
+  none    no retrieval: the null document alone (task.pretrain.retrieval=false).
+Per arm: held-out masked-span accuracy (whole span right, with its binomial standard error),
+the share of held-out sentences whose retrieval top-1 is the entity's own block (after
+training and at step 0), retrieval utility and p(null), index refreshes, wall time.
+Results: benchmarks/results/knowledge.json (unless --no_write; always <work_dir>/knowledge.json).
+
+The committed result was measured with
+    python -m benchmarks.knowledge --ict_steps 300 --steps 400 --entities 96 --x_templates 1 \
+        --override model.retriever.pooling=mean --override model.retriever.normalize=true \
+        --override model.retriever.scale=10 --override model.retriever.projection=none \
+        --override task.pretrain.include_null_document=false
+and does NOT show REALM's claim: every arm ends at or below chance on held-out spans, and
+training drives the retriever's gold top-1 from 0.997 (after ICT) to 0.01 in the REALM and
+the frozen-index arm alike. What was measured on the way (issue 28's notes): with the tiny
+config's [CLS] pooling a random-init retriever sends every query to the same hub blocks;
+mean pooling with L2 normalisation and a 300-step ICT warm start on Z makes the entity's
+own block top-1 for 0.997-1.0 of held-out sentences; the tiny reader then fits X by
+memorising the facts (train span accuracy up to 0.6) instead of reading the block, and
+with the null document included p(null) goes to 1.
+"""
+import argparse
+import gc
+import json
+import math
+import os
+import tempfile
+import time
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from benchmarks.common import machine, write_result
+from realm_tf import tasks
+from realm_tf.configs import load_config
+from realm_tf.corpus import knowledge_world
+from realm_tf.data import pretraining_inputs
+from realm_tf.io import layout
+from realm_tf.modeling import factory
+from realm_tf.retrieval import recall
+from realm_tf.retrieval.index_export import ShardData, write_export
+from realm_tf.training import train_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ARMS = {
+    "realm": "REALM, asynchronous index refresh",
+    "frozen": "REALM, frozen step-0 index",
+    "none": "No retrieval (null document only)",
+}
+
+
+def log(message: str):
+  print(f"[knowledge {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def ict_config(world_dir: str, args):
+  """The shared start's ICT warm start of the retriever on the world's blocks."""
+  values = {
+      "task.ict.train_data.input_path": os.path.join(world_dir, "ict-*"),
+      "task.ict.train_data.global_batch_size": args.batch_size * 2,
+      "index.blocks": world_dir,
+      "trainer.train_steps": args.ict_steps,
+      "trainer.steps_per_loop": min(args.ict_steps, 50),
+      "trainer.summary_interval": min(args.ict_steps, 50),
+      "trainer.checkpoint_interval": args.ict_steps,
+      "trainer.learning_rate": args.learning_rate,
+      "trainer.warmup_steps": max(1, args.ict_steps // 10),
+      "trainer.seed": args.seed,
+  }
+  overrides = [f"{k}={v}" for k, v in values.items()] + list(args.override or [])
+  return load_config(args.config, overrides, experiment="realm/ict")
+
+
+def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
+  """The registered realm/pretrain experiment on --config's sizes, for one arm."""
+  values = {
+      "task.pretrain.train_data.input_path": os.path.join(world_dir, "pretraining-*"),
+      "task.pretrain.validation_data.input_path": os.path.join(world_dir, "heldout-*"),
+      "task.pretrain.train_data.global_batch_size": args.batch_size,
+      "task.pretrain.validation_data.global_batch_size": args.batch_size,
+      "task.pretrain.validation_data.drop_remainder": False,
+      "task.pretrain.num_candidates": args.num_candidates,
+      "task.pretrain.start_index_builder": True,
+      "task.pretrain.refresh_every_steps": args.refresh_every,
+      "index.blocks": world_dir,
+      "index.max_staleness_steps": args.refresh_every * 3,
+      "trainer.train_steps": args.steps,
+      "trainer.steps_per_loop": args.refresh_every,
+      "trainer.summary_interval": args.refresh_every,
+      "trainer.checkpoint_interval": args.steps,
+      "trainer.validation_interval": args.steps,
+      "trainer.learning_rate": args.learning_rate,
+      "trainer.warmup_steps": max(1, args.steps // 20),
+      "trainer.seed": args.seed,
+      "task.pretrain.init_checkpoint": ict_dir,
+  }
+  if arm == "frozen":  # the published step-0 index stays: no snapshots, no builder
+    values.update({"task.pretrain.refresh_every_steps": 0, "index.max_staleness_steps": 0,
+                   "task.pretrain.start_index_builder": False})
+  elif arm == "none":
+    values.update({"task.pretrain.retrieval": False, "task.pretrain.start_index_builder": False,
+                   "task.pretrain.refresh_every_steps": 0, "index.max_staleness_steps": 0})
+  overrides = [f"{k}={v}" for k, v in values.items()] + list(args.override or [])
+  return load_config(args.config, overrides, experiment="realm/pretrain")
+
+
+def gold_top1(config, retriever_queries, retriever_documents, world: dict) -> float:
+  """Share of held-out sentences (masked as in validation) whose top-1 block under these
+  towers is the entity's own block."""
+  task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=True))))
+  index = task.build_index(tf.distribute.get_strategy())
+  m = config.model
+  index.set_embeddings(recall.embed_corpus(retriever_documents, index, task.tokenizer,
+                                           m.retriever.block_seq_length), version=0)
+  data = pretraining_inputs.pretraining_dataset(
+      os.path.join(world["dir"], "heldout-*"), task.tokenizer, m.retriever.query_seq_length,
+      "salient_spans", config.task.pretrain.max_predictions_per_seq, 64,
+      seed=config.trainer.seed, repeat=False, shuffle_buffer=0, drop_remainder=False)
+  top = []
+  for batch in data:
+    q = retriever_queries.embed_queries(batch["query"], training=False)  # [B, P]
+    top.extend(index.search(q, 1).block_ids.numpy()[:, 0].tolist())
+  gold = [r["gold_block_id"] for r in world["held_out"]]
+  assert len(top) == len(gold), (len(top), len(gold))
+  return float(np.mean([t == g for t, g in zip(top, gold)]))
+
+
+def retriever_from(config, model_dir: str = ""):
+  """The shared start's retriever (the ICT run's at task.pretrain.init_checkpoint, else the
+  seeded random initialisation), or a run's trained one."""
+  tf_keras.utils.set_random_seed(config.trainer.seed)
+  if not model_dir:  # the same draws as the start of every arm (build_model after the seed)
+    retriever = factory.build_realm_pretrainer(config).retriever
+    ict = config.task.pretrain.init_checkpoint
+    if ict:
+      tf.train.Checkpoint(model=retriever).read(layout.latest_checkpoint(ict)).expect_partial()
+    return retriever
+  retriever = factory.build_retriever(config)
+  tf.train.Checkpoint(model=tf.train.Checkpoint(retriever=retriever)).read(
+      layout.latest_checkpoint(model_dir)).assert_existing_objects_matched().expect_partial()
+  return retriever
+
+
+def start_index(config, model_dir: str) -> None:
+  """The start document tower's embeddings of Z, committed as version 0 of the arm's
+  index (what the index builder would publish for the step-0 snapshot)."""
+  task = tasks.get_task(config)
+  index = task.build_index(tf.distribute.get_strategy())
+  embeddings = recall.embed_corpus(retriever_from(config), index, task.tokenizer,
+                                   config.model.retriever.block_seq_length)
+  write_export(layout.index_dir(model_dir), 0,
+               [ShardData(embeddings, np.asarray(index.store.block_ids, np.int64))],
+               build_scann=False, extra=dict(encoder=dict(step=0, committed_at=time.time())))
+
+
+def run_arm(arm: str, world: dict, args, work: str, ict_dir: str) -> dict:
+  model_dir = os.path.join(work, arm)
+  config = arm_config(arm, world["dir"], args, ict_dir)
+  if arm == "frozen":
+    start_index(config, model_dir)
+  train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer
+  log(f"arm {arm}: {ARMS[arm]}, {args.steps} steps of batch {args.batch_size}")
+  start = time.time()
+  run = train_lib.Run(config, model_dir)
+  result = run.train()
+  wall = time.time() - start
+  final = run.evaluate(-1)
+  del run
+  tf_keras.backend.clear_session()
+  gc.collect()
+  start_retriever = retriever_from(config)
+  trained = retriever_from(config, model_dir) if arm != "none" else start_retriever
+  documents = trained if arm == "realm" else start_retriever
+  top1 = gold_top1(config, trained, documents, world)
+  n = len(world["held_out"])
+  accuracy = final.get("span_accuracy")
+  train = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
+  out = dict(
+      arm=arm, description=ARMS[arm], steps=result["step"], wall_seconds=round(wall, 1),
+      heldout_sentences=n, heldout_span_accuracy=accuracy,
+      heldout_span_accuracy_stderr=(math.sqrt(accuracy * (1 - accuracy) / n)
+                                    if accuracy is not None else None),
+      heldout_token_accuracy=final.get("mlm_accuracy"),
+      heldout_retrieval_utility=final.get("retrieval_utility"),
+      heldout_null_document_probability=final.get("null_document_probability"),
+      gold_top1=top1 if arm != "none" else None,
+      index_refreshes=result.get("index_refreshes", 0),
+      train_curve=[{k: r[k] for k in ("step", "loss", "span_accuracy", "retrieval_utility",
+                                      "index_version", "index_staleness_steps") if k in r}
+                   for r in train])
+  tf_keras.backend.clear_session()
+  gc.collect()
+  log(f"arm {arm}: held-out span accuracy {accuracy}, gold top-1 {out['gold_top1']}, "
+      f"{out['wall_seconds']} s")
+  return out
+
+
+def chance(world: dict) -> float:
+  """Accuracy of always answering an attribute's most frequent value in training (X)."""
+  counts: dict = {}
+  for r in world["x"]:
+    counts.setdefault(r["attribute"], {}).setdefault(r["value"], 0)
+    counts[r["attribute"]][r["value"]] += 1
+  best = {a: max(c, key=c.get) for a, c in counts.items()}
+  return float(np.mean([best.get(r["attribute"]) == r["value"] for r in world["held_out"]]))
+
+
+def run(args) -> dict:
+  work = args.work_dir or tempfile.mkdtemp(prefix="realm_tf_knowledge_")
+  world_dir = os.path.join(work, "world")
+  world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
+      seed=args.seed, entities=args.entities, x_templates=args.x_templates))
+  world["dir"] = world_dir
+  ict_dir, ict_seconds = "", 0.0
+  if args.ict_steps:
+    ict_dir = os.path.join(work, "ict")
+    log(f"ICT warm start of the retriever: {args.ict_steps} steps")
+    start = time.time()
+    train_lib.run_experiment(ict_config(world_dir, args), ict_dir)
+    ict_seconds = round(time.time() - start, 1)
+    tf_keras.backend.clear_session()
+  config = arm_config("realm", world_dir, args, ict_dir)
+  start_retriever = retriever_from(config)
+  step0 = gold_top1(config, start_retriever, start_retriever, world)
+  tf_keras.backend.clear_session()
+  log(f"world: {len(world['blocks'])} blocks, {len(world['x'])} x, "
+      f"{len(world['held_out'])} held out; step-0 gold top-1 {step0:.3f}")
+  arms = {arm: run_arm(arm, world, args, work, ict_dir) for arm in args.arms.split(",")}
+  return dict(
+      settings=dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
+                    x_templates=args.x_templates,
+                    refresh_every=args.refresh_every, learning_rate=args.learning_rate,
+                    num_candidates=args.num_candidates, seed=args.seed,
+                    ict_steps=args.ict_steps, ict_seconds=ict_seconds,
+                    config=os.path.relpath(args.config, REPO), overrides=args.override or []),
+      world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
+                 held_out=len(world["held_out"]), chance=chance(world)),
+      step0_gold_top1=step0, arms=arms, machine=machine(), work_dir=work)
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--arms", default="realm,frozen,none")
+  p.add_argument("--steps", type=int, default=300)
+  p.add_argument("--batch_size", type=int, default=8)
+  p.add_argument("--entities", type=int, default=24)
+  p.add_argument("--x_templates", type=int, default=3,
+                 help="X wordings per trained (entity, attribute) pair (1 to 3)")
+  p.add_argument("--num_candidates", type=int, default=4)
+  p.add_argument("--refresh_every", type=int, default=10)
+  p.add_argument("--ict_steps", type=int, default=0,
+                 help="an ICT warm start of the retriever shared by every arm (0: none)")
+  p.add_argument("--learning_rate", type=float, default=3e-3)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--config", default=os.path.join(REPO, "configs", "tiny.yaml"))
+  p.add_argument("--override", action="append", help="extra dotted=value config overrides")
+  p.add_argument("--work_dir", default="")
+  p.add_argument("--no_write", action="store_true")
+  return p.parse_args(argv)
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  start = time.time()
+  payload = run(args)
+  payload["wall_seconds"] = round(time.time() - start, 1)
+  print(json.dumps({a: {k: v for k, v in r.items() if k != "train_curve"}
+                    for a, r in payload["arms"].items()}, indent=1))
+  with open(os.path.join(payload["work_dir"], "knowledge.json"), "w") as f:
+    json.dump(payload, f, indent=1)  # kept with the run, written or not
+  if not args.no_write:
+    log(f"wrote {write_result('knowledge', payload)}")
+
+
+if __name__ == "__main__":
+  main()
