@@ -124,8 +124,18 @@ class Job:
     return json.JSONDecoder().raw_decode(text[text.rindex("\n{") + 1:])[0]
 
   def check_ok(self, codes):
-    assert codes == [0] * len(codes), "\n\n".join(self.text(i)[-3000:]
-                                                  for i in range(len(codes)))
+    assert codes == [0] * len(codes), "\n\n".join(
+        f"worker {i} exited {code}: {self.failure(i)}" for i, code in enumerate(codes))
+
+  def failure(self, i: int) -> str:
+    """The end of a worker's log from its last traceback (the error first, as CI output
+    may be cut), else its last lines."""
+    text = self.text(i)
+    start = text.rfind("Traceback (most recent call last)")
+    if start < 0:
+      return text[-3000:]
+    traceback = text[start:]
+    return traceback.strip().splitlines()[-1] + "\n" + traceback[-6000:]
 
 
 def _losses(model_dir) -> dict[int, float]:
@@ -244,6 +254,9 @@ def test_a_killed_worker_stops_the_job_and_a_relaunch_resumes(repo_dir, corpus, 
   assert stopped_after < KILL_TIMEOUT
   checkpoint = layout.checkpoint_step(model_dir)
   assert checkpoint >= 10
+  # The failed run published no retriever: its weights were past its last checkpoint.
+  assert "retriever exported" not in text
+  assert versioned.list_versions(layout.query_encoder_dir(model_dir)) == []
 
   relaunched = Job(repo_dir, model_dir, "ict", corpus, settings,
                    stop_at_step=checkpoint + 5, tag="relaunched")
@@ -252,3 +265,5 @@ def test_a_killed_worker_stops_the_job_and_a_relaunch_resumes(repo_dir, corpus, 
     assert relaunched.result(i)["start_step"] == checkpoint
     assert relaunched.result(i)["step"] == checkpoint + 5
   assert "restored from the chief's" in relaunched.text(1)
+  assert [v.version for v in versioned.list_versions(
+      layout.query_encoder_dir(model_dir))] == [checkpoint + 5]

@@ -234,7 +234,7 @@ def test_news_end_to_end(news_articles, tmp_path):
 
 
 def test_vital_articles_slice_end_to_end_and_output_protection(vital_articles, tmp_path,
-                                                               monkeypatch):
+                                                               monkeypatch, capsys):
   args = ["--input_format", "jsonl", "--input", vital_articles,
           "--output_dir", tmp_path / "vital", "--max_records", 200]
   manifest = _run(*args)
@@ -246,9 +246,12 @@ def test_vital_articles_slice_end_to_end_and_output_protection(vital_articles, t
   again = _run(*args, "--overwrite")
   assert again["input"]["fingerprint"] == manifest["input"]["fingerprint"]
   assert again["counts"] == counts
-  with pytest.raises(FileNotFoundError, match="matches no files"):
+  capsys.readouterr()
+  with pytest.raises(SystemExit) as exited:  # a user error: one line, exit 2, no traceback
     preprocess.main(["--input_format", "jsonl", "--input", str(tmp_path / "none*.jsonl"),
                      "--output_dir", str(tmp_path / "none")])
+  assert exited.value.code == 2
+  assert "matches no files" in capsys.readouterr().err
 
   def fail(*unused_args):
     raise RuntimeError("planted failure")

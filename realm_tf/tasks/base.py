@@ -296,9 +296,12 @@ class RealmTask(base_task.Task):
     """Host work before an evaluation outside training (e.g. load the index)."""
     del model, global_step
 
-  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
-    """Host work after the last step (e.g. tell the index builder training is done)."""
-    del model, global_step, reached_train_steps
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool,
+                   failed: bool = False):
+    """Host work after the last step (e.g. tell the index builder training is done).
+    failed: training raised (a dead peer, say); the weights may be ahead of the last
+    checkpoint, so nothing should be published from them."""
+    del model, global_step, reached_train_steps, failed
 
   def on_evaluate_end(self, global_step: int, logs: dict):
     """After each evaluation: its scalar metrics as one `eval` line of evaluation_log (the
@@ -374,7 +377,9 @@ class RetrievalTask(RealmTask):
   def host_logs(self, global_step: int) -> dict[str, float]:
     return self.refresher.logs(global_step) if self.refresher is not None else {}
 
-  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool,
+                   failed: bool = False):
+    del failed  # the builder child is stopped either way
     if self.refresher is not None:
       self.refresher.stop(global_step, reached_train_steps)
       logging.info("Index refresh: %s", self.refresher.summary())

@@ -65,8 +65,11 @@ class IctTask(base.RealmTask):
       tf.train.Checkpoint(model=model).read(path).expect_partial()
       base.log_restore("Retriever", path)
 
-  def on_train_end(self, model, global_step: int, reached_train_steps: bool):
-    if not self.role.is_chief:
+  def on_train_end(self, model, global_step: int, reached_train_steps: bool,
+                   failed: bool = False):
+    # After a failure the weights are past the last checkpoint (the steps since it are
+    # lost): the relaunch trains them again and exports at the step it reaches.
+    if failed or not self.role.is_chief:
       return
     paths = snapshots.export_retriever(self.model_dir, global_step, model, self.tokenizer,
                                        self.experiment)

@@ -234,7 +234,7 @@ class Run:
     if self.role.is_chief:  # a new slice: the run is done again only once it reaches the end
       layout.clear_training_done(self.model_dir)
     self.task.on_train_begin(self.model, self.global_step)
-    reached = False
+    reached = failed = False
     try:
       controller = self.runner.controller
       with self.strategy.scope(), self.runner.preemption.armed():
@@ -245,9 +245,12 @@ class Run:
         else:
           controller.train(steps=steps)
       reached = self.global_step >= t.train_steps
+    except BaseException:
+      failed = True
+      raise
     finally:
       # TRAINING_DONE (which stops index builders) only when the schedule is complete.
-      self.task.on_train_end(self.model, self.global_step, reached)
+      self.task.on_train_end(self.model, self.global_step, reached, failed=failed)
     if reached and self.role.is_chief:  # every task's, not only those with an index refresher
       layout.mark_training_done(self.model_dir, self.global_step)
     result = dict(task=self.experiment.task.type, step=self.global_step,
