@@ -263,7 +263,7 @@ def test_head_learning_rate_multiplier_scales_the_span_heads_updates():
 def test_the_head_patterns_select_exactly_the_span_scorer(repo_dir):
   config = load_config(str(repo_dir / "configs" / "tiny.yaml"))
   reader = factory.build_reader(config)
-  optimizer = base.AdamWeightDecayWithHeadRate(head_multiplier=10.0)
+  optimizer = base.AdamWeightDecayWithVariableRates(head_multiplier=10.0)
   heads = {v.name for v in reader.trainable_variables if optimizer.is_head(v)}
   scorer = {v.name for v in reader.span_scorer.trainable_variables}
   assert heads == scorer and scorer

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from realm_tf.configs.experiment import ConfigValueError
 from realm_tf.corpus import schema
@@ -105,6 +106,41 @@ def test_mlm_head_warm_up_trains_the_head_alone(repo_dir, corpus):
   changed = {v.ref() for v in model.trainable_variables
              if not np.array_equal(before[v.ref()], v.numpy())}
   assert changed == {v.ref() for v in trained}
+
+
+@pytest.mark.parametrize("multiplier", [0.0, 0.25])
+def test_the_retriever_learning_rate_multiplier_scales_the_retriever_steps(repo_dir, corpus,
+                                                                          multiplier):
+  """The retriever's first Adam steps are `multiplier` x those it takes at 1 (same start,
+  same batch); 0 freezes it while the reader trains."""
+  batch = {}
+
+  def steps(value):
+    config = _config(repo_dir, corpus, trainer__retriever_learning_rate_multiplier=value,
+                     trainer__warmup_steps=1, trainer__weight_decay=0.0)
+    tf_keras.utils.set_random_seed(0)
+    task, model = tf_.build(config)
+    optimizer = task.create_task_optimizer(model)
+    retriever = {v.ref() for v in model.retriever.trainable_variables}
+    before = {v.ref(): v.numpy().copy() for v in model.trainable_variables}
+    batch.setdefault("features", tf_.first_batch(task, config))
+    for _ in range(2):  # the schedule's learning rate is 0 at the first step
+      task.train_step(batch["features"], model, optimizer, task.build_metrics())
+    deltas = {v.ref(): v.numpy() - before[v.ref()] for v in model.trainable_variables}
+    split = lambda inside: np.concatenate([d.ravel() for r, d in deltas.items()  # noqa: E731
+                                           if (r in retriever) == inside])
+    return split(True), split(False)
+
+  base_retriever, base_reader = steps(1.0)
+  retriever, reader = steps(multiplier)
+  assert np.abs(base_retriever).max() > 0 and np.abs(reader).max() > 0
+  np.testing.assert_allclose(reader, base_reader, rtol=1e-4, atol=1e-7)
+  np.testing.assert_allclose(retriever, multiplier * base_retriever, rtol=1e-3, atol=1e-7)
+
+
+def test_a_negative_retriever_learning_rate_multiplier_is_refused(repo_dir, corpus):
+  with pytest.raises(ConfigValueError, match="retriever_learning_rate_multiplier must be >= 0"):
+    _config(repo_dir, corpus, trainer__retriever_learning_rate_multiplier=-1.0)
 
 
 def test_a_run_starts_from_the_warm_up_encoder_and_head(tmp_path, repo_dir, corpus):

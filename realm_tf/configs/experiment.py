@@ -311,6 +311,10 @@ class TrainerConfig(cfg.TrainerConfig):
   # Learning-rate multiplier for freshly initialised heads (the Open-QA reader's span
   # scorer), which start from random weights while the encoder below is pre-trained.
   head_learning_rate_multiplier: float = 1.0
+  # Learning-rate multiplier for the retriever (both towers) where it trains under a
+  # reader's loss (pre-training, Open-QA): the reader starts knowing nothing of the
+  # corpus, and its early, noisy gradients can undo a warm-started retriever. 0 freezes it.
+  retriever_learning_rate_multiplier: float = 1.0
   seed: int = 0
 
 
@@ -364,6 +368,9 @@ class ExperimentConfig(cfg.ExperimentConfig):
           "model.retriever.normalize=true (raw inner products carry their own scale)")
     _positive(self.trainer.head_learning_rate_multiplier,
               "trainer.head_learning_rate_multiplier")
+    if self.trainer.retriever_learning_rate_multiplier < 0:
+      raise ConfigValueError(f"trainer.retriever_learning_rate_multiplier must be >= 0, got "
+                             f"{self.trainer.retriever_learning_rate_multiplier}")
     _one_of(self.index.backend, INDEX_BACKENDS, "index.backend")
     _one_of(self.index.embedding_dtype, EMBEDDING_DTYPES, "index.embedding_dtype")
     _one_of(self.runtime.distribution_strategy, STRATEGIES, "runtime.distribution_strategy")

@@ -37,14 +37,16 @@ from realm_tf.text.tokenization import Tokenizer
 HEAD_VARIABLE_PATTERNS = ("span_scorer/",)
 
 
-class AdamWeightDecayWithHeadRate(legacy_adamw.AdamWeightDecay):
-  """tf-models' AdamW with a larger learning rate for variables of fresh heads.
+class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
+  """tf-models' AdamW with the learning rate multiplied for some variables: fresh heads
+  (matched by name, head_patterns) and a group given by identity (the retriever under a
+  reader, `set_group_multiplier`).
 
-  Why not scale the heads' gradients: Adam divides by the root of the second moment, so a
+  Why not scale those gradients: Adam divides by the root of the second moment, so a
   gradient scaled by c gives the same update (up to epsilon): it changes nothing but the
   global clip norm. Here the per-variable learning rate itself (the schedule's value, and
-  with it the decoupled weight decay) is multiplied for the head variables, which is exact.
-  One optimizer and one set of slots, so checkpoints keep their layout.
+  with it the decoupled weight decay) is multiplied, which is exact; 0 freezes. One
+  optimizer and one set of slots, so checkpoints keep their layout.
   """
 
   def __init__(self, *args, head_multiplier: float = 1.0,
@@ -52,44 +54,59 @@ class AdamWeightDecayWithHeadRate(legacy_adamw.AdamWeightDecay):
     super().__init__(*args, **kwargs)
     self.head_multiplier = float(head_multiplier)
     self.head_patterns = tuple(head_patterns)
+    self.group_multiplier = 1.0
+    self._group: set = set()  # refs of the variables group_multiplier applies to
+
+  def set_group_multiplier(self, variables, multiplier: float):
+    """Multiplies the learning rate of `variables` (by identity: Keras names do not say
+    which tower a projection belongs to) by `multiplier`."""
+    self._group = {v.ref() for v in variables}
+    self.group_multiplier = float(multiplier)
 
   def is_head(self, var) -> bool:
     return any(p in var.name for p in self.head_patterns)
 
-  def _head_state(self, var, apply_state):
-    """apply_state with lr_t and lr (bias-corrected) multiplied, for a head variable."""
-    if self.head_multiplier == 1.0 or not self.is_head(var):
+  def multiplier(self, var) -> float:
+    if var.ref() in self._group:
+      return self.group_multiplier
+    return self.head_multiplier if self.is_head(var) else 1.0
+
+  def _scaled_state(self, var, apply_state):
+    """apply_state with lr_t and lr (bias-corrected) multiplied for `var`."""
+    multiplier = self.multiplier(var)
+    if multiplier == 1.0:
       return apply_state
     key = (var.device, var.dtype.base_dtype)
     apply_state = dict(apply_state or {})
     coefficients = dict(apply_state.get(key) or self._fallback_apply_state(*key))
     for name in ("lr_t", "lr"):
       if name in coefficients:
-        coefficients[name] = coefficients[name] * tf.cast(self.head_multiplier,
-                                                          coefficients[name].dtype)
+        coefficients[name] = coefficients[name] * tf.cast(multiplier, coefficients[name].dtype)
     apply_state[key] = coefficients
     return apply_state
 
   def _resource_apply_dense(self, grad, var, apply_state=None):
-    return super()._resource_apply_dense(grad, var, self._head_state(var, apply_state))
+    return super()._resource_apply_dense(grad, var, self._scaled_state(var, apply_state))
 
   def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
     return super()._resource_apply_sparse(grad, var, indices,
-                                          self._head_state(var, apply_state))
+                                          self._scaled_state(var, apply_state))
 
   def get_config(self):
     return dict(super().get_config(), head_multiplier=self.head_multiplier,
                 head_patterns=list(self.head_patterns))
 
 
-def build_optimizer(trainer: TrainerConfig, runtime=None):
+def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: Sequence = ()):
   """AdamW with linear warm-up and linear decay to zero at train_steps (BERT's schedule),
   through tf-models' OptimizerFactory; loss scaling for float16 as tf-models configures it.
   A trainer.optimizer_config with an optimizer type (tf-models' section: optimizer,
   learning_rate, warmup) replaces that schedule and learning_rate / warmup_steps /
   weight_decay are then unused.
-  With trainer.head_learning_rate_multiplier != 1, the same AdamW with the span head's
-  learning rate multiplied (AdamWeightDecayWithHeadRate)."""
+  With trainer.head_learning_rate_multiplier != 1 (the span head's) or
+  trainer.retriever_learning_rate_multiplier != 1 (`retriever_variables`', a retriever
+  trained under a reader), the same AdamW with those learning rates multiplied
+  (AdamWeightDecayWithVariableRates)."""
   steps = trainer.train_steps
   if trainer.optimizer_config.optimizer.type:
     # tf-models' own optimizer section, as written (its schedule's decay_steps included).
@@ -109,19 +126,23 @@ def build_optimizer(trainer: TrainerConfig, runtime=None):
   factory = optimization.OptimizerFactory(config)
   learning_rate = factory.build_learning_rate()
   optimizer = factory.build_optimizer(learning_rate)
-  multiplier = getattr(trainer, "head_learning_rate_multiplier", 1.0)
-  if multiplier != 1.0:
+  multiplier = trainer.head_learning_rate_multiplier
+  retriever_multiplier = trainer.retriever_learning_rate_multiplier
+  if retriever_multiplier != 1.0 and not retriever_variables:
+    retriever_multiplier = 1.0  # nothing to apply it to (ICT: the retriever is the model)
+  if multiplier != 1.0 or retriever_multiplier != 1.0:
     if not isinstance(optimizer, legacy_adamw.AdamWeightDecay):
-      raise TypeError(f"head_learning_rate_multiplier needs tf-models' AdamWeightDecay, "
-                      f"got {type(optimizer).__name__}")
+      raise TypeError(f"per-variable learning-rate multipliers need tf-models' "
+                      f"AdamWeightDecay, got {type(optimizer).__name__}")
     settings = {k: v for k, v in optimizer.get_config().items()
                 if k not in ("learning_rate", "name", "decay")}
     # pylint: disable=protected-access
-    optimizer = AdamWeightDecayWithHeadRate(
+    optimizer = AdamWeightDecayWithVariableRates(
         learning_rate=learning_rate, head_multiplier=multiplier,
         exclude_from_weight_decay=optimizer._exclude_from_weight_decay,
         include_in_weight_decay=optimizer._include_in_weight_decay, **settings)
     # pylint: enable=protected-access
+    optimizer.set_group_multiplier(retriever_variables, retriever_multiplier)
   if runtime is not None:
     optimizer = performance.configure_optimizer(
         optimizer, use_float16=runtime.mixed_precision_dtype == "float16",
@@ -206,8 +227,12 @@ class RealmTask(base_task.Task):
   def jit_compile(self) -> bool:
     return bool(self.experiment.runtime.enable_xla)
 
-  def create_task_optimizer(self):
-    optimizer = build_optimizer(self.experiment.trainer, self.experiment.runtime)
+  def create_task_optimizer(self, model=None):
+    """The optimizer of `model` (the one build_model returned: a retriever it holds under a
+    reader gets trainer.retriever_learning_rate_multiplier)."""
+    retriever = getattr(model, "retriever", None)
+    optimizer = build_optimizer(self.experiment.trainer, self.experiment.runtime,
+                                retriever.trainable_variables if retriever is not None else ())
     # Create the step counter now (under the caller's strategy scope): a task step may read
     # it (the Open-QA gold-block stage), and a lazily created variable inside a traced
     # replica function is not one MirroredStrategy can use.

@@ -192,7 +192,7 @@ class Run:
     task_config = experiment.task_config
     with self.strategy.scope():
       model = self.task.build_model()
-      optimizer = self.task.create_task_optimizer()
+      optimizer = self.task.create_task_optimizer(model)
     self.task.build_index(self.strategy)
     train_dataset = distribute(self.strategy, self.task, task_config.train_data) \
         if train else None
