@@ -66,6 +66,42 @@ def test_held_out_pairs_never_appear_in_x_and_their_facts_are_in_z(world):
   assert not any(t in b for t in x_texts for b in block_texts)
 
 
+def test_an_edit_changes_each_held_out_fact_in_its_block_and_nothing_else(world, tmp_path):
+  _, w = world
+  edited = knowledge_world.edit_world(w, seed=5)
+  assert edited == knowledge_world.edit_world(w, seed=5)
+  assert edited["x"] == w["x"]
+  gold = {e["block_id"]: e for e in w["entities"]}
+  assert len(edited["blocks"]) == len(w["blocks"])
+  revised = {}
+  for before, block in zip(w["blocks"], edited["blocks"]):
+    if before["block_id"] not in gold:
+      assert block == before  # distractors untouched
+      continue
+    entity = gold[before["block_id"]]
+    attribute = entity["held_out"]
+    new_entity = next(e for e in edited["entities"] if e["name"] == entity["name"])
+    old, new = entity["facts"][attribute], new_entity["facts"][attribute]
+    assert old != new and new in w["values"][attribute]
+    assert block["text"] == before["text"].replace(old, new, 1)
+    assert block["title"] == before["title"]
+    # A new document to the corpus schema: new ids, which the entity now names.
+    assert block["block_id"] != before["block_id"] and block["doc_uid"] != before["doc_uid"]
+    assert new_entity["block_id"] == block["block_id"]
+    revised[block["block_id"]] = block
+  after = {b["block_id"]: b for b in edited["blocks"]}
+  assert len(after) == len(edited["blocks"])
+  assert len(edited["held_out"]) == len(w["held_out"])
+  for row, old_row in zip(edited["held_out"], w["held_out"]):
+    assert row["old_value"] == old_row["value"] != row["value"]
+    assert row["text"] == old_row["text"].replace(old_row["value"], row["value"])
+    assert row["gold_block_id"] in revised and row["value"] in after[row["gold_block_id"]]["text"]
+    assert row["text"].encode()[row["start"]:row["end"]] == row["value"].encode()
+  written = knowledge_world.write_files(str(tmp_path / "edited"), edited)
+  blocks = _records(written["files"]["blocks"], schema.BLOCK)
+  assert [b["text"].decode() for b in blocks] == [b["text"] for b in edited["blocks"]]
+
+
 def test_distractors_share_names_and_values(world):
   _, w = world
   names = {e["name"] for e in w["entities"]}

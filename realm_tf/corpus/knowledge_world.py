@@ -12,8 +12,8 @@ written nowhere but in the entity's block of Z.
   X  sentences about the entities in other wordings than Z, the attribute value the salient
      span (masked by salient-span masking); each X sentence has block_id -1 (it comes from
      no block of Z), so the entity's block may be retrieved.
-  Held out: for every entity one attribute never appears in X; its sentences (X's wordings)
-     can only be answered by retrieving and reading the entity's block.
+  Held out: for every entity one attribute never appears in X; its sentences (in the
+     wordings X uses) can only be answered by retrieving and reading the entity's block.
 
 Written in the corpus pipeline's layout through realm_tf.corpus.schema (blocks-*,
 pretraining-* for X, heldout-* for the held-out sentences, ict-* for an optional ICT warm
@@ -92,7 +92,7 @@ class WorldConfig:
   # Namesakes: blocks for other people sharing an entity's first name (fraction of entities).
   namesake_fraction: float = 0.5
   town_blocks: bool = True
-  # X wordings per (entity, attribute) pair in training (of _X_TEMPLATES' three).
+  # Wordings per (entity, attribute) pair (of _X_TEMPLATES' three), in X and held out.
   x_templates: int = 3
 
 
@@ -130,34 +130,69 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
 
   blocks, gold = [], {}
   for e in entities:
-    gold[e.name] = _add_block(blocks, e.name, [
-        _BLOCK_SENTENCES[a].format(name=e.name, value=e.facts[a]) for a in ATTRIBUTES])
+    gold[e.name] = _add_block(blocks, e.name, _block_sentences(e.name, e.facts))
   # Namesakes: the same first name, another family name, independently drawn facts.
   namesakes = rng.sample(entities, int(round(config.namesake_fraction * len(entities))))
   for n, e in enumerate(namesakes):
     name = f"{e.first} {lasts[config.entities + n]}"
     facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
-    _add_block(blocks, name, [_BLOCK_SENTENCES[a].format(name=name, value=facts[a])
-                              for a in ATTRIBUTES])
+    _add_block(blocks, name, _block_sentences(name, facts))
   if config.town_blocks:
     for town in towns:
       _add_block(blocks, town, [_TOWN_BLOCK.format(town=town)])
 
-  x, held_out = [], []
+  x = []
   for e in entities:
     for a in ATTRIBUTES:
-      templates = _X_TEMPLATES[a]
-      if a == e.held_out:
-        rows, chosen = held_out, templates
-      else:
-        rows, chosen = x, templates[:config.x_templates]
-      for t in chosen:
-        rows.append(_sentence(t, e, a, gold[e.name]))
+      if a != e.held_out:
+        x.extend(_sentence(t, e, a, gold[e.name]) for t in _X_TEMPLATES[a][:config.x_templates])
+  # The same wordings as X: what sets a held-out sentence apart is only that its fact was
+  # never stated in X (a new wording would test paraphrase too, confounding the two).
+  held_out = [_sentence(t, e, e.held_out, gold[e.name])
+              for e in entities for t in _X_TEMPLATES[e.held_out][:config.x_templates]]
   rng.shuffle(x)
   return dict(config=dataclasses.asdict(config), towns=towns, values=values,
               entities=[dict(name=e.name, facts=e.facts, held_out=e.held_out,
                              block_id=gold[e.name]) for e in entities],
               blocks=blocks, x=x, held_out=held_out)
+
+
+def edit_world(world: dict, seed: int = 0) -> dict:
+  """The world after an edit of Z: every entity's held-out attribute gets another value of
+  its closed set, written into the entity's block, and the held-out sentences follow the
+  new values; X and every other block are unchanged. A revised block is a new document to
+  the corpus schema (its doc_uid and block_id hash its text), so it gets new ids, in the
+  old one's place; each held-out row keeps the value it had as `old_value`.
+
+  Why: the knowledge lives in the corpus. A model that reads its retrieved block answers
+  the held-out sentences with the new values once the index holds the edited blocks, with
+  no parameter changed; one that memorised answers keeps the old ones."""
+  rng = random.Random(seed)
+  revised, new_facts, new_ids, entities = {}, {}, {}, []
+  for e in world["entities"]:
+    attribute = e["held_out"]
+    choices = [v for v in world["values"][attribute] if v != e["facts"][attribute]]
+    facts = dict(e["facts"], **{attribute: rng.choice(choices)})
+    new_facts[e["name"]] = facts
+    block = []
+    new_ids[e["block_id"]] = _add_block(block, e["name"], _block_sentences(e["name"], facts))
+    revised[e["block_id"]] = block[0]
+    entities.append(dict(e, facts=facts, block_id=new_ids[e["block_id"]],
+                         old_facts=e["facts"], old_block_id=e["block_id"]))
+  held_out = []
+  for row in world["held_out"]:
+    template = next(t for t in _X_TEMPLATES[row["attribute"]]
+                    if t.format(name=row["entity"], value=row["value"]) == row["text"])
+    entity = Entity(*row["entity"].split(" ", 1), new_facts[row["entity"]], row["attribute"])
+    held_out.append(dict(_sentence(template, entity, row["attribute"],
+                                   new_ids[row["gold_block_id"]]), old_value=row["value"]))
+  return dict(world, entities=entities, held_out=held_out,
+              blocks=[revised.get(b["block_id"], b) for b in world["blocks"]],
+              edit=dict(seed=seed, revised_blocks=len(revised)))
+
+
+def _block_sentences(name: str, facts: Dict[str, str]) -> List[str]:
+  return [_BLOCK_SENTENCES[a].format(name=name, value=facts[a]) for a in ATTRIBUTES]
 
 
 def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
@@ -187,8 +222,13 @@ def _pretraining_record(row: dict) -> dict:
 def write_world(directory: str, config: WorldConfig = WorldConfig()) -> dict:
   """blocks-*, pretraining-* (X), heldout-* and ict-* TFRecords and world.json in
   `directory`; returns the world (make_world) with the file patterns added."""
-  world = make_world(config)
-  rng = random.Random(config.seed + 1)
+  return write_files(directory, make_world(config))
+
+
+def write_files(directory: str, world: dict) -> dict:
+  """A world (make_world's, or edit_world's) written as write_world describes."""
+  world = dict(world)
+  rng = random.Random(world["config"]["seed"] + 1)
   ict = []
   for block in world["blocks"]:  # ICT: one sentence of the block against the rest of it
     sentences = [s if s.endswith(".") else s + "." for s in block["text"].split(". ")]
