@@ -39,6 +39,7 @@ import gc
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 
@@ -46,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import machine, write_result
+from benchmarks.common import RESULTS_DIR, machine, write_result
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
@@ -57,11 +58,13 @@ from realm_tf.retrieval import recall
 from realm_tf.retrieval.index_export import ShardData, write_export
 from realm_tf.training import train_lib
 
+EVAL_BATCH = 64  # held-out passes: batch size does not change what is measured
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {
     "realm": "REALM, asynchronous index refresh",
     "frozen": "REALM, frozen step-0 index",
     "none": "No retrieval (null document only)",
+    "cold": "REALM, asynchronous refresh, cold-start retriever (no ICT warm start)",
 }
 
 
@@ -87,13 +90,18 @@ def ict_config(world_dir: str, args):
   return load_config(args.config, overrides, experiment="realm/ict")
 
 
+def heldout_sentences(world_dir: str) -> int:
+  with tf.io.gfile.GFile(os.path.join(world_dir, "world.json")) as f:
+    return len(json.load(f)["held_out"])
+
+
 def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
   """The registered realm/pretrain experiment on --config's sizes, for one arm."""
   values = {
       "task.pretrain.train_data.input_path": os.path.join(world_dir, "pretraining-*"),
       "task.pretrain.validation_data.input_path": os.path.join(world_dir, "heldout-*"),
       "task.pretrain.train_data.global_batch_size": args.batch_size,
-      "task.pretrain.validation_data.global_batch_size": args.batch_size,
+      "task.pretrain.validation_data.global_batch_size": EVAL_BATCH,
       "task.pretrain.validation_data.drop_remainder": False,
       "task.pretrain.num_candidates": args.num_candidates,
       "task.pretrain.start_index_builder": True,
@@ -103,12 +111,17 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
       "trainer.train_steps": args.steps,
       "trainer.steps_per_loop": args.refresh_every,
       "trainer.summary_interval": args.refresh_every,
-      "trainer.checkpoint_interval": args.steps,
-      "trainer.validation_interval": args.steps,
+      # A checkpoint and a whole pass over the held-out sentences every --curve_every steps:
+      # the curves (gold top-1 is measured from the checkpoints afterwards).
+      "trainer.checkpoint_interval": args.curve_every,
+      "trainer.max_to_keep": args.steps // args.curve_every + 1,
+      "trainer.validation_interval": args.curve_every,
+      "trainer.validation_steps": math.ceil(
+          min(heldout_sentences(world_dir), args.curve_sentences) / EVAL_BATCH),
       "trainer.learning_rate": args.learning_rate,
       "trainer.warmup_steps": max(1, args.steps // 20),
       "trainer.seed": args.seed,
-      "task.pretrain.init_checkpoint": ict_dir,
+      "task.pretrain.init_checkpoint": "" if arm == "cold" else ict_dir,
   }
   if arm == "frozen":  # the published step-0 index stays: no snapshots, no builder
     values.update({"task.pretrain.refresh_every_steps": 0, "index.max_staleness_steps": 0,
@@ -142,8 +155,9 @@ def gold_top1(config, retriever_queries, retriever_documents, world: dict) -> fl
 
 
 def retriever_from(config, model_dir: str = ""):
-  """The shared start's retriever (the ICT run's at task.pretrain.init_checkpoint, else the
-  seeded random initialisation), or a run's trained one."""
+  """The arm's start retriever (the ICT run's at task.pretrain.init_checkpoint, else the
+  seeded random initialisation), or a run's trained one (model_dir: its newest checkpoint,
+  or a checkpoint path)."""
   tf_keras.utils.set_random_seed(config.trainer.seed)
   if not model_dir:  # the same draws as the start of every arm (build_model after the seed)
     retriever = factory.build_realm_pretrainer(config).retriever
@@ -157,23 +171,71 @@ def retriever_from(config, model_dir: str = ""):
   return retriever
 
 
-def start_index(config, model_dir: str) -> None:
-  """The start document tower's embeddings of Z, committed as version 0 of the arm's
-  index (what the index builder would publish for the step-0 snapshot)."""
+def publish_index(config, documents, model_dir: str, version: int = 0) -> None:
+  """`documents`' embeddings of config.index.blocks, committed as `version` of the run's
+  index (what the index builder publishes for a snapshot of that document tower)."""
   task = tasks.get_task(config)
   index = task.build_index(tf.distribute.get_strategy())
-  embeddings = recall.embed_corpus(retriever_from(config), index, task.tokenizer,
+  embeddings = recall.embed_corpus(documents, index, task.tokenizer,
                                    config.model.retriever.block_seq_length)
-  write_export(layout.index_dir(model_dir), 0,
+  write_export(layout.index_dir(model_dir), version,
                [ShardData(embeddings, np.asarray(index.store.block_ids, np.int64))],
-               build_scann=False, extra=dict(encoder=dict(step=0, committed_at=time.time())))
+               build_scann=False,
+               extra=dict(encoder=dict(step=version, committed_at=time.time())))
 
 
-def run_arm(arm: str, world: dict, args, work: str, ict_dir: str) -> dict:
+def checkpoints(model_dir: str) -> list[tuple[int, str]]:
+  """(step, path) of every checkpoint the run kept, oldest first."""
+  state = tf.train.get_checkpoint_state(layout.checkpoint_dir(model_dir))
+  paths = list(state.all_model_checkpoint_paths) if state else []
+  return sorted((int(p.rsplit("-", 1)[1]), p) for p in paths)
+
+
+def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> list[dict]:
+  """Gold top-1 at each kept checkpoint: that step's query tower against that step's
+  document tower (the index a refresh would publish), or the step-0 tower (frozen)."""
+  curve = [dict(step=0, gold_top1=gold_top1(config, start, start, world))]
+  for step, path in checkpoints(model_dir):
+    trained = retriever_from(config, path)
+    curve.append(dict(step=step, gold_top1=gold_top1(
+        config, trained, start if arm == "frozen" else trained, world)))
+    tf_keras.backend.clear_session()
+  return curve
+
+
+def knowledge_edit(arm: str, config, model_dir: str, edited: dict, documents) -> dict:
+  """REALM's knowledge lives in the corpus: the held-out entities' blocks are rewritten
+  with other values (knowledge_world.edit_world), the index is rebuilt over the edited
+  corpus with the arm's document tower and no parameter changes, and the trained
+  checkpoint answers the held-out sentences again. follows_edit: share of held-out spans
+  now predicted as the new value; keeps_old_value: as the value before the edit."""
+  edit_dir = model_dir + "-edited"
+  edited_config = config.replace(index=dict(blocks=edited["dir"]))
+  if arm != "none":
+    publish_index(edited_config, documents, edit_dir)
+  checkpoint = layout.latest_checkpoint(model_dir)
+  out = {}
+  for name, pattern in (("follows_edit", os.path.join(edited["dir"], "heldout-*")),
+                        ("keeps_old_value", edited["old_heldout"])):
+    metrics, run = train_lib.evaluate_checkpoint(
+        edited_config.replace(task=dict(pretrain=dict(validation_data=dict(
+            input_path=pattern)))), edit_dir, checkpoint, name=f"edit-{name}")
+    out[name] = metrics.get("span_accuracy")
+    del run
+    tf_keras.backend.clear_session()
+    gc.collect()
+  n = len(edited["held_out"])
+  out.update({f"{k}_stderr": math.sqrt(v * (1 - v) / n) for k, v in list(out.items())
+              if v is not None})
+  out["sentences"] = n
+  return out
+
+
+def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) -> dict:
   model_dir = os.path.join(work, arm)
   config = arm_config(arm, world["dir"], args, ict_dir)
   if arm == "frozen":
-    start_index(config, model_dir)
+    publish_index(config, retriever_from(config), model_dir)
   train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer
   log(f"arm {arm}: {ARMS[arm]}, {args.steps} steps of batch {args.batch_size}")
   start = time.time()
@@ -186,11 +248,16 @@ def run_arm(arm: str, world: dict, args, work: str, ict_dir: str) -> dict:
   gc.collect()
   start_retriever = retriever_from(config)
   trained = retriever_from(config, model_dir) if arm != "none" else start_retriever
-  documents = trained if arm == "realm" else start_retriever
-  top1 = gold_top1(config, trained, documents, world)
+  documents = start_retriever if arm == "frozen" else trained
+  top1 = gold_top1(config, trained, documents, world) if arm != "none" else None
+  top1_curve = gold_top1_curve(arm, config, model_dir, world, start_retriever) \
+      if arm != "none" else []
+  edit = knowledge_edit(arm, config, model_dir, edited, documents)
   n = len(world["held_out"])
   accuracy = final.get("span_accuracy")
-  train = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
+  metrics = layout.read_metrics(model_dir)
+  train = [r for r in metrics if r.get("mode") == "pretrain"]
+  held_out = [r for r in metrics if r.get("mode") == "eval"]
   out = dict(
       arm=arm, description=ARMS[arm], steps=result["step"], wall_seconds=round(wall, 1),
       heldout_sentences=n, heldout_span_accuracy=accuracy,
@@ -199,15 +266,19 @@ def run_arm(arm: str, world: dict, args, work: str, ict_dir: str) -> dict:
       heldout_token_accuracy=final.get("mlm_accuracy"),
       heldout_retrieval_utility=final.get("retrieval_utility"),
       heldout_null_document_probability=final.get("null_document_probability"),
-      gold_top1=top1 if arm != "none" else None,
+      gold_top1=top1, knowledge_edit=edit,
       index_refreshes=result.get("index_refreshes", 0),
+      gold_top1_curve=top1_curve,
+      heldout_curve=[{k: r[k] for k in ("step", "span_accuracy", "retrieval_utility",
+                                        "null_document_probability", "loss") if k in r}
+                     for r in held_out],
       train_curve=[{k: r[k] for k in ("step", "loss", "span_accuracy", "retrieval_utility",
                                       "index_version", "index_staleness_steps") if k in r}
                    for r in train])
   tf_keras.backend.clear_session()
   gc.collect()
   log(f"arm {arm}: held-out span accuracy {accuracy}, gold top-1 {out['gold_top1']}, "
-      f"{out['wall_seconds']} s")
+      f"edit {edit}, {out['wall_seconds']} s")
   return out
 
 
@@ -227,6 +298,9 @@ def run(args) -> dict:
   world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
       seed=args.seed, entities=args.entities, x_templates=args.x_templates))
   world["dir"] = world_dir
+  edited_dir = os.path.join(work, "world-edited")
+  edited = knowledge_world.write_files(edited_dir, knowledge_world.edit_world(world, args.seed))
+  edited.update(dir=edited_dir, old_heldout=os.path.join(world_dir, "heldout-*"))
   ict_dir, ict_seconds = "", 0.0
   if args.ict_steps:
     ict_dir = os.path.join(work, "ict")
@@ -241,17 +315,88 @@ def run(args) -> dict:
   tf_keras.backend.clear_session()
   log(f"world: {len(world['blocks'])} blocks, {len(world['x'])} x, "
       f"{len(world['held_out'])} held out; step-0 gold top-1 {step0:.3f}")
-  arms = {arm: run_arm(arm, world, args, work, ict_dir) for arm in args.arms.split(",")}
+  arms = {arm: run_arm(arm, world, edited, args, work, ict_dir)
+          for arm in args.arms.split(",")}
   return dict(
       settings=dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
                     x_templates=args.x_templates,
                     refresh_every=args.refresh_every, learning_rate=args.learning_rate,
                     num_candidates=args.num_candidates, seed=args.seed,
                     ict_steps=args.ict_steps, ict_seconds=ict_seconds,
-                    config=os.path.relpath(args.config, REPO), overrides=args.override or []),
+                    curve_every=args.curve_every,
+                    config=[os.path.relpath(c, REPO) for c in args.config],
+                    overrides=args.override or []),
       world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
                  held_out=len(world["held_out"]), chance=chance(world)),
       step0_gold_top1=step0, arms=arms, machine=machine(), work_dir=work)
+
+
+def report(payload: dict) -> str:
+  """benchmarks/results/knowledge.md: the table of arms."""
+  s, w = payload["settings"], payload["world"]
+  lines = ["# REALM on the knowledge world (benchmarks/knowledge.py)", "",
+           f"World: {w['blocks']} blocks of Z, {w['x']} training sentences (X), "
+           f"{w['held_out']} held-out sentences whose facts are only in Z; chance (the most "
+           f"frequent training value per attribute) {w['chance']:.3f}. "
+           f"{s['steps']} steps of batch {s['batch_size']}, learning rate "
+           f"{s['learning_rate']}, k={s['num_candidates']}, refresh every "
+           f"{s['refresh_every']} steps; ICT warm start {s['ict_steps']} steps "
+           f"(gold top-1 at step 0: {payload['step0_gold_top1']:.3f}). Configs "
+           f"{' + '.join(s['config'])} with {' '.join(s['overrides']) or 'no overrides'}.", "",
+           "| arm | held-out span accuracy | gold top-1 | edit: follows new value | "
+           "edit: keeps old value | index refreshes | train s |",
+           "|---|---|---|---|---|---|---|"]
+  for arm, r in payload["arms"].items():
+    e = r.get("knowledge_edit") or {}
+
+    def pm(value, err):
+      return "n/a" if value is None else f"{value:.3f} ± {err:.3f}"
+    top1 = "n/a" if r["gold_top1"] is None else f"{r['gold_top1']:.3f}"
+    lines.append(
+        f"| {arm}: {r['description']} | "
+        f"{pm(r['heldout_span_accuracy'], r['heldout_span_accuracy_stderr'] or 0)} | {top1} | "
+        f"{pm(e.get('follows_edit'), e.get('follows_edit_stderr', 0))} | "
+        f"{pm(e.get('keeps_old_value'), e.get('keeps_old_value_stderr', 0))} | "
+        f"{r['index_refreshes']} | {r['wall_seconds']} |")
+  m = payload["machine"]
+  lines += ["", "± one binomial standard error over the held-out sentences. Gold top-1: "
+            "share of held-out sentences whose top-1 block is the entity's own (no "
+            "supervision ever names it). The edit rewrites every held-out fact in its block "
+            "and rebuilds the index with the arm's document tower; no parameter changes.", "",
+            f"Measured {m['when']} on {m['cpu_count']} CPUs (load average "
+            f"{m['load_average_1_5_15']}), {payload['wall_seconds']} s in all. Curves: "
+            "knowledge_curves.png.", ""]
+  return "\n".join(lines)
+
+
+def plot(payload: dict, path: str):
+  import matplotlib  # noqa: PLC0415  only for the plot
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # noqa: PLC0415  only for the plot
+  panels = [("heldout_curve", "span_accuracy", "held-out span accuracy"),
+            ("gold_top1_curve", "gold_top1", "gold top-1 (entity's own block)"),
+            ("train_curve", "loss", "training loss"),
+            ("train_curve", "index_staleness_steps", "index staleness (steps)")]
+  fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
+  for ax, (curve, key, title) in zip(axes.flat, panels):
+    for arm in payload["arms"]:
+      r = payload["arms"][arm]
+      points = [(p["step"], p[key]) for p in r.get(curve, []) if p.get(key) is not None]
+      if points:
+        ax.plot(*zip(*points), marker="." if curve != "train_curve" else None,
+                label=f"{arm}: {r['description']}")
+    if key == "span_accuracy":
+      ax.axhline(payload["world"]["chance"], color="grey", linestyle=":", label="chance")
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+  fig.suptitle("REALM on the knowledge world (benchmarks/knowledge.py)")
+  fig.tight_layout(rect=(0, 0.1, 1, 0.94))
+  fig.savefig(path + ".tmp.png", dpi=80)
+  os.replace(path + ".tmp.png", path)
+  plt.close(fig)
 
 
 def parse_args(argv=None):
@@ -264,19 +409,32 @@ def parse_args(argv=None):
                  help="X wordings per trained (entity, attribute) pair (1 to 3)")
   p.add_argument("--num_candidates", type=int, default=4)
   p.add_argument("--refresh_every", type=int, default=10)
+  p.add_argument("--curve_sentences", type=int, default=1024,
+                 help="held-out sentences scored at each curve point (all at the end)")
+  p.add_argument("--curve_every", type=int, default=0,
+                 help="steps between the curves' points (default: steps / 10)")
   p.add_argument("--ict_steps", type=int, default=0,
                  help="an ICT warm start of the retriever shared by every arm (0: none)")
   p.add_argument("--learning_rate", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)
-  p.add_argument("--config", default=os.path.join(REPO, "configs", "tiny.yaml"))
+  p.add_argument("--config", action="append",
+                 help="config files applied in order (default: configs/tiny.yaml, then "
+                      "configs/knowledge.yaml)")
   p.add_argument("--override", action="append", help="extra dotted=value config overrides")
   p.add_argument("--work_dir", default="")
   p.add_argument("--no_write", action="store_true")
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  args.config = args.config or [os.path.join(REPO, "configs", name)
+                                for name in ("tiny.yaml", "knowledge.yaml")]
+  args.curve_every = args.curve_every or max(1, args.steps // 10)
+  return args
 
 
 def main(argv=None):
   args = parse_args(argv)
+  if args.steps % args.curve_every:
+    raise SystemExit(f"--steps {args.steps} must be a multiple of --curve_every "
+                     f"{args.curve_every}")
   start = time.time()
   payload = run(args)
   payload["wall_seconds"] = round(time.time() - start, 1)
@@ -284,8 +442,13 @@ def main(argv=None):
                     for a, r in payload["arms"].items()}, indent=1))
   with open(os.path.join(payload["work_dir"], "knowledge.json"), "w") as f:
     json.dump(payload, f, indent=1)  # kept with the run, written or not
+  plot(payload, os.path.join(payload["work_dir"], "knowledge_curves.png"))
+  with open(os.path.join(payload["work_dir"], "knowledge.md"), "w") as f:
+    f.write(report(payload))
   if not args.no_write:
     log(f"wrote {write_result('knowledge', payload)}")
+    for name in ("knowledge_curves.png", "knowledge.md"):
+      shutil.copy(os.path.join(payload["work_dir"], name), os.path.join(RESULTS_DIR, name))
 
 
 if __name__ == "__main__":

@@ -133,11 +133,13 @@ def test_records_follow_the_corpus_schema_and_spans_mask_the_attribute(world):
     assert json.load(f)["held_out"] == w["held_out"]
 
 
-# Mean-pooled, L2-normalised towers: with BERT's [CLS] pooling a random-init tiny retriever
-# sends every query to the same few hub blocks (measured: gold top-1 0.0 before and after
-# ICT), so nothing downstream can be read from it.
+# configs/knowledge.yaml's mean-pooled, L2-normalised towers (with BERT's [CLS] pooling a
+# random-init tiny retriever sends every query to the same few hub blocks: gold top-1 0.0
+# before and after ICT) on tiny.yaml's 32-wide encoder, the cheapest that learns here.
 _RETRIEVER = ["model.retriever.pooling=mean", "model.retriever.normalize=true",
               "model.retriever.scale=10", "model.retriever.projection=none"]
+_TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                     "tiny.yaml")
 
 
 @pytest.mark.slow
@@ -148,7 +150,8 @@ def test_ict_on_the_world_finds_each_entitys_own_block(tmp_path):
   MLM loss alone teaches retrieval, and the reader then answers held-out pairs) is not
   asserted here: at this size it was not reached (benchmarks/knowledge.py's docstring)."""
   args = knowledge.parse_args(
-      ["--entities", "24", "--ict_steps", "300", "--work_dir", str(tmp_path), "--no_write"]
+      ["--entities", "24", "--ict_steps", "300", "--work_dir", str(tmp_path), "--no_write",
+       "--config", _TINY]
       + [f"--override={o}" for o in _RETRIEVER])
   world = knowledge_world.write_world(str(tmp_path / "world"), knowledge_world.WorldConfig(
       seed=args.seed, entities=args.entities))
@@ -163,3 +166,23 @@ def test_ict_on_the_world_finds_each_entitys_own_block(tmp_path):
   after_ict = knowledge.gold_top1(warm, retriever, retriever, world)
   assert at_random <= 0.2, at_random  # 42 blocks: chance is 1/42
   assert after_ict >= 0.9, after_ict
+
+
+def test_questions_split_like_x_and_follow_an_edit(world, tmp_path):
+  """Fine-tuning questions ask the pairs stated in X; held-out questions the pairs whose
+  answer is only in Z, and after an edit they expect the edited value."""
+  directory, w = world
+  train = [json.loads(line) for line in open(os.path.join(directory, "questions-train.jsonl"))]
+  held = [json.loads(line) for line in open(os.path.join(directory, "questions-heldout.jsonl"))]
+  entities = {e["name"]: e for e in w["entities"]}
+  assert len(train) == 2 * len(entities) and len(held) == len(entities)
+  for q in held:
+    e = entities[q["title"]]
+    assert q["answer"] == [e["facts"][e["held_out"]]]
+    assert q["question"] == knowledge_world.QUESTIONS[e["held_out"]].format(name=e["name"])
+  assert not {q["question"] for q in held} & {q["question"] for q in train}
+  edited = knowledge_world.write_files(str(tmp_path / "edited"),
+                                       knowledge_world.edit_world(w, seed=1))
+  after = [json.loads(line) for line in open(edited["files"]["questions_heldout"])]
+  assert [q["question"] for q in after] == [q["question"] for q in held]
+  assert all(a["answer"] != b["answer"] for a, b in zip(after, held))

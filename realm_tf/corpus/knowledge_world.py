@@ -17,7 +17,8 @@ written nowhere but in the entity's block of Z.
 
 Written in the corpus pipeline's layout through realm_tf.corpus.schema (blocks-*,
 pretraining-* for X, heldout-* for the held-out sentences, ict-* for an optional ICT warm
-start) plus world.json naming each held-out sentence's gold block, so
+start), questions-{train,heldout}.jsonl for Open-QA ({"question", "answer"}: the pairs in
+X for fine-tuning, the held-out pairs for evaluation) plus world.json naming each held-out sentence's gold block, so
 `python -m realm_tf.train --experiment realm/pretrain` trains on it unchanged. It lives in
 realm_tf (not benchmarks) because the demo, which may not import benchmarks, shows it too.
 """
@@ -61,6 +62,12 @@ _X_TEMPLATES = {
              "In {value}, {name} was born."),
 }
 _TOWN_BLOCK = "{town} is a small market town. Its people hold a fair every spring."
+# Open-QA questions on the same facts ({"question", "answer"} JSON lines).
+QUESTIONS = {
+    "birthplace": "Where was {name} born?",
+    "occupation": "What did {name} work as?",
+    "year": "In what year was {name} born?",
+}
 
 
 def invented_word(rng: random.Random, syllables: int) -> str:
@@ -212,6 +219,19 @@ def _sentence(template: str, entity: Entity, attribute: str, gold_block: int) ->
               gold_block_id=gold_block, start=start, end=start + len(value.encode()))
 
 
+def questions(world: dict, held_out: bool) -> List[dict]:
+  """Open-QA questions, one per (entity, attribute) pair: the pairs stated in X (held_out
+  False: fine-tuning) or the held-out pairs, whose answers are only in Z (True). Each row:
+  {"question", "answer": [value], "title": the entity (its block's title)}."""
+  rows = []
+  for e in world["entities"]:
+    for a in ATTRIBUTES:
+      if (a == e["held_out"]) == held_out:
+        rows.append(dict(question=QUESTIONS[a].format(name=e["name"]),
+                         answer=[e["facts"][a]], title=e["name"]))
+  return rows
+
+
 def _pretraining_record(row: dict) -> dict:
   # block_id -1: x comes from no block of Z, so retrieval may return the entity's block.
   return dict(text=row["text"], block_id=-1, doc_uid="x:" + row["entity"],
@@ -249,6 +269,11 @@ def write_files(directory: str, world: dict) -> dict:
       for row in rows:
         writer.write(record_schema.serialize(row))
     patterns[name] = os.path.join(directory, f"{name}-*")
+  for name, held_out in (("train", False), ("heldout", True)):
+    path = os.path.join(directory, f"questions-{name}.jsonl")
+    with tf.io.gfile.GFile(path, "w") as f:
+      f.write("".join(json.dumps(q) + "\n" for q in questions(world, held_out)))
+    patterns[f"questions_{name}"] = path
   world["files"] = patterns
   with tf.io.gfile.GFile(os.path.join(directory, "world.json"), "w") as f:
     json.dump(world, f, indent=1)
