@@ -35,8 +35,10 @@ lint: setup
 # --no-loadscope-reorder: xdist would otherwise hand out modules by test count, most first,
 # which put the one-test demo module (5 min) and test_multi_worker.py (3 tests, 7 min) at
 # the very end; tests/conftest.py orders the longest modules first instead.
+# The fuzz properties run at a quarter of their example counts here (REALM_FUZZ_FRACTION,
+# tests/test_fuzz_inputs.py); `pytest -m fuzz` runs the full counts.
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
+	REALM_FUZZ_FRACTION=0.25 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
 	  --no-loadscope-reorder --durations=25 tests
 
 # The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
