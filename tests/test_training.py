@@ -42,8 +42,10 @@ def test_pretraining_refreshes_the_index_while_training(tmp_path, repo_dir, corp
   bounds how far the builder may fall behind, so the test does not depend on the relative
   speed of trainer and builder on a loaded machine."""
   model_dir = str(tmp_path / "realm")
+  # 120 steps: by step 80 the index must come from a snapshot of step 20 or later, by step
+  # 100 from step 40 or later, so a run this long needs the first index and two refreshes.
   config = tf_.tiny_config(
-      repo_dir, corpus, "pretrain", trainer__train_steps=200, trainer__steps_per_loop=20,
+      repo_dir, corpus, "pretrain", trainer__train_steps=120, trainer__steps_per_loop=20,
       trainer__summary_interval=20, trainer__checkpoint_interval=100,
       task__pretrain__refresh_every_steps=20, task__pretrain__init_checkpoint=ict_run[0],
       task__pretrain__start_index_builder=True, index__max_staleness_steps=60,
