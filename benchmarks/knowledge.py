@@ -133,9 +133,9 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
   return load_config(args.config, overrides, experiment="realm/pretrain")
 
 
-def gold_top1(config, retriever_queries, retriever_documents, world: dict) -> float:
-  """Share of held-out sentences (masked as in validation) whose top-1 block under these
-  towers is the entity's own block."""
+def top1_blocks(config, retriever_queries, retriever_documents, world: dict) -> list[int]:
+  """The top-1 block id under these towers for each held-out sentence (masked as in
+  validation), in world["held_out"] order."""
   task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=True))))
   index = task.build_index(tf.distribute.get_strategy())
   m = config.model
@@ -149,9 +149,35 @@ def gold_top1(config, retriever_queries, retriever_documents, world: dict) -> fl
   for batch in data:
     q = retriever_queries.embed_queries(batch["query"], training=False)  # [B, P]
     top.extend(index.search(q, 1).block_ids.numpy()[:, 0].tolist())
-  gold = [r["gold_block_id"] for r in world["held_out"]]
-  assert len(top) == len(gold), (len(top), len(gold))
-  return float(np.mean([t == g for t, g in zip(top, gold)]))
+  assert len(top) == len(world["held_out"]), (len(top), len(world["held_out"]))
+  return top
+
+
+def top1_kinds(top: list[int], world: dict) -> dict:
+  """What the top-1 blocks are: the entity's own block, a namesake's (same first name), a
+  town's, or another entity's. Why: a retriever can raise p(y|x) without the own block, by
+  fetching blocks that narrow the closed set of answers (a town block names a town)."""
+  titles = {b["block_id"]: b["title"] for b in world["blocks"]}
+  towns = set(world["towns"])
+  counts = dict(own=0, namesake=0, town=0, other_entity=0)
+  for block, row in zip(top, world["held_out"]):
+    title = titles.get(block, "")
+    if block == row["gold_block_id"]:
+      counts["own"] += 1
+    elif title in towns:
+      counts["town"] += 1
+    elif title.split(" ")[0] == row["entity"].split(" ")[0]:
+      counts["namesake"] += 1
+    else:
+      counts["other_entity"] += 1
+  return {k: v / max(1, len(top)) for k, v in counts.items()}
+
+
+def gold_top1(config, retriever_queries, retriever_documents, world: dict) -> float:
+  """Share of held-out sentences whose top-1 block under these towers is the entity's own
+  block."""
+  return top1_kinds(top1_blocks(config, retriever_queries, retriever_documents, world),
+                    world)["own"]
 
 
 def retriever_from(config, model_dir: str = ""):
@@ -249,7 +275,9 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) 
   start_retriever = retriever_from(config)
   trained = retriever_from(config, model_dir) if arm != "none" else start_retriever
   documents = start_retriever if arm == "frozen" else trained
-  top1 = gold_top1(config, trained, documents, world) if arm != "none" else None
+  kinds = top1_kinds(top1_blocks(config, trained, documents, world), world) \
+      if arm != "none" else None
+  top1 = kinds["own"] if kinds else None
   top1_curve = gold_top1_curve(arm, config, model_dir, world, start_retriever) \
       if arm != "none" else []
   edit = knowledge_edit(arm, config, model_dir, edited, documents)
@@ -266,7 +294,7 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) 
       heldout_token_accuracy=final.get("mlm_accuracy"),
       heldout_retrieval_utility=final.get("retrieval_utility"),
       heldout_null_document_probability=final.get("null_document_probability"),
-      gold_top1=top1, knowledge_edit=edit,
+      gold_top1=top1, top1_kinds=kinds, knowledge_edit=edit,
       index_refreshes=result.get("index_refreshes", 0),
       gold_top1_curve=top1_curve,
       heldout_curve=[{k: r[k] for k in ("step", "span_accuracy", "retrieval_utility",
@@ -311,7 +339,9 @@ def run(args) -> dict:
     tf_keras.backend.clear_session()
   config = arm_config("realm", world_dir, args, ict_dir)
   start_retriever = retriever_from(config)
-  step0 = gold_top1(config, start_retriever, start_retriever, world)
+  step0_kinds = top1_kinds(top1_blocks(config, start_retriever, start_retriever, world),
+                           world)
+  step0 = step0_kinds["own"]
   tf_keras.backend.clear_session()
   log(f"world: {len(world['blocks'])} blocks, {len(world['x'])} x, "
       f"{len(world['held_out'])} held out; step-0 gold top-1 {step0:.3f}")
@@ -328,7 +358,7 @@ def run(args) -> dict:
                     overrides=args.override or []),
       world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
                  held_out=len(world["held_out"]), chance=chance(world)),
-      step0_gold_top1=step0, arms=arms, machine=machine(), work_dir=work)
+      step0_gold_top1=step0, step0_top1_kinds=step0_kinds, arms=arms, machine=machine(), work_dir=work)
 
 
 def report(payload: dict) -> str:
@@ -358,6 +388,14 @@ def report(payload: dict) -> str:
         f"{pm(e.get('follows_edit'), e.get('follows_edit_stderr', 0))} | "
         f"{pm(e.get('keeps_old_value'), e.get('keeps_old_value_stderr', 0))} | "
         f"{r['index_refreshes']} | {r['wall_seconds']} |")
+  kinds = [(arm, r["top1_kinds"]) for arm, r in payload["arms"].items()
+           if r.get("top1_kinds")]
+  if kinds:
+    lines += ["", "What the retriever's top-1 is for held-out sentences after training (own "
+              "block / a namesake's / a town's / another entity's): " + "; ".join(
+                  f"{arm} " + " / ".join(f"{k[key]:.3f}" for key in
+                                         ("own", "namesake", "town", "other_entity"))
+                  for arm, k in kinds) + "."]
   m = payload["machine"]
   lines += ["", "± one binomial standard error over the held-out sentences. Gold top-1: "
             "share of held-out sentences whose top-1 block is the entity's own (no "

@@ -186,3 +186,24 @@ def test_questions_split_like_x_and_follow_an_edit(world, tmp_path):
   after = [json.loads(line) for line in open(edited["files"]["questions_heldout"])]
   assert [q["question"] for q in after] == [q["question"] for q in held]
   assert all(a["answer"] != b["answer"] for a, b in zip(after, held))
+
+
+def test_top1_kinds_tell_the_own_block_from_namesakes_towns_and_other_entities(world):
+  """benchmarks.knowledge.top1_kinds: what a retriever fetches instead of the own block
+  (a retriever can raise p(y|x) by fetching a town block: it narrows the answer set)."""
+  _, w = world
+  firsts = {}
+  for b in w["blocks"]:
+    firsts.setdefault(b["title"].split(" ")[0], []).append(b)
+  # A held-out row whose entity has a namesake block (half of the entities do).
+  with_namesake = next(r for r in w["held_out"] if any(
+      b["title"] != r["entity"] for b in firsts[r["entity"].split(" ")[0]]))
+  rows = [w["held_out"][0], with_namesake, w["held_out"][0], w["held_out"][0]]
+  namesake = next(b["block_id"] for b in firsts[with_namesake["entity"].split(" ")[0]]
+                  if b["title"] != with_namesake["entity"])
+  by_title = {b["title"]: b["block_id"] for b in w["blocks"]}
+  other = next(e["block_id"] for e in w["entities"]
+               if e["name"].split(" ")[0] != rows[3]["entity"].split(" ")[0])
+  top = [rows[0]["gold_block_id"], namesake, by_title[w["towns"][0]], other]
+  kinds = knowledge.top1_kinds(top, dict(w, held_out=rows))
+  assert kinds == dict(own=0.25, namesake=0.25, town=0.25, other_entity=0.25)
