@@ -434,12 +434,12 @@ def plot(payload: dict, path: str):
             ("train_curve", "index_staleness_steps", "index staleness (steps)")]
   fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
   for ax, (curve, key, title) in zip(axes.flat, panels):
-    for arm in payload["arms"]:
+    for n, arm in enumerate(payload["arms"]):  # one colour per arm in every panel
       r = payload["arms"][arm]
       points = [(p["step"], p[key]) for p in r.get(curve, []) if p.get(key) is not None]
       if points:
         ax.plot(*zip(*points), marker="." if curve != "train_curve" else None,
-                label=f"{arm}: {r['description']}")
+                color=f"C{n}", label=f"{arm}: {r['description']}")
     if key == "span_accuracy":
       ax.axhline(payload["world"]["chance"], color="grey", linestyle=":", label="chance")
       if "chance_given_length" in payload["world"]:
