@@ -47,7 +47,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import RESULTS_DIR, machine, write_result
+from benchmarks.common import RESULTS_DIR, machine, plot_arm_curves, write_result
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
@@ -425,36 +425,21 @@ def report(payload: dict) -> str:
 
 
 def plot(payload: dict, path: str):
-  import matplotlib  # noqa: PLC0415  only for the plot
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # noqa: PLC0415  only for the plot
-  panels = [("heldout_curve", "span_accuracy", "held-out span accuracy"),
-            ("gold_top1_curve", "gold_top1", "gold top-1 (entity's own block)"),
-            ("train_curve", "loss", "training loss"),
-            ("train_curve", "index_staleness_steps", "index staleness (steps)")]
-  fig, axes = plt.subplots(1, 4, figsize=(18, 4.5))
-  for ax, (curve, key, title) in zip(axes.flat, panels):
-    for n, arm in enumerate(payload["arms"]):  # one colour per arm in every panel
-      r = payload["arms"][arm]
-      points = [(p["step"], p[key]) for p in r.get(curve, []) if p.get(key) is not None]
-      if points:
-        ax.plot(*zip(*points), marker="." if curve != "train_curve" else None,
-                color=f"C{n}", label=f"{arm}: {r['description']}")
-    if key == "span_accuracy":
-      ax.axhline(payload["world"]["chance"], color="grey", linestyle=":", label="chance")
-      if "chance_given_length" in payload["world"]:
-        ax.axhline(payload["world"]["chance_given_length"], color="grey", linestyle="--",
-                   label="chance given the span's length")
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  handles, labels = axes.flat[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-  fig.suptitle("REALM on the knowledge world (benchmarks/knowledge.py)")
-  fig.tight_layout(rect=(0, 0.1, 1, 0.94))
-  fig.savefig(path + ".tmp.png", dpi=80)
-  os.replace(path + ".tmp.png", path)
-  plt.close(fig)
+  def chance_lines(ax, curve, key):
+    if key != "span_accuracy":
+      return
+    ax.axhline(payload["world"]["chance"], color="grey", linestyle=":", label="chance")
+    if "chance_given_length" in payload["world"]:
+      ax.axhline(payload["world"]["chance_given_length"], color="grey", linestyle="--",
+                 label="chance given the span's length")
+  plot_arm_curves(
+      payload["arms"],
+      [("heldout_curve", "span_accuracy", "held-out span accuracy"),
+       ("gold_top1_curve", "gold_top1", "gold top-1 (entity's own block)"),
+       ("train_curve", "loss", "training loss"),
+       ("train_curve", "index_staleness_steps", "index staleness (steps)")],
+      path, "REALM on the knowledge world (benchmarks/knowledge.py)",
+      point_curves=("heldout_curve", "gold_top1_curve"), decorate=chance_lines)
 
 
 def parse_args(argv=None):

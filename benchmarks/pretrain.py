@@ -61,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, plot_arm_curves
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "demo.yaml")
@@ -525,32 +525,16 @@ def markdown(payload: dict) -> str:
 
 
 def plot(payload: dict, path: str):
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  panels = [("eval_curve", "span_accuracy", "held-out span accuracy"),
-            ("eval_curve", "loss", "held-out −log p(y|x) per wordpiece"),
-            ("eval_curve", "retrieval_utility", "held-out retrieval utility"),
-            ("train_curve", "retrieval_utility", "training retrieval utility"),
-            ("train_curve", "null_document_probability", "training p(null document)"),
-            ("train_curve", "index_staleness_steps", "index staleness (steps)")]
-  fig, axes = plt.subplots(2, 3, figsize=(15, 8))
-  for ax, (curve, key, title) in zip(axes.flat, panels):
-    for arm in sorted(payload["arms"]):
-      points = [(p["step"], p[key]) for p in payload["arms"][arm][curve] if key in p]
-      if points:
-        ax.plot(*zip(*points), marker="." if curve == "eval_curve" else None,
-                label=f"{arm}: {payload['arms'][arm]['description']}")
-    ax.set_title(title)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-  handles, labels = axes.flat[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
-  fig.suptitle("REALM pre-training ablations (benchmarks/pretrain.py)")
-  fig.tight_layout(rect=(0, 0.07, 1, 0.96))
-  fig.savefig(path + ".tmp.png", dpi=90)
-  os.replace(path + ".tmp.png", path)
-  plt.close(fig)
+  plot_arm_curves(
+      dict(sorted(payload["arms"].items())),
+      [("eval_curve", "span_accuracy", "held-out span accuracy"),
+       ("eval_curve", "loss", "held-out −log p(y|x) per wordpiece"),
+       ("eval_curve", "retrieval_utility", "held-out retrieval utility"),
+       ("train_curve", "retrieval_utility", "training retrieval utility"),
+       ("train_curve", "null_document_probability", "training p(null document)"),
+       ("train_curve", "index_staleness_steps", "index staleness (steps)")],
+      path, "REALM pre-training ablations (benchmarks/pretrain.py)", grid=(2, 3),
+      figsize=(15, 8), dpi=90, point_curves=("eval_curve",))
 
 
 # ------------------------------------------------------------------------------- main
