@@ -32,14 +32,15 @@ lint: setup
 # a module's expensive fixtures, e.g. the trained tagger, in one worker): much of the suite
 # waits on child processes and Beam's Python, so the second core was idle about a third of
 # the time. 18 min 50 s serially, 13 min 34 s this way, on the same idle 2-core machine.
-# --no-loadscope-reorder: xdist would otherwise hand out modules by test count, most first,
-# which put the one-test demo module (5 min) and test_multi_worker.py (3 tests, 7 min) at
-# the very end; tests/conftest.py orders the longest modules first instead.
 # The fuzz properties run at a quarter of their example counts here (REALM_FUZZ_FRACTION,
 # tests/test_fuzz_inputs.py); `pytest -m fuzz` runs the full counts.
+# Tried: handing the longest modules out first (--no-loadscope-reorder and an order in
+# tests/conftest.py): 39 min 09 s of pytest against 33 min 56 s without, in one fresh-clone
+# run each on 2026-11-25 (the heavy multi-process modules then ran side by side and each
+# took longer), so xdist's own order is kept.
 test: lint
 	REALM_FUZZ_FRACTION=0.25 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	  --no-loadscope-reorder --durations=25 tests
+	  --durations=25 tests
 
 # The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
 # SLOW_MODULES and single tests marked slow: training, Beam pipelines end to end, servers),

@@ -38,26 +38,6 @@ SLOW_MODULES = frozenset({
 })
 
 
-# The longest modules, longest first (seconds of one `make test`, from its --durations):
-# `--dist loadfile` hands modules to the two workers in collection order, so these go
-# first and the short ones fill in at the end, instead of a long module starting last
-# while the other worker sits idle. The rest keep their order after these.
-LONGEST_MODULES = (
-    "test_multi_worker.py",        # ~450: three two-worker jobs of child processes
-    "test_demo.py",                # ~330: every demo stage as its own process, twice
-    "test_gcs_protocol.py",        # ~300: trainer, exporter and server on the emulator
-    "test_tasks.py",               # ~300: many short training runs
-    "test_openqa_finetune.py",     # ~250
-    "test_tagger.py",              # ~200: fine-tunes MiniLM (session fixture)
-    "test_training.py",            # ~200
-    "test_faults.py",              # ~150
-    "test_continuous_eval.py",     # ~150
-    "test_pretrain_options.py",    # ~120
-    "test_export_qa.py",           # ~100
-    "test_fuzz_inputs.py",         # ~100 at make test's REALM_FUZZ_FRACTION
-)
-
-
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: trains a model, runs a pipeline end to end or starts servers (minutes "
@@ -81,12 +61,6 @@ def pytest_collection_modifyitems(config, items):
   for item in items:
     if item.path.name in SLOW_MODULES:
       item.add_marker(pytest.mark.slow)
-  missing = sorted(m for m in LONGEST_MODULES if not (REPO / "tests" / m).is_file())
-  if missing:
-    warnings.warn(pytest.PytestConfigWarning(
-        f"tests/conftest.py LONGEST_MODULES names modules that do not exist: {missing}"))
-  rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
-  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept
 
 
 @pytest.fixture(scope="session")
