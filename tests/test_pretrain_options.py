@@ -138,6 +138,33 @@ def test_the_retriever_learning_rate_multiplier_scales_the_retriever_steps(repo_
   np.testing.assert_allclose(retriever, multiplier * base_retriever, rtol=1e-3, atol=1e-7)
 
 
+def test_the_retriever_is_held_for_retriever_frozen_steps_then_moves(repo_dir, corpus):
+  """trainer.retriever_frozen_steps: the retriever's variables stay exactly as they were
+  for that many steps while the reader trains, and move on the step after."""
+  config = _config(repo_dir, corpus, trainer__retriever_frozen_steps=2,
+                   trainer__warmup_steps=1, trainer__weight_decay=0.0)
+  tf_keras.utils.set_random_seed(0)
+  task, model = tf_.build(config)
+  optimizer = task.create_task_optimizer(model)
+  retriever = model.retriever.trainable_variables
+  reader = [v for v in model.trainable_variables
+            if v.ref() not in {r.ref() for r in retriever}]
+  features = tf_.first_batch(task, config)
+  start = [v.numpy().copy() for v in retriever]
+  reader_start = [v.numpy().copy() for v in reader]
+  for _ in range(2):
+    task.train_step(features, model, optimizer, task.build_metrics())
+  assert all(np.array_equal(a, v.numpy()) for a, v in zip(start, retriever))
+  assert any(not np.array_equal(a, v.numpy()) for a, v in zip(reader_start, reader))
+  task.train_step(features, model, optimizer, task.build_metrics())
+  assert any(not np.array_equal(a, v.numpy()) for a, v in zip(start, retriever))
+
+
+def test_negative_retriever_frozen_steps_are_refused(repo_dir, corpus):
+  with pytest.raises(ConfigValueError, match="retriever_frozen_steps must be >= 0"):
+    _config(repo_dir, corpus, trainer__retriever_frozen_steps=-1)
+
+
 def test_a_negative_retriever_learning_rate_multiplier_is_refused(repo_dir, corpus):
   with pytest.raises(ConfigValueError, match="retriever_learning_rate_multiplier must be >= 0"):
     _config(repo_dir, corpus, trainer__retriever_learning_rate_multiplier=-1.0)

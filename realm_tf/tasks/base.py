@@ -55,13 +55,16 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
     self.head_multiplier = float(head_multiplier)
     self.head_patterns = tuple(head_patterns)
     self.group_multiplier = 1.0
+    self.group_frozen_steps = 0
     self._group: set = set()  # refs of the variables group_multiplier applies to
 
-  def set_group_multiplier(self, variables, multiplier: float):
+  def set_group_multiplier(self, variables, multiplier: float, frozen_steps: int = 0):
     """Multiplies the learning rate of `variables` (by identity: Keras names do not say
-    which tower a projection belongs to) by `multiplier`."""
+    which tower a projection belongs to) by `multiplier`, and by 0 while the step counter
+    is below `frozen_steps`."""
     self._group = {v.ref() for v in variables}
     self.group_multiplier = float(multiplier)
+    self.group_frozen_steps = int(frozen_steps)
 
   def is_head(self, var) -> bool:
     return any(p in var.name for p in self.head_patterns)
@@ -74,8 +77,11 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
   def _scaled_state(self, var, apply_state):
     """apply_state with lr_t and lr (bias-corrected) multiplied for `var`."""
     multiplier = self.multiplier(var)
-    if multiplier == 1.0:
+    held = self.group_frozen_steps > 0 and var.ref() in self._group
+    if multiplier == 1.0 and not held:
       return apply_state
+    if held:  # a tensor: the step counter decides inside the compiled step
+      multiplier = tf.where(self.iterations < self.group_frozen_steps, 0.0, multiplier)
     key = (var.device, var.dtype.base_dtype)
     apply_state = dict(apply_state or {})
     coefficients = dict(apply_state.get(key) or self._fallback_apply_state(*key))
@@ -104,8 +110,8 @@ def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: S
   learning_rate, warmup) replaces that schedule and learning_rate / warmup_steps /
   weight_decay are then unused.
   With trainer.head_learning_rate_multiplier != 1 (the span head's) or
-  trainer.retriever_learning_rate_multiplier != 1 (`retriever_variables`', a retriever
-  trained under a reader), the same AdamW with those learning rates multiplied
+  trainer.retriever_learning_rate_multiplier != 1 or trainer.retriever_frozen_steps > 0
+  (`retriever_variables`', a retriever trained under a reader), the same AdamW with those learning rates multiplied
   (AdamWeightDecayWithVariableRates)."""
   steps = trainer.train_steps
   if trainer.optimizer_config.optimizer.type:
@@ -128,9 +134,10 @@ def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: S
   optimizer = factory.build_optimizer(learning_rate)
   multiplier = trainer.head_learning_rate_multiplier
   retriever_multiplier = trainer.retriever_learning_rate_multiplier
-  if retriever_multiplier != 1.0 and not retriever_variables:
-    retriever_multiplier = 1.0  # nothing to apply it to (ICT: the retriever is the model)
-  if multiplier != 1.0 or retriever_multiplier != 1.0:
+  frozen_steps = trainer.retriever_frozen_steps
+  if not retriever_variables:  # nothing to apply them to (ICT: the retriever is the model)
+    retriever_multiplier, frozen_steps = 1.0, 0
+  if multiplier != 1.0 or retriever_multiplier != 1.0 or frozen_steps:
     if not isinstance(optimizer, legacy_adamw.AdamWeightDecay):
       raise TypeError(f"per-variable learning-rate multipliers need tf-models' "
                       f"AdamWeightDecay, got {type(optimizer).__name__}")
@@ -142,7 +149,7 @@ def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: S
         exclude_from_weight_decay=optimizer._exclude_from_weight_decay,
         include_in_weight_decay=optimizer._include_in_weight_decay, **settings)
     # pylint: enable=protected-access
-    optimizer.set_group_multiplier(retriever_variables, retriever_multiplier)
+    optimizer.set_group_multiplier(retriever_variables, retriever_multiplier, frozen_steps)
   if runtime is not None:
     optimizer = performance.configure_optimizer(
         optimizer, use_float16=runtime.mixed_precision_dtype == "float16",
