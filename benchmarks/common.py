@@ -1,4 +1,6 @@
-"""Shared benchmark plumbing: machine description and atomic JSON results."""
+"""Shared benchmark plumbing: machine description, the machine's compute limits (its CPU's
+theoretical peak and the dense matmul throughput TensorFlow measures on it), atomic JSON
+results and the curve plotter."""
 import json
 import os
 import platform
@@ -18,6 +20,91 @@ def machine() -> dict:
               cpu_count=os.cpu_count(), python=platform.python_version(),
               tensorflow=tf.__version__, when=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               load_average_1_5_15=[round(x, 2) for x in os.getloadavg()])
+
+
+# Single-precision FLOPs one FMA instruction does per vector register, by widest ISA flag.
+_VECTOR_LANES = (("avx512f", 16), ("avx2", 8), ("avx", 8), ("sse2", 4))
+
+
+def cpu_peak(cpuinfo: str = "", cores: int = 0, fma_units_per_core: int = 2) -> dict:
+  """The CPU's theoretical float32 peak, as far as /proc/cpuinfo tells it: cores x FMA units
+  x vector lanes x 2 FLOPs (multiply and add) x clock.
+
+  Read: the clock (the current 'cpu MHz' of the first core, or the model name's "@ x GHz"),
+  the widest vector flag (lanes) and whether FMA exists; cores are the ones this process
+  may run on. Not readable there, hence an argument (reported as assumed): the number of
+  FMA units per core (2 on Intel Skylake-SP and later server parts and on AMD Zen 2 and
+  later; 1 on some client parts). Without FMA, one multiply and one add per cycle."""
+  if not cpuinfo:
+    try:
+      with open("/proc/cpuinfo") as f:
+        cpuinfo = f.read()
+    except OSError:
+      cpuinfo = ""
+  fields = {}
+  for line in cpuinfo.splitlines():
+    key, _, value = line.partition(":")
+    fields.setdefault(key.strip(), value.strip())
+  flags = set(fields.get("flags", "").split())
+  mhz = float(fields["cpu MHz"]) if fields.get("cpu MHz") else 0.0
+  model = fields.get("model name", platform.processor())
+  if not mhz and "GHz" in model:
+    mhz = 1000 * float(model.rsplit("@", 1)[-1].replace("GHz", "").strip())
+  lanes = next((n for flag, n in _VECTOR_LANES if flag in flags), 1)
+  cores = cores or len(os.sched_getaffinity(0))
+  per_cycle = 2 * lanes * (fma_units_per_core if "fma" in flags else 1)
+  return dict(model=model, clock_mhz=mhz, cores=cores, vector_lanes_fp32=lanes,
+              fma="fma" in flags, fma_units_per_core_assumed=fma_units_per_core,
+              peak_flops=cores * per_cycle * mhz * 1e6)
+
+
+def matmul_limit(n: int = 1024, repeats: int = 8, trials: int = 5) -> dict:
+  """The dense float32 matmul throughput TensorFlow reaches here (FLOP/s): best of `trials`
+  timings of `repeats` n x n products in one tf.function. The practical limit the
+  benchmarks divide their achieved FLOP/s by; measured in the benchmark's own process
+  and run, so a loaded machine lowers both sides alike."""
+  a = tf.random.stateless_normal([n, n], seed=[0, 1])
+  b = tf.random.stateless_normal([n, n], seed=[2, 3])
+
+  @tf.function
+  def products(a, b):
+    total = tf.constant(0.0)
+    for _ in range(repeats):  # unrolled: `repeats` independent matmuls
+      a = tf.linalg.matmul(a, b) * (1.0 / n)  # rescaled so values stay finite
+      total += a[0, 0]
+    return total
+
+  products(a, b).numpy()  # trace and warm up
+  best = float("inf")
+  for _ in range(trials):
+    start = time.perf_counter()
+    products(a, b).numpy()
+    best = min(best, time.perf_counter() - start)
+  flops = 2.0 * n ** 3 * repeats
+  return dict(n=n, repeats=repeats, seconds=best, flops_per_second=flops / best)
+
+
+def thread_pools() -> list:
+  """threadpoolctl's view of the BLAS/OpenMP pools loaded in this process (library,
+  version, internal API, threads, architecture): which kernels a NumPy or FAISS number
+  came from."""
+  try:
+    import threadpoolctl  # noqa: PLC0415  optional: recorded when installed
+  except ImportError:
+    return []
+  return [{k: v for k, v in pool.items() if k in (
+      "internal_api", "prefix", "version", "num_threads", "architecture", "threading_layer")}
+          for pool in threadpoolctl.threadpool_info()]
+
+
+def compute_limits(matmul_n: int = 1024) -> dict:
+  """What a performance benchmark records beside its figures: the CPU's theoretical peak,
+  the measured TensorFlow matmul limit, their ratio, and the thread pools."""
+  peak = cpu_peak()
+  measured = matmul_limit(matmul_n)
+  return dict(cpu=peak, matmul=measured, thread_pools=thread_pools(),
+              matmul_fraction_of_peak=(measured["flops_per_second"] / peak["peak_flops"]
+                                       if peak["peak_flops"] else None))
 
 
 def write_result(name: str, payload: dict, merge: bool = False) -> str:

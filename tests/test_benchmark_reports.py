@@ -1,7 +1,10 @@
 """The pre-training benchmark's report: a start rebuilt between invocations is compared with
-the kept one and said so in the table (benchmarks/pretrain.py)."""
+the kept one and said so in the table (benchmarks/pretrain.py); the compute limits every
+performance benchmark records (benchmarks/common.py)."""
 import json
 import os
+
+import pytest
 
 from benchmarks import pretrain
 from benchmarks.common import RESULTS_DIR
@@ -138,3 +141,23 @@ def test_pretrain_arms_are_kept_across_invocations_that_differ_only_in_how_they_
   assert parse("--steps", "30") != default
   with open(os.path.join(RESULTS_DIR, "pretrain.json")) as f:
     assert json.load(f)["settings"] == default
+
+
+def test_cpu_peak_multiplies_cores_fma_units_lanes_and_clock():
+  """cpu_peak reads the clock and the widest vector flag from /proc/cpuinfo's text."""
+  from benchmarks.common import cpu_peak  # pylint: disable=g-import-not-at-top
+  epyc = "model name\t: AMD EPYC\ncpu MHz\t\t: 2445.402\nflags\t\t: sse2 avx fma avx2\n"
+  peak = cpu_peak(epyc, cores=2)
+  assert (peak["vector_lanes_fp32"], peak["fma"], peak["clock_mhz"]) == (8, True, 2445.402)
+  assert peak["peak_flops"] == pytest.approx(2 * 2 * 8 * 2 * 2445.402e6)
+  xeon = "model name\t: Intel Xeon @ 2.00GHz\nflags\t\t: sse2 avx avx2 fma avx512f\n"
+  assert cpu_peak(xeon, cores=4)["peak_flops"] == pytest.approx(4 * 2 * 16 * 2 * 2.0e9)
+  no_fma = "model name\t: old\ncpu MHz\t: 1000\nflags\t: sse2\n"
+  assert cpu_peak(no_fma, cores=1)["peak_flops"] == pytest.approx(1 * 1 * 4 * 2 * 1e9)
+
+
+def test_matmul_limit_times_the_products_it_counts():
+  from benchmarks.common import matmul_limit  # pylint: disable=g-import-not-at-top
+  small = matmul_limit(n=64, repeats=2, trials=2)
+  assert small["flops_per_second"] == pytest.approx(2 * 64 ** 3 * 2 / small["seconds"])
+  assert small["seconds"] > 0
