@@ -3,12 +3,13 @@
 Why: on real Wikipedia at this machine's compute, REALM cannot be told apart from its
 ablations (masked spans are mostly guessable or unanswerable). Here every entity is
 invented (its name built from random syllables, so no warm start knows it) and has a few
-attributes drawn from closed sets (a birthplace among invented towns, an occupation, a
-birth year), so the MLM head only has to pick one of a few values, and *which* one is
-written nowhere but in the entity's block of Z.
+attributes drawn from closed sets (a birthplace among towns, an occupation, a birth year;
+every value one wordpiece, see TOWNS), so the MLM head only has to pick one of a few
+values, and *which* one is written nowhere but in the entity's block of Z.
 
-  Z  one block per entity stating all its facts, plus distractors: namesake blocks (the same
-     first name, another family name, other facts) and blocks about the towns.
+  Z  one block per entity stating all its facts in two sentences, plus distractors:
+     namesake blocks (the same first name, another family name, other facts) and blocks
+     about the towns.
   X  sentences about the entities in other wordings than Z, the attribute value the salient
      span (masked by salient-span masking); each X sentence has block_id -1 (it comes from
      no block of Z), so the entity's block may be retrieved.
@@ -40,16 +41,34 @@ _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
 _VOWELS = ("a", "e", "i", "o", "u", "ae", "ou", "y")
 _CODAS = ("", "", "", "n", "r", "l", "s", "th", "x")
 
-OCCUPATIONS = ("baker", "weaver", "sailor", "miner", "potter", "tailor", "farmer", "painter")
+OCCUPATIONS = ("baker", "weaver", "sailor", "miner", "potter", "tailor", "farmer", "painter",
+               "carpenter", "butcher", "merchant", "hunter")
+# Every value is one wordpiece of the uncased vocabulary (tests check it). Why: a masked
+# span's [MASK] count is the answer's wordpiece count, so values of unequal lengths leak
+# the answer (invented 2-4 piece towns gave a reader 0.348 from the length alone against
+# 0.170 chance, benchmarks/results/knowledge.md before this change), and a one-piece value
+# is copied from the block by one attention lookup, where a multi-piece one needs the
+# pieces in order. The towns are real names: what no model can know is which of them an
+# invented entity was born in.
+TOWNS = ("york", "bristol", "dover", "leeds", "oxford", "cardiff", "bath", "durham",
+         "exeter", "norwich", "chester", "lincoln", "salisbury", "windsor", "brighton",
+         "derby", "hull", "cambridge", "glasgow", "dublin", "aberdeen", "perth", "ipswich",
+         "plymouth", "swansea", "bedford", "carlisle", "preston", "lancaster", "dundee")
 ATTRIBUTES = ("birthplace", "occupation", "year")
 LABELS = {"birthplace": "LOC", "occupation": "MISC", "year": "DATE"}
 
-# Z states a fact one way, X (training and held out alike) in other ways.
-_BLOCK_SENTENCES = {
-    "birthplace": "{name} was born in the town of {value}.",
-    "occupation": "{name} worked as a {value} for many years.",
-    "year": "{name} was born in {value}.",
-}
+# Z states an entity's facts in two short sentences, X (training and held out alike) in
+# other ways. Two, so ICT has a query and a rest; each names the entity in full, so either
+# finds the block (with the first name alone in the second, the ICT retriever's own-block
+# top-1 on held-out sentences was 0.41; 0.77 with the full name). Short (about 20
+# wordpieces against 50 for the earlier three sentences), so the reader's sequence is 48,
+# not 80, and the one value it must find has fewer wordpieces around it. Measured on the frozen arm at batch 64
+# (2026-11-25): three sentences, still at chance after 250 steps (run stopped); two
+# sentences, at chance until about step 400, then 0.26 held out at step 500 and 0.45 at 750.
+# Not measured apart: whether the shorter block itself, or only the longer run, made the
+# difference.
+_BLOCK_TEXT = ("{name} was born in {birthplace} in {year}.",
+               "{name} worked as a {occupation}.")
 _X_TEMPLATES = {
     "birthplace": ("The home town of {name} is {value}.",
                    "{name} grew up in {value} as a child.",
@@ -110,6 +129,11 @@ def _vocabulary() -> frozenset:
     return frozenset(line.strip() for line in f)
 
 
+def one_piece_years(first: int = 1600, last: int = 1900) -> List[int]:
+  """The years in [first, last) that are one wordpiece."""
+  return [y for y in range(first, last) if str(y) in _vocabulary()]
+
+
 def _unique_words(rng: random.Random, count: int, syllables: Sequence[int], taken: set) -> list:
   out = []
   while len(out) < count:
@@ -123,11 +147,11 @@ def _unique_words(rng: random.Random, count: int, syllables: Sequence[int], take
 def make_world(config: WorldConfig = WorldConfig()) -> dict:
   """The world as plain data: entities, towns, blocks, x, held-out (no files)."""
   rng = random.Random(config.seed)
-  taken: set = set(OCCUPATIONS)
-  towns = _unique_words(rng, config.towns, (2,), taken)
+  taken: set = set(OCCUPATIONS) | set(TOWNS)
+  towns = [t.capitalize() for t in rng.sample(TOWNS, config.towns)]
   firsts = _unique_words(rng, config.entities, (2,), taken)
-  lasts = _unique_words(rng, config.entities * 2, (2, 3), taken)
-  years = sorted(rng.sample(range(1610, 1890), config.years))
+  lasts = _unique_words(rng, config.entities * 2, (2,), taken)
+  years = sorted(rng.sample(one_piece_years(), config.years))
   values = dict(birthplace=towns, occupation=list(OCCUPATIONS[:config.occupations]),
                 year=[str(y) for y in years])
   entities = []
@@ -199,7 +223,7 @@ def edit_world(world: dict, seed: int = 0) -> dict:
 
 
 def _block_sentences(name: str, facts: Dict[str, str]) -> List[str]:
-  return [_BLOCK_SENTENCES[a].format(name=name, value=facts[a]) for a in ATTRIBUTES]
+  return [t.format(name=name, **facts) for t in _BLOCK_TEXT]
 
 
 def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
