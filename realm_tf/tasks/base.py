@@ -111,8 +111,8 @@ def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: S
   weight_decay are then unused.
   With trainer.head_learning_rate_multiplier != 1 (the span head's) or
   trainer.retriever_learning_rate_multiplier != 1 or trainer.retriever_frozen_steps > 0
-  (`retriever_variables`', a retriever trained under a reader), the same AdamW with those learning rates multiplied
-  (AdamWeightDecayWithVariableRates)."""
+  (`retriever_variables`', a retriever trained under a reader), the same AdamW with those
+  learning rates multiplied (AdamWeightDecayWithVariableRates)."""
   steps = trainer.train_steps
   if trainer.optimizer_config.optimizer.type:
     # tf-models' own optimizer section, as written (its schedule's decay_steps included).
