@@ -18,11 +18,14 @@ from tests.synthetic_corpus import _CITIES, _COUNTRIES, _RIVERS
 pytestmark = pytest.mark.demo
 
 STAGES = ("corpus", "preprocess", "data", "ict", "index", "warmup", "pretrain", "fill_in",
-          "openqa", "export")
+          "openqa", "export", "world", "world_openqa", "world_export", "world_edit")
+SERVED = ("serve", "world_serve")  # never reused
 SIZES = ["--ict_steps", "2", "--warmup_steps", "2", "--warmup_batch_size", "4",
          "--pretrain_steps", "10", "--pretrain_batch_size", "4", "--num_candidates", "3",
          "--refresh_every_steps", "5", "--finetune_steps", "4", "--finetune_batch_size", "4",
-         "--num_eval_questions", "6", "--num_asked", "3", "--num_masked", "2"]
+         "--num_eval_questions", "6", "--num_asked", "3", "--num_masked", "2",
+         "--world_entities", "12", "--world_finetune_steps", "2", "--world_batch_size", "4",
+         "--world_asked", "3"]
 
 
 def _write_articles(path) -> list[dict]:
@@ -84,7 +87,7 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   stdout, summary = _run_demo(repo_dir, run_dir, tmp_path / "articles.jsonl")
 
   ran = {s["name"]: s for s in summary["stages"]}
-  assert set(ran) == set(STAGES) | {"serve"}
+  assert set(ran) == set(STAGES) | set(SERVED)
   assert not any(s["reused"] for s in summary["stages"])
   assert "dates plus mentions of other articles' titles" in stdout
   assert summary["preprocess"]["salient_spans"] == "title_mentions_and_dates"
@@ -140,13 +143,52 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   pretraining = records.read_sentences(summary["data"]["pretraining"])
   assert not {m["text"] for m in masked} & {s.text for s in pretraining}
 
+  _check_world_act(summary["world"], stdout)
+
   # A re-run reuses every finished stage and serves again.
   stdout_again, summary_again = _run_demo(repo_dir, run_dir, tmp_path / "articles.jsonl")
   reused = {s["name"]: s["reused"] for s in summary_again["stages"]}
-  assert reused == dict({name: True for name in STAGES}, serve=False)
+  assert reused == dict({name: True for name in STAGES}, **{name: False for name in SERVED})
   for name in STAGES:
     assert re.search(rf"^\[{name}\] .*: reused", stdout_again, re.MULTILINE), name
-  assert "$ python -m" not in stdout_again.split("[serve]")[0]  # no stage command ran
+  # No stage command ran before serving (the world act's publish runs while it serves).
+  assert "$ python -m" not in stdout_again.split("[serve]")[0]
+  assert "$ python -m" not in stdout_again.split("[world_openqa]")[1].split("[world_serve]")[0]
   assert summary_again["filled_in"] == filled
   assert [a["answer"] for a in summary_again["answers"]] == [a["answer"] for a in answers]
   assert _gone(_server_pid(stdout_again))
+
+
+def _check_world_act(world: dict, stdout: str):
+  """The act's mechanics on a random-init tiny model (whether it answers right is the full
+  demo's and benchmarks' business): held-out questions served by the first version, the
+  edited corpus published as the next version while the server runs, the same questions
+  answered by it from the edited blocks; no training between the two."""
+  served = world["served"]
+  with open(served["answers"], encoding="utf-8") as f:
+    rows = json.load(f)  # every held-out question, one per invented person
+  assert served["rows"] == rows[:3] and served["shown"] == 3 and served["asked"] == len(rows) == 12
+  assert all("answer_before" in r for r in rows[:3]) and not any("answer_before" in r
+                                                                  for r in rows[3:])
+  assert served["version_after"] == served["version_before"] + 1 == 3  # 2 steps, then +1
+  old_blocks = {b.text for b in records.read_blocks(world["world"]["corpus_dir"])}
+  new_blocks = {b.text for b in records.read_blocks(world["world"]["edited_dir"])}
+  edited_only, old_only = new_blocks - old_blocks, old_blocks - new_blocks
+  assert len(edited_only) == len(old_only) == 12  # every person's block was rewritten
+  for row in rows:
+    assert row["version_after"] == served["version_after"]
+    assert row["old_value"] != row["new_value"]
+    assert row["block_after"]["text"] in row["retrieved_after"]
+    # Version 3 searches the edited corpus: it retrieves rewritten people's blocks (20 of
+    # the 48 blocks are retrieved), and no block as it was before the edit.
+    assert set(row["retrieved_after"]) <= new_blocks and set(row["retrieved_after"]) & edited_only
+  for row in rows[:3]:  # and version 2 the corpus as built
+    assert row["version_before"] == served["version_before"]
+    assert row["block_before"]["text"] in row["retrieved_before"]
+    assert set(row["retrieved_before"]) <= old_blocks and set(row["retrieved_before"]) & old_only
+  assert served["shown_right_before"] == sum(r["right_before"] for r in rows[:3])
+  assert served["follows_edit"] == sum(r["follows_edit"] for r in rows)
+  assert stdout.count("(the block edited, no parameter changed)") == 3
+  assert "Act 2, the knowledge world" in stdout and "Knowledge world: " in stdout
+  # Only the export ran between the two versions: the run's checkpoint is the same one.
+  assert f"--version {served['version_after']} --blocks " in stdout

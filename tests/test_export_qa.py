@@ -326,6 +326,12 @@ def test_export_command_line(exported, tmp_path):
        "--output_dir", str(tmp_path), "--kinds", "nope"],
       capture_output=True, text=True, timeout=300, check=False)
   assert bad.returncode != 0 and "unknown export kinds" in bad.stderr
+  # Another corpus needs its index (the edited-corpus export runs end to end in test_demo).
+  alone = subprocess.run(
+      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
+       "--output_dir", str(tmp_path), "--kinds", "realm_qa", "--blocks", str(tmp_path)],
+      capture_output=True, text=True, timeout=300, check=False)
+  assert alone.returncode != 0 and "--blocks and --index_dir go together" in alone.stderr
 
 
 def test_answer_strings_return_the_original_text_in_graph(tokenizer):

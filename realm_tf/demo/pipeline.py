@@ -43,6 +43,7 @@ from realm_tf.demo import records
 from realm_tf.demo.fill_in import fill_in, fits_query
 from realm_tf.demo.serve import serve_and_ask
 from realm_tf.demo.stages import StageError, Stages, clock, python_module, run_command
+from realm_tf.demo.world import WorldAct
 from realm_tf.io import versioned
 from realm_tf.tagger.export import read_manifest
 from realm_tf.text import Tokenizer
@@ -66,10 +67,13 @@ class DemoOptions:
   warmup_steps: int = 100
   warmup_batch_size: int = 32
   warmup_learning_rate: float = 1e-3
-  pretrain_steps: int = 30
+  # 10 steps, not 30: 30 took 5 min 40 s of a fresh clone's 15 min 44 s and showed nothing a
+  # user could see (README, "What quality to expect"); the time went to act 2. A snapshot
+  # every 5 steps still hands the index builder work while the trainer runs.
+  pretrain_steps: int = 10
   pretrain_batch_size: int = 8
   num_candidates: int = 4  # k in pre-training, the null document included
-  refresh_every_steps: int = 10
+  refresh_every_steps: int = 5
   finetune_steps: int = 30
   finetune_batch_size: int = 8
   train_file: str = ""  # the user's questions; default: generated cloze questions
@@ -79,16 +83,26 @@ class DemoOptions:
   num_masked: int = 4
   ask: Sequence[str] = ()
   seed: int = 0
+  # The knowledge-world act (realm_tf.demo.world): invented people, their blocks, questions.
+  world_entities: int = 300
+  world_finetune_steps: int = 50
+  world_batch_size: int = 8
+  world_asked: int = 5
 
   def validate(self):
     for name in ("ict_steps", "warmup_steps", "pretrain_steps", "finetune_steps",
                  "warmup_batch_size", "pretrain_batch_size", "finetune_batch_size",
-                 "num_eval_questions", "num_asked", "num_masked", "tagger_steps"):
+                 "num_eval_questions", "num_asked", "num_masked", "tagger_steps",
+                 "world_entities", "world_finetune_steps", "world_batch_size",
+                 "world_asked"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
     if self.num_candidates < 2:
       raise ValueError("--num_candidates must be at least 2 (the null document and one "
                        "retrieved block)")
+    if self.world_asked > self.world_entities:
+      raise ValueError("--world_asked cannot exceed --world_entities (one held-out question "
+                       "per invented person)")
     if self.num_asked > self.num_eval_questions:
       raise ValueError("--num_asked cannot exceed --num_eval_questions (the questions asked "
                        "are held-out ones)")
@@ -519,8 +533,11 @@ class Demo:
     answers = self.serve(export["base_path"], asked)
     with open(filled["results"], encoding="utf-8") as f:
       filled_in = json.load(f)
+    self.log("Act 2: the knowledge world (invented facts, found only in their blocks)")
+    world = WorldAct(self.stages, self.train, self.config_identity, self.log).run(
+        o.world_entities, o.world_finetune_steps, o.world_batch_size, o.world_asked, o.seed)
     self.result = dict(filled_in=filled_in, answers=answers, openqa=qa, pretrain=pre,
-                       preprocess=prep, data=data,
+                       preprocess=prep, data=data, world=world,
                        stages=[dataclasses.asdict(r) for r in self.stages.records],
                        seconds_this_run=time.time() - start)
     with open(os.path.join(self.stages.run_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -567,6 +584,12 @@ def format_summary(demo: Demo) -> str:
   if qa.get("exact_match") is not None:
     lines.append(f"  Open-QA on {qa['eval_questions']} held-out cloze questions: exact match "
                  f"{100 * qa['exact_match']:.1f}%, recall@5 {100 * qa['recall_at_5']:.1f}%")
+  served = demo.result.get("world", {}).get("served")
+  if served:
+    lines.append(f"  Knowledge world: {served['shown_right_before']} of {served['shown']} "
+                 f"questions shown right (version {served['version_before']}); after the edit "
+                 f"{served['follows_edit']} of {served['asked']} follow the edited blocks "
+                 f"(version {served['version_after']}, no parameter changed)")
   lines.append(f"  Summary as JSON: {os.path.join(demo.stages.run_dir, 'summary.json')}")
   return "\n".join(lines)
 

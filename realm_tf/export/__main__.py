@@ -2,10 +2,13 @@
 
     python -m realm_tf.export --model_dir runs/nq --output_dir /models \\
         [--kinds query_encoder,doc_encoder,reader,realm_qa,realm_qa_scann] \\
-        [--checkpoint PATH] [--version N]
+        [--checkpoint PATH] [--version N] [--blocks CORPUS --index_dir INDEX]
 
 Writes `<output_dir>/<kind>/<version>/` (TF Serving's layout; version defaults to the
-checkpoint's training step) and prints {kind: published directory} as JSON. See
+checkpoint's training step) and prints {kind: published directory} as JSON. --blocks and
+--index_dir serve another corpus (e.g. an edited one) with its committed index, built by
+`python -m beam.embed_corpus` with the run's document tower: a new version whose answers
+follow the new documents, no parameter changed. See
 realm_tf.export.exporter for what each kind takes and returns.
 """
 import json
@@ -20,6 +23,9 @@ flags.DEFINE_list("kinds", ["query_encoder", "doc_encoder", "reader", "realm_qa"
                   "Which exports (realm_qa_scann needs a ScaNN-enabled model server).")
 flags.DEFINE_string("checkpoint", "", "A checkpoint path (default: the run's latest).")
 flags.DEFINE_integer("version", None, "Version number (default: the training step).")
+flags.DEFINE_string("blocks", "", "Another corpus to serve (its blocks-* TFRecords); with "
+                    "--index_dir.")
+flags.DEFINE_string("index_dir", "", "The committed index of --blocks (its newest version).")
 FLAGS = flags.FLAGS
 
 
@@ -31,7 +37,8 @@ def main(argv):
                                     command_line.debug_requested(FLAGS.verbosity)):
     try:
       published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds,
-                             FLAGS.checkpoint, FLAGS.version)
+                             FLAGS.checkpoint, FLAGS.version, FLAGS.blocks,
+                             FLAGS.index_dir)
     except (ValueError, FileExistsError) as e:  # what the exporter refuses: the run's args
       raise command_line.UsageError(str(e)) from e
   print(json.dumps(published, indent=2, sort_keys=True))

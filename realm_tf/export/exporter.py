@@ -82,6 +82,7 @@ class ServingRun:
         kind=kind, model_dir=self.model_dir, checkpoint=self.checkpoint,
         training_step=int(self.step), index_version=self.index.version,
         index_path=export.path if export is not None else "",
+        blocks=self.config.index.blocks,
         index_encoder_step=self.index.encoder_step, num_blocks=int(self.index.num_blocks),
         num_retrieved=self.num_retrieved, num_read=self.num_read,
         tensorflow=tf.__version__, config=self.config.as_dict())
@@ -106,9 +107,21 @@ def build_run(config: ExperimentConfig, model_dir: str = "", step: int = 0,
   return ServingRun(config, task, model, index, step, checkpoint, model_dir)
 
 
-def load_run(model_dir: str, checkpoint: str = "") -> ServingRun:
-  """A run's fine-tuned checkpoint (its newest, or `checkpoint`) and newest committed index."""
+def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
+             index_dir: str = "") -> ServingRun:
+  """A run's fine-tuned checkpoint (its newest, or `checkpoint`) and newest committed index.
+
+  `blocks` and `index_dir` (both or neither) serve another corpus with its own committed
+  index in place of the run's: an edited corpus, re-embedded by the same document tower,
+  is published as a new version without a parameter changed (REALM's knowledge lives in
+  the corpus). The index must cover exactly `blocks` (KnowledgeIndex.swap checks the ids).
+  """
+  if bool(blocks) != bool(index_dir):
+    raise ValueError("--blocks and --index_dir go together: a corpus and the committed "
+                     "index of its blocks")
   config = load_config(layout.params_path(model_dir))
+  if blocks:
+    config = config.replace(index=dict(blocks=blocks, index_dir=index_dir))
   path = layout.latest_checkpoint(checkpoint or model_dir)
   step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
   run = build_run(config, model_dir, checkpoint=path)
@@ -251,12 +264,14 @@ def read_provenance(export_dir: str) -> dict:
 
 
 def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
-               checkpoint: str = "", version: Optional[int] = None) -> dict[str, str]:
-  """`python -m realm_tf.export`: every kind of a run, version = training step by default."""
+               checkpoint: str = "", version: Optional[int] = None, blocks: str = "",
+               index_dir: str = "") -> dict[str, str]:
+  """`python -m realm_tf.export`: every kind of a run, version = training step by default;
+  `blocks` / `index_dir`: another corpus and its index (load_run)."""
   unknown = [k for k in kinds if k not in KINDS]
   if unknown:
     raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
-  run = load_run(model_dir, checkpoint)
+  run = load_run(model_dir, checkpoint, blocks, index_dir)
   version = run.step if version is None else version
   published = {}
   for kind in kinds:
