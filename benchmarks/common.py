@@ -97,6 +97,17 @@ def thread_pools() -> list:
           for pool in threadpoolctl.threadpool_info()]
 
 
+def encoder_flops(num_layers: int, hidden: int, intermediate: int, batch: int, seq: int,
+                  training: bool = True) -> float:
+  """FLOPs of a BERT encoder's matmuls over [batch, seq] tokens: per layer and token,
+  2 x (4 H^2 for Q, K, V and the output projection + 2 H F for the feed-forward) and
+  2 x 2 S H for the attention scores and the weighted sum. Training: x 3 (the backward pass
+  computes two products per forward one). Not counted: embeddings, layer norms, softmaxes,
+  biases (each O(S H), a few percent at these sizes)."""
+  per_token = 2 * (4 * hidden ** 2 + 2 * hidden * intermediate) + 4 * seq * hidden
+  return float(num_layers * per_token * batch * seq * (3 if training else 1))
+
+
 def compute_limits(matmul_n: int = 1024) -> dict:
   """What a performance benchmark records beside its figures: the CPU's theoretical peak,
   the measured TensorFlow matmul limit, their ratio, and the thread pools."""

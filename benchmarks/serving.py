@@ -33,7 +33,7 @@ from benchmarks import common
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
-               batching_speedup_at_8_clients=1.5)
+               batching_speedup_at_8_clients=1.5, p50_over_floor_at_1_client=1.25)
 
 
 def parse_args(argv=None):
@@ -215,12 +215,71 @@ def write_markdown(path: str, result: dict):
                              per_kind["in_process"]["ms_per_question_at_batch_size"].items())
       for kind, per_kind in result["exports"].items()) + ". Batching can only help as much "
             "as this falls with B."]
+  if "floor_ms" in result:
+    f, lim = result["flops_per_question"], result["limits"]
+    lines += ["", f"FLOP account of one question (padded as served: query "
+              f"{f['query_seq_length']}, reader {f['reader_seq_length']} x {f['num_read']} "
+              f"read): query tower {f['query_tower'] / 1e9:.2f}, search "
+              f"{f['search'] / 1e9:.4f}, readers {f['readers'] / 1e9:.2f}, total "
+              f"{f['total'] / 1e9:.2f} GFLOP. TensorFlow matmul measured in the same run: "
+              f"{lim['matmul']['flops_per_second'] / 1e9:.1f} GFLOP/s (CPU theoretical peak "
+              f"{lim['cpu']['peak_flops'] / 1e9:.1f}); the arithmetic floor of a question is "
+              f"{result['floor_ms']} ms.", "",
+              "| export | in-process p50 / floor | gRPC p50 / floor (1 client) | "
+              "x matmul limit, in-process at B = 1, 8, 32 |", "|---|---|---|---|"]
+    for kind, per_kind in result["exports"].items():
+      s = per_kind["summary"]
+      lines.append(f"| {kind} | {s['in_process_p50_over_floor']} | "
+                   f"{s['grpc_p50_over_floor']} | " + ", ".join(
+                       str(v) for v in s["fraction_of_matmul_limit_at_batch_size"].values())
+                   + " |")
   lines += ["", "Targets: " + ", ".join(f"{k} {v}" for k, v in TARGETS.items()), ""]
   for kind, per_kind in result["exports"].items():
     lines.append(f"- {kind}: " + ", ".join(f"{k} {'met' if ok else 'MISSED'}"
                                            for k, ok in per_kind["targets_met"].items()))
   with open(path, "w") as f:
     f.write("\n".join(lines) + "\n")
+
+
+def flop_account(run) -> dict:
+  """FLOPs of one question as the export runs it: the query tower over the padded question,
+  the exact scores against every block, and num_read reader passes at the reader's padded
+  length (the export pads both to the configured lengths)."""
+  c = run.config
+  e = c.model.encoder
+  query_seq = c.task.openqa.query_seq_length
+  reader_seq = c.task.openqa.reader_seq_length
+
+  def forward(seq):
+    return common.encoder_flops(e.num_layers, e.hidden_size, e.intermediate_size, 1, seq,
+                                training=False)
+
+  parts = dict(query_tower=forward(query_seq),
+               search=2.0 * run.index.num_blocks * run.index.dimension,
+               readers=run.num_read * forward(reader_seq))
+  return dict(parts, total=sum(parts.values()), query_seq_length=query_seq,
+              reader_seq_length=reader_seq, num_read=run.num_read)
+
+
+def with_floor(result: dict, limits: dict):
+  """Each export's latencies as multiples of the arithmetic floor (a question's FLOPs at the
+  measured matmul throughput) and its in-process FLOP/s as a fraction of that throughput."""
+  matmul = limits["matmul"]["flops_per_second"]
+  flops = result["flops_per_question"]["total"]
+  floor_ms = 1000.0 * flops / matmul
+  result["floor_ms"] = round(floor_ms, 2)
+  for per_kind in result["exports"].values():
+    inproc = per_kind["in_process"]
+    grpc_p50 = per_kind["summary"]["grpc_p50_ms_1"]
+    per_kind["summary"].update(
+        in_process_p50_over_floor=round(inproc["p50_ms"] / floor_ms, 2),
+        grpc_p50_over_floor=round(grpc_p50 / floor_ms, 2) if grpc_p50 else None,
+        in_process_fraction_of_matmul_limit=round(floor_ms / inproc["p50_ms"], 3),
+        fraction_of_matmul_limit_at_batch_size={
+            b: round(floor_ms / ms, 3) for b, ms in
+            inproc["ms_per_question_at_batch_size"].items()})
+    per_kind["targets_met"]["p50_within_1.25x_floor"] = bool(
+        grpc_p50 and grpc_p50 <= TARGETS["p50_over_floor_at_1_client"] * floor_ms)
 
 
 def main(argv=None):
@@ -231,6 +290,7 @@ def main(argv=None):
   from serving.config import BatchingOptions  # pylint: disable=g-import-not-at-top
 
   machine = common.machine()
+  limits = common.compute_limits()
   work = args.work_dir or tempfile.mkdtemp(prefix="serving_bench_")
   os.makedirs(work, exist_ok=True)
   config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
@@ -257,7 +317,8 @@ def main(argv=None):
   result = dict(machine=machine, args=vars(args), num_blocks=run.index.num_blocks,
                 model="configs/demo.yaml (MiniLM warm start, no fine-tuning)",
                 num_retrieved=run.num_retrieved, num_read=run.num_read, targets=TARGETS,
-                timings=timings, exports={})
+                timings=timings, exports={}, limits=limits,
+                flops_per_question=flop_account(run))
   for kind in kinds:
     begin = time.time()
     path = exporter.save_export(exporter.build_module(run, kind), models_dir, kind, 1,
@@ -291,6 +352,7 @@ def main(argv=None):
         batching_speedup_at_8_clients=bool(
             speedup and speedup >= TARGETS["batching_speedup_at_8_clients"]))
     result["exports"][kind] = per_kind
+  with_floor(result, limits)
   result["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   timings["total_s"] = round(time.time() - start, 1)
   path = common.write_result(args.name, result)

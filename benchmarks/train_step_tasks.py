@@ -23,7 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.common import SHARED_DATA, machine
+from benchmarks.common import SHARED_DATA, compute_limits, encoder_flops, machine
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import schema
@@ -180,7 +180,15 @@ def _time_task(task_type: str, data_dir: str, args, jit: bool) -> dict:
   encoder_seconds = _median_seconds(lambda: encoder_fn()[0], args.task_steps)
   outside = max(0.0, fb_seconds - encoder_seconds)
   other = max(0.0, outside - retrieval_seconds)
+  e = m.encoder
+  flops = sum(encoder_flops(e.num_layers, e.hidden_size, e.intermediate_size, *shape)
+              for shape in shapes)
+  if task_type == "pretrain":  # the MLM head's vocabulary projection, per masked position
+    flops += 3 * 2 * e.hidden_size * e.vocab_size * (
+        batch * k * config.task.pretrain.max_predictions_per_seq)
   return dict(
+      flops_per_step=flops, flops_per_example=flops / batch,
+      achieved_flops_per_second=flops / step_seconds,
       task=task_type, xla=jit, batch=batch, candidates=k, encoder_shapes=shapes,
       num_blocks=index.num_blocks if index is not None else 0,
       step_seconds=step_seconds, examples_per_second=batch / step_seconds,
@@ -195,6 +203,7 @@ def _time_task(task_type: str, data_dir: str, args, jit: bool) -> dict:
 
 def run_tasks(args) -> dict:
   before = machine()
+  limits = compute_limits()
   data_dir = tempfile.mkdtemp(prefix="train_step_tasks-")
   info = write_inputs(data_dir, args.num_blocks)
   rows = []
@@ -206,7 +215,9 @@ def run_tasks(args) -> dict:
   for row in rows:
     if "failed" not in row:
       row["retrieval_target_met"] = row["retrieval_gather_share"] <= TASK_TARGET
-  return dict(machine_before=before, machine_after=machine(), rows=rows,
+      row["fraction_of_matmul_limit"] = (row["achieved_flops_per_second"]
+                                         / limits["matmul"]["flops_per_second"])
+  return dict(machine_before=before, machine_after=machine(), rows=rows, limits=limits,
               corpus=dict(info, source="vital_articles.jsonl, 100-word blocks"),
               repeats=args.task_steps, target_share=TASK_TARGET,
               note="fixed batch (input pipeline not timed); random weights; the encoders "
@@ -219,17 +230,28 @@ def tasks_markdown(result: dict) -> list[str]:
            "", f"{m['cpu_count']} cores, TF {m['tensorflow']}, {m['when']}; load average "
            f"{m['load_average_1_5_15']} before, {result['machine_after']['load_average_1_5_15']}"
            f" after. Median of {result['repeats']} steps on one fixed batch.", "",
-           "| task | XLA | batch x K | examples/s | step s | fwd+bwd s | encoders | "
-           "retrieval + gathers | heads, packing, losses |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+           "| task | XLA | batch x K | examples/s | step s | GFLOP/example | GFLOP/s | "
+           "x matmul limit | fwd+bwd s | encoders | retrieval + gathers | heads, packing, "
+           "losses |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  limits = result.get("limits")
+  if limits:
+    lines[4:4] = [f"TensorFlow float32 matmul measured in the same run: "
+                  f"{limits['matmul']['flops_per_second'] / 1e9:.1f} GFLOP/s (theoretical "
+                  f"peak {limits['cpu']['peak_flops'] / 1e9:.1f}). FLOPs are the encoders' "
+                  f"matmuls (benchmarks.common.encoder_flops) plus, for pre-training, the MLM "
+                  f"head's vocabulary projection.", ""]
   for r in result["rows"]:
     if "failed" in r:
       lines.append(f"| {r['task']} | {'on' if r['xla'] else 'off'} | failed: {r['failed'][:80]} |"
-                   " | | | | | |")
+                   " | | | | | | | | |")
       continue
     lines.append(
         f"| {r['task']} | {'on' if r['xla'] else 'off'} | {r['batch']} x {r['candidates']} | "
         f"{r['examples_per_second']:.2f} | {r['step_seconds']:.2f} | "
+        f"{r.get('flops_per_example', float('nan')) / 1e9:.2f} | "
+        f"{r.get('achieved_flops_per_second', float('nan')) / 1e9:.1f} | "
+        f"{r.get('fraction_of_matmul_limit', float('nan')):.2f} | "
         f"{r['forward_backward_seconds']:.2f} | {100 * r['encoder_share']:.0f}% | "
         f"{100 * r['retrieval_gather_share']:.1f}% | "
         f"{100 * r['heads_packing_losses_share']:.0f}% |")

@@ -5,6 +5,7 @@ import json
 import os
 
 import pytest
+import tensorflow as tf
 
 from benchmarks import pretrain
 from benchmarks.common import RESULTS_DIR
@@ -161,3 +162,97 @@ def test_matmul_limit_times_the_products_it_counts():
   small = matmul_limit(n=64, repeats=2, trials=2)
   assert small["flops_per_second"] == pytest.approx(2 * 64 ** 3 * 2 / small["seconds"])
   assert small["seconds"] > 0
+
+
+def test_encoder_flops_are_the_bulk_of_what_tensorflow_counts():
+  """encoder_flops against TensorFlow's own float-op count of the tiny BertEncoderV2's
+  forward graph: the matmuls it counts are most of the graph's FLOPs and never more (the
+  rest is biases, layer norms, softmaxes, GELUs)."""
+  from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2  # pylint: disable=g-import-not-at-top
+  from benchmarks.common import encoder_flops  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling.networks import build_encoder  # pylint: disable=g-import-not-at-top
+  e = load_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs",
+                               "tiny.yaml")).model.encoder
+  encoder = build_encoder(e)
+  batch, seq = 2, 16
+
+  @tf.function
+  def forward(ids):
+    return encoder(dict(input_word_ids=ids, input_mask=tf.ones_like(ids),
+                        input_type_ids=tf.zeros_like(ids)))["sequence_output"]
+
+  graph = convert_variables_to_constants_v2(
+      forward.get_concrete_function(tf.TensorSpec([batch, seq], tf.int32))).graph
+  counted = tf.compat.v1.profiler.profile(
+      graph, options=tf.compat.v1.profiler.ProfileOptionBuilder.float_operation()
+  ).total_float_ops
+  ours = encoder_flops(e.num_layers, e.hidden_size, e.intermediate_size, batch, seq,
+                       training=False)
+  assert 0.85 * counted <= ours <= counted
+  assert encoder_flops(e.num_layers, e.hidden_size, e.intermediate_size, batch, seq) == 3 * ours
+
+
+def _paper_scale_inputs(directory, pretrain_flops_per_second, blocks_per_second):
+  limits = {"cpu": {"peak_flops": 100e9}, "matmul": {"flops_per_second": 50e9}}
+  when = {"when": "2026-11-25T00:00:00+0000", "cpu_count": 2, "load_average_1_5_15": [0, 0, 0]}
+  tasks = {"limits": limits, "machine_before": when, "rows": [
+      {"task": "pretrain", "xla": False, "achieved_flops_per_second": 1.0,
+       "fraction_of_matmul_limit": 0.0},
+      {"task": "pretrain", "xla": True, "achieved_flops_per_second": pretrain_flops_per_second,
+       "fraction_of_matmul_limit": pretrain_flops_per_second / 50e9}]}
+  with open(os.path.join(directory, "train_step.json"), "w") as f:
+    json.dump({"tasks": tasks}, f)
+  with open(os.path.join(directory, "mips.json"), "w") as f:
+    json.dump({"real": {"machine": when, "beam_blocks_per_second": blocks_per_second}}, f)
+
+
+def test_paper_scale_follows_its_measured_inputs(tmp_path, monkeypatch):
+  """The estimate from the paper's configs: TPU time inversely proportional to the
+  measured utilisation (XLA-on pre-training row, over the CPU's peak), Dataflow cores
+  inversely proportional to the measured embedding rate, the index memory per core an
+  independent count of the index's tables."""
+  from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paper_scale, "RESULTS_DIR", str(tmp_path))
+  args = paper_scale.parse_args([])
+  _paper_scale_inputs(tmp_path, 20e9, 10.0)
+  base = paper_scale.estimate(args)
+  assert base["measured"]["training"]["fraction_of_cpu_peak"] == pytest.approx(0.2)
+  _paper_scale_inputs(tmp_path, 40e9, 10.0)
+  faster = paper_scale.estimate(args)
+  assert faster["tpu_step_seconds"] == pytest.approx(base["tpu_step_seconds"] / 2)
+  # Half the step time is half the staleness window: twice the cores for the same rate.
+  assert faster["dataflow_cores_for_500_step_staleness"] == pytest.approx(
+      2 * base["dataflow_cores_for_500_step_staleness"])
+  _paper_scale_inputs(tmp_path, 20e9, 20.0)
+  assert paper_scale.estimate(args)["dataflow_cores_for_500_step_staleness"] == pytest.approx(
+      base["dataflow_cores_for_500_step_staleness"] / 2)
+  # 13M blocks over 64 shards: bfloat16 128-d embeddings, a bool, three int32 tables of
+  # 288, an int32 length; block ids (int64) on every core.
+  rows = -(-13_000_000 // 64)
+  assert base["index_memory_per_core_total_bytes"] == rows * (256 + 1 + 3 * 4 * 288 + 4) \
+      + 8 * 13_000_000
+  assert base["step_flops_total"] == pytest.approx(sum(base["step_flops"].values()))
+  assert "TFLOP" in paper_scale.report(base)
+
+
+def test_serving_latencies_are_read_against_the_arithmetic_floor():
+  """with_floor: floor = a question's FLOPs / the measured matmul FLOP/s; the 1.25x target
+  is met at 1.2x the floor and missed at 1.3x."""
+  from benchmarks import serving  # pylint: disable=g-import-not-at-top
+
+  def result(grpc_p50_ms):
+    return dict(flops_per_question=dict(total=2e9), exports=dict(realm_qa=dict(
+        in_process=dict(p50_ms=150.0, ms_per_question_at_batch_size={"1": 150.0, "8": 75.0}),
+        summary=dict(grpc_p50_ms_1=grpc_p50_ms), targets_met={})))
+
+  limits = dict(matmul=dict(flops_per_second=40e9))  # floor: 2e9 / 40e9 s = 50 ms
+  met, missed = result(60.0), result(65.0)
+  serving.with_floor(met, limits)
+  serving.with_floor(missed, limits)
+  assert met["floor_ms"] == 50.0
+  s = met["exports"]["realm_qa"]["summary"]
+  assert s["in_process_p50_over_floor"] == 3.0 and s["grpc_p50_over_floor"] == 1.2
+  assert s["fraction_of_matmul_limit_at_batch_size"] == {"1": 0.333, "8": 0.667}
+  assert met["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
+  assert not missed["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
