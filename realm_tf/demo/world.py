@@ -158,8 +158,9 @@ class WorldAct:
     version = export["version"]
     shutil.copytree(os.path.join(export["base_path"], str(version)),
                     os.path.join(base_path, str(version)))
-    self.log(f"[world_serve] serving {base_path} over gRPC on localhost, asking "
-             f"{len(questions)} held-out questions, then publishing the edited corpus ...")
+    self.log(f"[world_serve] serving {base_path} over gRPC on localhost: asking "
+             f"{min(num_asked, len(questions))} held-out questions, publishing the edited "
+             f"corpus, then asking all {len(questions)} ...")
     with Server(base_path, directory, self.log, poll_seconds=1.0) as server:
       before = server.ask(questions[:num_asked])
       edited_version = version + 1
