@@ -382,12 +382,16 @@ def run(args) -> dict:
 def report(payload: dict) -> str:
   """benchmarks/results/knowledge.md: the table of arms."""
   s, w = payload["settings"], payload["world"]
+  # The arms in ARMS' order: the JSON's keys come back sorted.
+  arms = sorted(payload["arms"].items(),
+                key=lambda item: list(ARMS).index(item[0]) if item[0] in ARMS else len(ARMS))
   lines = ["# REALM on the knowledge world (benchmarks/knowledge.py)", "",
            f"World: {w['blocks']} blocks of Z, {w['x']} training sentences (X), "
            f"{w['held_out']} held-out sentences whose facts are only in Z; chance (the most "
            f"frequent training value per attribute) {w['chance']:.3f}, "
            f"{w.get('chance_given_length', float('nan')):.3f} among the values as long as the "
-           f"answer (the number of [MASK]s gives the length away). "
+           f"answer in wordpieces (what the number of [MASK]s tells a reader; equal to "
+           f"chance when every value is one wordpiece). "
            f"{s['steps']} steps of batch {s['batch_size']}, learning rate "
            f"{s['learning_rate']}, k={s['num_candidates']}, refresh every "
            f"{s['refresh_every']} steps; ICT warm start {s['ict_steps']} steps "
@@ -396,7 +400,7 @@ def report(payload: dict) -> str:
            "| arm | held-out span accuracy | gold top-1 | edit: follows new value | "
            "edit: keeps old value | index refreshes | train s |",
            "|---|---|---|---|---|---|---|"]
-  for arm, r in payload["arms"].items():
+  for arm, r in arms:
     e = r.get("knowledge_edit") or {}
 
     def pm(value, err):
@@ -408,8 +412,7 @@ def report(payload: dict) -> str:
         f"{pm(e.get('follows_edit'), e.get('follows_edit_stderr', 0))} | "
         f"{pm(e.get('keeps_old_value'), e.get('keeps_old_value_stderr', 0))} | "
         f"{r['index_refreshes']} | {r['wall_seconds']} |")
-  kinds = [(arm, r["top1_kinds"]) for arm, r in payload["arms"].items()
-           if r.get("top1_kinds")]
+  kinds = [(arm, r["top1_kinds"]) for arm, r in arms if r.get("top1_kinds")]
   if kinds:
     lines += ["", "What the retriever's top-1 is for held-out sentences after training (own "
               "block / a namesake's / a town's / another entity's): " + "; ".join(
