@@ -59,7 +59,10 @@ def _measured_training_utilisation() -> dict:
 def _measured_embedding_rate(demo_config) -> dict:
   """beam.embed_corpus's blocks/s (MiniLM, the demo's block length) as FLOP/s per core."""
   with open(os.path.join(RESULTS_DIR, "mips.json")) as f:
-    real = json.load(f)["real"]
+    mips = json.load(f)
+  real = dict(mips["real"])
+  # Older mips.json files record the machine once, beside the corpora.
+  real.setdefault("machine", mips.get("machine"))
   e = demo_config.model.encoder
   per_block = encoder_flops(e.num_layers, e.hidden_size, e.intermediate_size, 1,
                             demo_config.model.retriever.block_seq_length, training=False)

@@ -126,8 +126,9 @@ def _time_task(task_type: str, data_dir: str, args, jit: bool) -> dict:
   model = task.build_model()
   optimizer = task.create_task_optimizer()
   index = None
-  if hasattr(task, "build_index"):
+  if hasattr(task, "build_index"):  # ICT's build_index gives None: it searches no index
     index = task.build_index(tf.distribute.get_strategy())
+  if index is not None:
     rng = np.random.default_rng(0)
     index.set_embeddings(rng.normal(size=[index.num_blocks, index.dimension]), version=0)
   data = config.task_config.train_data
