@@ -30,7 +30,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import time
 from typing import Callable, List, Sequence
 
@@ -454,11 +453,7 @@ class Demo:
           "task.openqa.init_from": "realm", "task.openqa.init_checkpoint": pretrain_dir,
           "trainer.train_steps": o.finetune_steps,
           "trainer.validation_interval": o.finetune_steps})
-      evaluations = sorted(
-          (f for f in os.listdir(os.path.join(directory, "eval")) if f.endswith(".json")),
-          key=lambda f: int(re.findall(r"(\d+)\.json$", f)[0]))
-      with open(os.path.join(directory, "eval", evaluations[-1]), encoding="utf-8") as f:
-        metrics = json.load(f)
+      metrics = records.last_evaluation(directory)
       return dict(model_dir=directory, exact_match=metrics.get("exact_match"),
                   recall_at_5=metrics.get("recall@5"), eval_step=metrics.get("step"),
                   eval_questions=metrics.get("num_questions"))

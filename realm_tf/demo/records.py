@@ -3,6 +3,7 @@
 held-out masked sentences, question files)."""
 import json
 import os
+import re
 from typing import Dict, Iterable, List, Sequence, Set
 
 import tensorflow as tf
@@ -10,6 +11,7 @@ import tensorflow as tf
 from realm_tf.corpus import examples, schema
 from realm_tf.data.files import BLOCKS, PRETRAINING, corpus_files, files
 from realm_tf.demo.questions import Block, Cloze, Sentence
+from realm_tf.io import layout
 from realm_tf.tagger.spans import spans_from_byte_offsets
 
 
@@ -101,3 +103,17 @@ def write_blocks_without(corpus_dir: str, output_dir: str, block_ids: Set[int]) 
         kept += 1
   os.replace(path + ".tmp", path)
   return kept
+
+
+def last_evaluation(model_dir: str) -> dict:
+  """The newest eval/validation-<step>.json of a training run ({} when there is none)."""
+  directory = layout.eval_dir(model_dir)
+  steps = {}
+  for name in os.listdir(directory) if os.path.isdir(directory) else ():
+    match = re.search(r"(\d+)\.json$", name)
+    if match:
+      steps[int(match.group(1))] = name
+  if not steps:
+    return {}
+  with open(os.path.join(directory, steps[max(steps)]), encoding="utf-8") as f:
+    return json.load(f)

@@ -101,7 +101,7 @@ class WorldAct:
           "trainer.learning_rate": LEARNING_RATE,
           "trainer.warmup_steps": max(1, steps // 10),
           "trainer.validation_interval": steps})
-      metrics = _last_evaluation(directory)
+      metrics = records.last_evaluation(directory)
       return dict(model_dir=directory, exact_match=metrics.get("exact_match"),
                   recall_at_5=metrics.get("recall@5"),
                   eval_questions=metrics.get("num_questions"))
@@ -223,17 +223,6 @@ def _read_block(answer: dict) -> dict:
   block = answer["blocks"][answer["answer_block"]]
   return dict(title=block["title"], text=block["text"],
               retrieval_prob=block["retrieval_prob"])
-
-
-def _last_evaluation(model_dir: str) -> dict:
-  directory = layout.eval_dir(model_dir)
-  names = [f for f in os.listdir(directory) if f.endswith(".json")] if os.path.isdir(
-      directory) else []
-  if not names:
-    return {}
-  name = max(names, key=lambda f: int("".join(c for c in f if c.isdigit()) or 0))
-  with open(os.path.join(directory, name), encoding="utf-8") as f:
-    return json.load(f)
 
 
 def format_world(result: dict) -> str:
