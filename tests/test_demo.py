@@ -1,8 +1,10 @@
 """`make demo`'s pipeline end to end on the tiny config: a small invented corpus through
-every stage (preprocessing with the title gazetteer, ICT, the index, MLM-head warm-up,
-REALM pre-training with the background index builder, masked sentences filled in, reader
-fine-tuning on generated questions, export, the gRPC server), then a re-run that reuses
-every finished stage. No network, no package data, no shared data."""
+every default stage (preprocessing with the title gazetteer, ICT, the index, MLM-head
+warm-up, REALM pre-training with the background index builder, masked sentences filled in,
+then act 2: fine-tuning from that pre-training on the knowledge world, export, the gRPC
+server, the edit published), then a re-run with act 1's Open-QA stages on (reader
+fine-tuning on generated questions, export, the gRPC server) that reuses every finished
+stage. No network, no package data, no shared data."""
 import json
 import os
 import re
@@ -18,8 +20,11 @@ from tests.synthetic_corpus import _CITIES, _COUNTRIES, _RIVERS
 pytestmark = pytest.mark.demo
 
 STAGES = ("corpus", "preprocess", "data", "ict", "index", "warmup", "pretrain", "fill_in",
-          "openqa", "export", "world", "world_openqa", "world_export", "world_edit")
-SERVED = ("serve", "world_serve")  # never reused
+          "world", "world_openqa", "world_export", "world_edit")
+WIKIPEDIA_QA = ("openqa", "export")  # with --wikipedia_qa (or --ask, --train_file) only
+# Never reused.
+SERVED = ("world_serve",)
+WIKIPEDIA_SERVED = ("serve",)
 SIZES = ["--ict_steps", "2", "--warmup_steps", "2", "--warmup_batch_size", "4",
          "--pretrain_steps", "10", "--pretrain_batch_size", "4", "--num_candidates", "3",
          "--refresh_every_steps", "5", "--finetune_steps", "4", "--finetune_batch_size", "4",
@@ -46,12 +51,12 @@ def _write_articles(path) -> list[dict]:
   return rows
 
 
-def _run_demo(repo_dir, run_dir, articles):
+def _run_demo(repo_dir, run_dir, articles, *extra):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   process = subprocess.Popen(  # pylint: disable=consider-using-with
       [sys.executable, "-m", "realm_tf.demo", "--config", str(repo_dir / "configs" / "tiny.yaml"),
        "--run_dir", str(run_dir), "--articles_file", str(articles), "--conll_dir=",
-       "--ask", "What is the capital of Veloria?", *SIZES],
+       *SIZES, *extra],
       cwd=repo_dir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
   try:
     stdout, stderr = process.communicate(timeout=900)
@@ -87,8 +92,10 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   stdout, summary = _run_demo(repo_dir, run_dir, tmp_path / "articles.jsonl")
 
   ran = {s["name"]: s for s in summary["stages"]}
-  assert set(ran) == set(STAGES) | set(SERVED)
+  assert set(ran) == set(STAGES) | set(SERVED)  # act 1's Open-QA stages are off by default
   assert not any(s["reused"] for s in summary["stages"])
+  assert summary["answers"] == [] and summary["openqa"] == {}
+  assert "Questions asked over gRPC (held-out cloze questions)" not in stdout
   assert "dates plus mentions of other articles' titles" in stdout
   assert summary["preprocess"]["salient_spans"] == "title_mentions_and_dates"
 
@@ -108,8 +115,32 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   assert stdout.count("without retrieval (null document only)") == 2
   assert stdout.count("retrieved z: p(z|x) = ") == 2
 
+  # Act 2 fine-tunes act 1's pre-trained checkpoint (the paper's order).
+  world_log = (run_dir / "world_openqa" / "log.txt").read_text(encoding="utf-8")
+  assert "task.openqa.init_from=realm" in world_log
+  assert f"task.openqa.init_checkpoint={run_dir / 'pretrain'}" in world_log
+  _check_world_act(summary["world"], stdout)
+  assert _gone(_server_pid(stdout))  # the world act's server was stopped
+
+  # A re-run with act 1's Open-QA stages (--ask implies them) reuses every finished stage,
+  # runs those, and serves again.
+  stdout_again, summary_again = _run_demo(repo_dir, run_dir, tmp_path / "articles.jsonl",
+                                          "--ask", "What is the capital of Veloria?")
+  reused = {s["name"]: s["reused"] for s in summary_again["stages"]}
+  assert reused == dict({name: True for name in STAGES},
+                        **{name: False for name in WIKIPEDIA_QA + SERVED + WIKIPEDIA_SERVED})
+  for name in STAGES:
+    assert re.search(rf"^\[{name}\] .*: reused", stdout_again, re.MULTILINE), name
+  # No stage command ran before act 1's Open-QA fine-tuning, nor in act 2 before serving
+  # (the world act's publish runs while it serves).
+  assert "$ python -m" not in stdout_again.split("[openqa]")[0]
+  assert "$ python -m" not in stdout_again.split("[world_openqa]")[1].split("[world_serve]")[0]
+  assert summary_again["filled_in"] == filled
+  assert summary_again["world"]["openqa"] == summary["world"]["openqa"]
+  assert _gone(_server_pid(stdout_again))
+
   # Answers over gRPC with provenance: source titles and p(z|x) of the blocks read.
-  answers = summary["answers"]
+  answers = summary_again["answers"]
   assert [a["question"] for a in answers][-1] == "What is the capital of Veloria?"
   assert len(answers) == 4
   for answer in answers:
@@ -121,8 +152,8 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
     assert all(b["title"] in titles and b["text"] for b in answer["blocks"])
     assert sum(b["is_answer_block"] for b in answer["blocks"]) == 1
   assert all(a["expected"] for a in answers[:3])
-  assert stdout.count("p(z|x) = ") >= 2 + 3 * 4
-  assert _gone(_server_pid(stdout))  # the server was stopped
+  assert "Questions asked over gRPC (held-out cloze questions)" in stdout_again
+  assert stdout_again.count("p(z|x) = ") >= 2 + 3 * 4
 
   # Generated questions: none answerable only from its own block; held out means held out.
   blocks = records.read_blocks(summary["preprocess"]["corpus_dir"])
@@ -142,21 +173,6 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   masked = records.read_json_lines(summary["data"]["masked_json"])
   pretraining = records.read_sentences(summary["data"]["pretraining"])
   assert not {m["text"] for m in masked} & {s.text for s in pretraining}
-
-  _check_world_act(summary["world"], stdout)
-
-  # A re-run reuses every finished stage and serves again.
-  stdout_again, summary_again = _run_demo(repo_dir, run_dir, tmp_path / "articles.jsonl")
-  reused = {s["name"]: s["reused"] for s in summary_again["stages"]}
-  assert reused == dict({name: True for name in STAGES}, **{name: False for name in SERVED})
-  for name in STAGES:
-    assert re.search(rf"^\[{name}\] .*: reused", stdout_again, re.MULTILINE), name
-  # No stage command ran before serving (the world act's publish runs while it serves).
-  assert "$ python -m" not in stdout_again.split("[serve]")[0]
-  assert "$ python -m" not in stdout_again.split("[world_openqa]")[1].split("[world_serve]")[0]
-  assert summary_again["filled_in"] == filled
-  assert [a["answer"] for a in summary_again["answers"]] == [a["answer"] for a in answers]
-  assert _gone(_server_pid(stdout_again))
 
 
 def _check_world_act(world: dict, stdout: str):

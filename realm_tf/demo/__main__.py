@@ -2,11 +2,11 @@
 
     python -m realm_tf.demo [--config configs/demo.yaml] [--run_dir runs/demo]
         [--num_articles N] [--ict_steps N] [--warmup_steps N] [--pretrain_steps N]
-        [--finetune_steps N] [--train_file questions.jsonl] [--ask "who wrote ...?"] ...
+        [--wikipedia_qa] [--train_file questions.jsonl] [--ask "who wrote ...?"] ...
 
 Every stage writes under --run_dir and is reused when run again with the same settings
 (see realm_tf.demo.pipeline for the stages and what each runs). The defaults (the MiniLM
-config, configs/demo.yaml) took 21-24 minutes on a 2-core CPU on 2026-11-25.
+config, configs/demo.yaml): see README, "How long".
 """
 import os
 import signal
@@ -44,7 +44,13 @@ flags.DEFINE_integer("num_candidates", _D.num_candidates,
                      "Documents per masked sentence in pre-training (null document included).")
 flags.DEFINE_integer("refresh_every_steps", _D.refresh_every_steps,
                      "Pre-training steps between retriever snapshots for the index builder.")
-flags.DEFINE_integer("finetune_steps", _D.finetune_steps, "Reader fine-tuning steps.")
+flags.DEFINE_bool("wikipedia_qa", _D.wikipedia_qa,
+                  "Also fine-tune a reader on cloze questions over the Wikipedia corpus, "
+                  "export it and ask it over gRPC (act 1's Open-QA stages; implied by "
+                  "--train_file and --ask). Off by default: at this size they answer few "
+                  "questions right (README, 'What quality to expect').")
+flags.DEFINE_integer("finetune_steps", _D.finetune_steps,
+                     "Reader fine-tuning steps on the Wikipedia questions.")
 flags.DEFINE_integer("finetune_batch_size", _D.finetune_batch_size, "Fine-tuning batch.")
 flags.DEFINE_string("train_file", _D.train_file,
                     "Fine-tuning questions, NQ-Open JSON lines {\"question\", \"answer\": "
@@ -70,15 +76,15 @@ FLAGS = flags.FLAGS
 
 
 ACT_1_LIMITS = """
-What act 1 shows at this size: every stage of REALM on real Wikipedia text (salient-span
-preprocessing, the ICT warm start, the embedded corpus, pre-training with the index builder
-re-embedding beside the trainer, Open-QA fine-tuning, the export, gRPC serving) and where
-each answer came from (the blocks and p(z|x) above). What it cannot show: that REALM's
-pre-training makes better answers. A few CPU minutes of pre-training leave the fresh MLM
-head filling few blanks, and a reader fine-tuned on a few hundred questions answers few
-right; the paper's gains took 200k steps of batch 512 on TPUs. Act 2 shows what does fit
-here: facts written nowhere but in the corpus, retrieved and read, and an edit of the corpus
-changing the served answer with no parameter changed."""
+What act 1 shows at this size: REALM's pre-training stages on real Wikipedia text
+(salient-span preprocessing, the ICT warm start, the embedded corpus, pre-training with the
+index builder re-embedding beside the trainer) and which blocks each masked sentence read
+(p(z|x) above). What it cannot show: that pre-training makes better predictions. A few CPU
+minutes leave the fresh MLM head filling few blanks, and a reader fine-tuned on a few
+hundred Wikipedia questions answers few right (--wikipedia_qa runs that too); the paper's
+gains took 200k steps of batch 512 on TPUs. Act 2 fine-tunes this pre-trained checkpoint
+where an answer can only come from the corpus: facts written nowhere else, retrieved and
+read, and an edit of the corpus changing the served answer with no parameter changed."""
 
 
 def main(argv):
@@ -95,7 +101,7 @@ def main(argv):
       "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
       "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",
       "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
-      "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
+      "wikipedia_qa", "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
       "num_eval_questions", "num_asked", "num_masked", "seed", "world_entities",
       "world_finetune_steps", "world_batch_size", "world_asked")},
                         overrides=list(FLAGS.override), ask=list(FLAGS.ask))
@@ -108,8 +114,10 @@ def main(argv):
   print("\n=== Held-out masked sentences, filled in without and with retrieval "
         "(as the paper's Table 3) ===")
   print(format_results(result["filled_in"]))
-  print("\n=== Questions asked over gRPC (held-out cloze questions), with their sources ===")
-  print(format_answers(result["answers"]))
+  if result["answers"]:
+    print("\n=== Questions asked over gRPC (held-out cloze questions), with their "
+          "sources ===")
+    print(format_answers(result["answers"]))
   print(ACT_1_LIMITS)
   print("\n=== Act 2, the knowledge world: held-out questions over gRPC, before and after "
         "the corpus is edited ===")

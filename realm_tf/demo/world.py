@@ -1,14 +1,16 @@
 """The demo's second act: REALM's knowledge lives in its corpus, shown on invented facts.
 
-  world ─ world_openqa ─ world_export ─ world_edit ─ world_serve
+  (act 1's pretrain) ─┐
+  world ─────────────── world_openqa ─ world_export ─ world_edit ─ world_serve
 
   world         realm_tf.corpus.knowledge_world: invented people (names no model has seen)
                 with a birthplace, an occupation and a birth year, one block each (Z), plus
                 namesake and town blocks; Open-QA questions on the facts, those of one
                 attribute per person held out; and the same corpus after an edit that
                 rewrites every held-out fact in its block
-  world_openqa  python -m realm_tf.train --experiment realm/openqa from the warm start
-                (MiniLM), on the questions not held out, over Z
+  world_openqa  python -m realm_tf.train --experiment realm/openqa from act 1's REALM
+                pre-training checkpoint (retriever and reader), on the questions not held
+                out, over Z: the paper's order, pre-training then fine-tuning
   world_export  python -m realm_tf.export: the realm_qa SavedModel over Z
   world_edit    python -m beam.embed_corpus: the edited Z embedded by the run's own document
                 tower (no parameter changes)
@@ -81,16 +83,17 @@ class WorldAct:
     return self.stages.run("world", "an invented world: people, their blocks, questions",
                            dict(entities=entities, seed=seed), [], body)
 
-  def openqa(self, world: dict, steps: int, batch: int) -> dict:
+  def openqa(self, world: dict, pretrain_dir: str, steps: int, batch: int) -> dict:
     def body(directory):
       self.train(directory, "world_openqa", experiments.OPENQA, {
           "index.blocks": world["corpus_dir"],
           "task.openqa.train_data.input_path": world["train_questions"],
           "task.openqa.validation_data.input_path": world["heldout_questions"],
           "task.openqa.train_data.global_batch_size": batch,
-          "task.openqa.init_from": "warm_start",
+          "task.openqa.init_from": "realm", "task.openqa.init_checkpoint": pretrain_dir,
           # Three blocks read per question (the Wikipedia act reads five): the person's own
-          # block is the first retrieved from the start (MiniLM matches the invented name).
+          # block is the first retrieved from the start (the retriever, MiniLM after a few
+          # ICT and pre-training steps, matches the invented name).
           "task.openqa.num_candidates": 3,
           # A question is about 15 wordpieces and a block's body about 25: everything is
           # read at 48, at a quarter of the Wikipedia act's reader cost.
@@ -107,10 +110,10 @@ class WorldAct:
                   eval_questions=metrics.get("num_questions"))
 
     return self.stages.run("world_openqa", "reader fine-tuning on the world's questions "
-                           "(Open-QA, from MiniLM)",
+                           "(Open-QA, from the pre-trained REALM checkpoint)",
                            dict(config=self.config_identity, steps=steps, batch=batch,
                                 lr=LEARNING_RATE),
-                           ["world"], body)
+                           ["world", "pretrain"], body)
 
   def export(self, openqa_dir: str) -> dict:
     def body(directory):
@@ -204,9 +207,11 @@ class WorldAct:
     self.log(f"[world_serve] done in {clock(seconds)}; server stopped")
     return dict(summary, rows=shown)
 
-  def run(self, entities: int, steps: int, batch: int, num_asked: int, seed: int) -> dict:
+  def run(self, pretrain_dir: str, entities: int, steps: int, batch: int, num_asked: int,
+          seed: int) -> dict:
+    """`pretrain_dir`: the REALM pre-training run whose checkpoint fine-tuning starts from."""
     world = self.world(entities, seed)
-    qa = self.openqa(world, steps, batch)
+    qa = self.openqa(world, pretrain_dir, steps, batch)
     export = self.export(qa["model_dir"])
     edit = self.edit_index(world, qa["model_dir"])
     served = self.serve(world, qa["model_dir"], export, edit, num_asked)
@@ -244,8 +249,9 @@ def format_world(result: dict) -> str:
   qa = result["openqa"]
   lines.append("What this shows: an answer found only in the corpus, retrieved and read, and "
                "an edit of one block changing it with no parameter changed. What it does not: "
-               "that retrieval was learnt. MiniLM finds an invented name's block from the "
-               "first step; the MLM arms of benchmarks/knowledge.py show the retriever "
+               "that retrieval was learnt. The retriever (MiniLM after a few ICT and "
+               "pre-training steps) finds an invented name's block from the first step; the "
+               "MLM arms of benchmarks/knowledge.py show the retriever "
                "learning from the language-model loss alone.")
   lines.append(f"Shown: {served['shown_right_before']} of {served['shown']} right; after the "
                f"edit {served['shown_follows_edit']} of {served['shown']} follow the edited "
