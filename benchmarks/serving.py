@@ -67,16 +67,23 @@ def read_questions(limit: int) -> list[str]:
   return questions
 
 
-def prepare_corpus(work_dir: str, articles: int, block_seq_length: int) -> str:
+def prepare_corpus(work_dir: str, articles: int, block_seq_length: int,
+                   source: str = "") -> str:
+  """The first `articles` {title, text} JSON lines of `source` (default: the shared vital
+  articles) through the corpus pipeline into `work_dir`; returns the blocks file pattern."""
   from realm_tf.pipelines.corpus_blocks import prepare_blocks  # pylint: disable=g-import-not-at-top
-  source = os.path.join(common.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
-  sample = os.path.join(work_dir, f"vital_{articles}.jsonl")
+  vital = os.path.join(common.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
+  source = source or vital
+  # Named by the source, so one work_dir never mistakes another file's blocks for these.
+  stem = ("" if source == vital
+          else os.path.splitext(os.path.basename(source))[0] + "_")
+  sample = os.path.join(work_dir, f"{stem or 'vital_'}{articles}.jsonl")
   with open(source) as f, open(sample, "w") as out:
     for i, line in enumerate(f):
       if i >= articles:
         break
       out.write(line)
-  return prepare_blocks(sample, os.path.join(work_dir, f"corpus_{articles}"),
+  return prepare_blocks(sample, os.path.join(work_dir, f"corpus_{stem}{articles}"),
                         block_seq_length)
 
 

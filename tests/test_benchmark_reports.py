@@ -1,7 +1,9 @@
 """The pre-training benchmark's report: a start rebuilt between invocations is compared with
 the kept one and said so in the table (benchmarks/pretrain.py); the compute limits every
-performance benchmark records (benchmarks/common.py)."""
+performance benchmark records (benchmarks/common.py); the paper-scale estimate's inputs; the
+embedding benchmark's arithmetic and a run of it at tiny size (benchmarks/embedding.py)."""
 import json
+import math
 import os
 
 import pytest
@@ -256,3 +258,109 @@ def test_serving_latencies_are_read_against_the_arithmetic_floor():
   assert s["fraction_of_matmul_limit_at_batch_size"] == {"1": 0.333, "8": 0.667}
   assert met["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
   assert not missed["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
+
+
+def test_paper_scale_prefers_the_embedding_benchmarks_rate(tmp_path, monkeypatch):
+  """With benchmarks/results/embedding.json present, paper_scale sizes Dataflow from its
+  measured FLOP/s per core (the steady-state pipeline rate), not from mips.json's."""
+  from benchmarks import paper_scale  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(paper_scale, "RESULTS_DIR", str(tmp_path))
+  args = paper_scale.parse_args([])
+  _paper_scale_inputs(tmp_path, 20e9, 10.0)
+  from_mips = paper_scale.estimate(args)
+  assert "mips.json" in from_mips["measured"]["embedding"]["source"]
+  per_core = 4 * from_mips["measured"]["embedding"]["flops_per_second_per_core"]
+  sizing = dict(rate_used="beam steady state", blocks_per_second=30.0, cores=2,
+                flops_per_second_per_core=per_core,
+                measured_model=dict(layers=6, hidden=384, flops_per_block=2e9))
+  with open(tmp_path / "embedding.json", "w") as f:
+    json.dump(dict(account=dict(sizing=sizing), machine=dict(
+        when="2026-11-26T00:00:00+0000", load_average_1_5_15=[0.1, 0.1, 0.1])), f)
+  measured = paper_scale.estimate(args)
+  embedding = measured["measured"]["embedding"]
+  assert "embedding.json" in embedding["source"]
+  assert embedding["flops_per_second_per_core"] == per_core
+  assert measured["dataflow_cores_for_500_step_staleness"] == pytest.approx(
+      from_mips["dataflow_cores_for_500_step_staleness"] / 4)
+  assert "30.0 6-layer 384-hidden blocks/s on 2 cores" in paper_scale.report(measured)
+
+
+# --- benchmarks/embedding.py -------------------------------------------------------------
+
+def test_embedding_sizing_by_hand():
+  """14.4M blocks at 0.5 blocks/s per core: 28.8M core-seconds = 8,000 core-hours = 500
+  hours of a 16-core worker: 5 h on 100 workers, 500 workers for 1 h. 13M at 2 blocks/s:
+  1,805.6 core-hours, 112.85 worker-hours: 1.13 h on 100 workers, 113 workers for 1 h."""
+  from benchmarks.embedding import dataflow_sizing, steady_state  # pylint: disable=g-import-not-at-top
+  x = dataflow_sizing(14_400_000, 0.5, worker_cores=16, workers=100, hours=1.0)
+  assert x["core_hours"] == pytest.approx(8000)
+  assert x["worker_hours"] == pytest.approx(500)
+  assert x["hours_with_workers"] == pytest.approx(5.0)
+  assert x["workers_for_hours"] == 500
+  y = dataflow_sizing(13_000_000, 2.0, worker_cores=16, workers=100, hours=1.0)
+  assert y["core_hours"] == pytest.approx(1805.5556, rel=1e-6)
+  assert y["hours_with_workers"] == pytest.approx(1.128472, rel=1e-5)
+  assert y["workers_for_hours"] == 113
+  assert dataflow_sizing(13_000_000, 2.0, 16, 100, 2.0)["workers_for_hours"] == 57
+  # t = fixed + n / rate: 64 blocks in 10 s and 1,064 in 30 s are 50 blocks/s after a
+  # fixed 8.72 s; a larger run that is not slower separates nothing.
+  s = steady_state(64, 10.0, 1064, 30.0)
+  assert s["blocks_per_second"] == pytest.approx(50.0)
+  assert s["fixed_seconds"] == pytest.approx(10.0 - 64 / 50)
+  assert steady_state(64, 10.0, 1064, 9.5)["blocks_per_second"] is None
+
+
+@pytest.mark.slow
+def test_embedding_benchmark_on_the_tiny_config(tmp_path, monkeypatch):
+  """The whole benchmark on configs/tiny.yaml over a few invented articles (no ../shared):
+  both paths embed the same blocks alike, every rate and FLOP figure is finite and
+  positive, and the sizing multiplies back to the corpus size. Results go to tmp_path."""
+  from benchmarks import common, embedding  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path / "results"))
+  topics = ["rivers and lakes", "mountain climbing", "violin music", "bread baking",
+            "chess openings", "ocean tides", "honey bees", "volcanic eruptions"]
+  articles = tmp_path / "articles.jsonl"
+  with open(articles, "w") as f:
+    for i in range(16):
+      f.write(json.dumps(dict(title=f"Topic {i}", text=f"A passage about {topics[i % 8]}. "
+                              f"It is article number {i}, about {topics[(i + 3) % 8]} too."))
+              + "\n")
+  assert embedding.main([
+      "--config", os.path.join(os.path.dirname(__file__), os.pardir, "configs", "tiny.yaml"),
+      "--articles_file", str(articles), "--articles", "16", "--min_blocks", "16",
+      "--batch_size", "8", "--small_blocks", "4", "--matmul_n", "128",
+      "--work_dir", str(tmp_path / "work")]) == 0
+  with open(tmp_path / "results" / "embedding.json") as f:
+    result = json.load(f)
+  a = result["account"]
+  assert result["num_blocks"] >= 16 and result["plain"]["blocks"] == result["num_blocks"]
+  assert a["embeddings_agree"]["same_block_ids"]
+  assert a["embeddings_agree"]["max_abs_diff"] <= 1e-5 * max(
+      1.0, a["embeddings_agree"]["max_abs_value"])
+  e = common.encoder_flops(2, 32, 64, 1, 48, training=False)  # configs/tiny.yaml
+  assert a["flops"]["per_block"] == e
+
+  def finite(x):
+    return x is not None and math.isfinite(x) and x > 0
+
+  assert finite(a["ratios"]["whole_over_plain_whole"]) and finite(a["target"]["value"])
+  assert a["ratios"]["steady_over_plain_read"] is None or finite(
+      a["ratios"]["steady_over_plain_read"])
+  rows = {r["name"]: r for r in a["rows"]}
+  for name in ("beam, full run, whole", "plain, read + loop",
+               "plain, loop only (blocks in memory)"):
+    assert finite(rows[name]["flops_per_second"]), name
+    assert finite(rows[name]["fraction_of_matmul_limit"]), name
+  z = a["sizing"]
+  assert z["cores"] == len(os.sched_getaffinity(0))
+  assert z["blocks_per_second_per_core"] == pytest.approx(z["blocks_per_second"] / z["cores"])
+  for model in ("measured_model", "bert_base"):
+    x = z[model]
+    assert x["workers"] * x["hours_with_workers"] * 16 * x["blocks_per_second_per_core"] \
+        * 3600 == pytest.approx(13_000_000)
+    assert x["workers_for_hours"] * 16 * x["blocks_per_second_per_core"] * 3600 >= 13e6
+  # BERT-base at 288 wordpieces: the same FLOP/s per core.
+  assert z["bert_base"]["blocks_per_second_per_core"] * z["bert_base"]["flops_per_block"] \
+      == pytest.approx(z["flops_per_second_per_core"])
+  table = (tmp_path / "results" / "embedding.md").read_text()
+  assert "Target: beam / plain >= 0.9" in table and "Dataflow sizing" in table
