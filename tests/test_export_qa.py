@@ -103,6 +103,34 @@ def test_served_answers_are_the_evaluated_predictions(exported, kind):
   assert all(out["answer"])
 
 
+def test_reading_in_groups_answers_as_one_pass(exported):
+  """max_blocks_per_pass splits a request into groups read one after another: the same
+  outputs as one pass over the whole request, for groups of one question, of two (the
+  last group short), and for a request no larger than a group; the export's default is
+  the command line's."""
+  from realm_tf.export import __main__ as export_main  # pylint: disable=g-import-not-at-top
+  assert export_main.FLAGS["max_blocks_per_pass"].default == exporter.MAX_BLOCKS_PER_PASS
+  run = exporter.load_run(exported["model_dir"])
+  questions = tf.constant(exported["questions"][:5])
+  whole = exporter.build_module(run, "realm_qa", max_blocks_per_pass=0)
+  assert whole.questions_per_pass == 0
+  expected = {k: v.numpy() for k, v in whole.answer(questions).items()}
+  for per_pass, group in ((run.num_read, 1), (2 * run.num_read + 1, 2),
+                          (5 * run.num_read, 5)):
+    module = exporter.build_module(run, "realm_qa", max_blocks_per_pass=per_pass)
+    assert module.questions_per_pass == group
+    out = {k: v.numpy() for k, v in module.answer(questions).items()}
+    assert sorted(out) == sorted(expected)
+    for name, value in expected.items():
+      assert out[name].shape == value.shape, name
+      if value.dtype.kind in "fc":
+        np.testing.assert_allclose(out[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
+      else:
+        np.testing.assert_array_equal(out[name], value, err_msg=name)
+  with pytest.raises(ValueError, match="max_blocks_per_pass"):
+    exporter.build_module(run, "realm_qa", max_blocks_per_pass=-1)
+
+
 def test_qa_outputs_follow_the_client_contract(realm_qa):
   from serving import client  # pylint: disable=g-import-not-at-top
   signature = realm_qa.signatures["serving_default"]

@@ -50,6 +50,12 @@ KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
 PROVENANCE_FILE = "realm_provenance.json"
 STAGING = ".staging"
 WARMUP_QUESTIONS = ("who wrote the iliad?", "what is the capital of france?")
+# Blocks per reader pass of a QA export (QAModule's max_blocks_per_pass): on this project's
+# 2-core CPU (MiniLM-L6 reader, 160 wordpieces, no XLA) a block cost the same in passes of
+# 5 to 20 blocks and 26-49% more in passes of 40 to 160 (benchmarks/serving.py, "cost per
+# block"), so a request of many questions is read 20 blocks at a time. 0 for accelerators
+# whose throughput grows with the pass.
+MAX_BLOCKS_PER_PASS = 20
 
 
 @dataclasses.dataclass
@@ -182,7 +188,8 @@ class ServingBlockEncoder(BlockEncoder):
     return dict(super().signatures(), embed=self.embed)
 
 
-def build_module(run: ServingRun, kind: str) -> tf.Module:
+def build_module(run: ServingRun, kind: str,
+                 max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS) -> tf.Module:
   c = run.config
   if kind == "query_encoder":
     return ServingQueryEncoder(run.model.retriever.query_embedder, run.tokenizer,
@@ -201,7 +208,7 @@ def build_module(run: ServingRun, kind: str) -> tf.Module:
                                          states=_index_scann_states(run))
     return QAModule(run.model, run.index, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
-                    scann_handles=handles, kind=kind)
+                    scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass)
   raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -265,9 +272,11 @@ def read_provenance(export_dir: str) -> dict:
 
 def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                checkpoint: str = "", version: Optional[int] = None, blocks: str = "",
-               index_dir: str = "") -> dict[str, str]:
+               index_dir: str = "",
+               max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS) -> dict[str, str]:
   """`python -m realm_tf.export`: every kind of a run, version = training step by default;
-  `blocks` / `index_dir`: another corpus and its index (load_run)."""
+  `blocks` / `index_dir`: another corpus and its index (load_run); max_blocks_per_pass:
+  the QA exports' reader pass (QAModule)."""
   unknown = [k for k in kinds if k not in KINDS]
   if unknown:
     raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
@@ -275,8 +284,11 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
   version = run.step if version is None else version
   published = {}
   for kind in kinds:
-    published[kind] = save_export(build_module(run, kind), output_dir, kind, version,
-                                  run.provenance(kind), warmup_requests(kind, run))
+    provenance = run.provenance(kind)
+    if kind in ("realm_qa", "realm_qa_scann"):
+      provenance["max_blocks_per_pass"] = max_blocks_per_pass
+    published[kind] = save_export(build_module(run, kind, max_blocks_per_pass), output_dir,
+                                  kind, version, provenance, warmup_requests(kind, run))
   return published
 
 

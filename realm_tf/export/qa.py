@@ -44,6 +44,9 @@ from realm_tf.text.tokenization import Tokenizer
 QUESTION = "question"
 QA_OUTPUTS = ("answer", "score", "answer_block", "block_ids", "block_titles", "block_texts",
               "retrieval_probs")
+_QA_DTYPES = dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
+                  block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
+                  retrieval_probs=tf.float32)
 
 
 class _Untracked:
@@ -134,8 +137,17 @@ class QAModule(tf.Module):
   def __init__(self, model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
                query_seq_length: int, num_retrieved: int, num_read: int,
                searcher: Optional[Searcher] = None,
-               scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa"):
+               scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa",
+               max_blocks_per_pass: int = 0):
+    """max_blocks_per_pass: at most this many blocks (questions x num_read) go through the
+    reader at once; a larger request is answered group by group, in order. 0: the whole
+    request in one pass. Why: on a CPU the reader's unfused elementwise work (GELU,
+    softmax, layer norms) over a large pass leaves the caches, and a block costs more in a
+    large pass than in a small one (benchmarks/serving.py, "cost per block")."""
     super().__init__(name=kind)
+    if max_blocks_per_pass < 0:
+      raise ValueError(f"max_blocks_per_pass must be 0 (no limit) or positive, got "
+                       f"{max_blocks_per_pass}")
     if model.retriever is None:
       raise ValueError("a QA export needs a dense retriever (this model retrieves with "
                        "BM25, which has no in-graph index)")
@@ -163,6 +175,9 @@ class QAModule(tf.Module):
     self.query_seq_length = int(query_seq_length)
     self.num_retrieved = int(num_retrieved)
     self.num_read = int(num_read)
+    # Questions per reader pass (0: all of them).
+    self.questions_per_pass = (max(1, max_blocks_per_pass // self.num_read)
+                               if max_blocks_per_pass else 0)
 
   @property
   def model(self) -> OpenQAModel:
@@ -192,8 +207,35 @@ class QAModule(tf.Module):
         block_texts=tf.gather(self.texts, out.rows),
         retrieval_probs=tf.nn.softmax(tf.cast(out.retrieval_logits, tf.float32), axis=-1))
 
+  def predict_in_groups(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
+    """`predict` over groups of `questions_per_pass` questions, one after another, the
+    outputs concatenated in order. A request no larger than a group takes `predict` as is.
+    The loop is a plain tf.while_loop over TensorArrays (stock ops: the exports still load
+    in tensorflow_model_server) with parallel_iterations=1, so one group's intermediates
+    are freed before the next group's are made."""
+    group = self.questions_per_pass
+    count = tf.shape(question)[0]
+
+    def grouped():
+      outputs = {name: tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+                 for name, dtype in _QA_DTYPES.items()}
+
+      def body(start, arrays):
+        part = self.predict(question[start:start + group])
+        index = start // group
+        return start + group, {name: arrays[name].write(index, part[name])
+                               for name in arrays}
+
+      _, arrays = tf.while_loop(lambda start, _: start < count, body,
+                                (tf.constant(0), outputs), parallel_iterations=1)
+      return {name: array.concat() for name, array in arrays.items()}
+
+    return tf.cond(count <= group, lambda: self.predict(question), grouped)
+
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
   def answer(self, question):
+    if self.questions_per_pass:
+      return self.predict_in_groups(question)
     return self.predict(question)
 
   def signatures(self) -> dict:
