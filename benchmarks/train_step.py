@@ -36,7 +36,7 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.common import RESULTS_DIR, compute_limits, machine, write_result
-from benchmarks.train_step_tasks import run_tasks, tasks_markdown
+from benchmarks.train_step_tasks import merge_task_runs, run_tasks, tasks_markdown
 from realm_tf.retrieval.exact import DEFAULT_CHUNK_SIZE, GROUP_SIZE, exact_top_k
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
@@ -259,6 +259,12 @@ def main(argv=None) -> int:
   for part in args.parts:
     results[part] = PARTS[part][0](args)
     print(json.dumps({part: results[part]}, indent=1, default=str), flush=True)
+  previous_path = os.path.join(RESULTS_DIR, f"{RESULT_NAME}.json")
+  if "tasks" in results and os.path.exists(previous_path):
+    with open(previous_path) as f:
+      previous = json.load(f)
+    if "tasks" in previous:
+      results["tasks"] = merge_task_runs(previous["tasks"], results["tasks"])
   path = write_result(RESULT_NAME, results, merge=True)
   with open(path) as f:
     merged = json.load(f)

@@ -214,6 +214,7 @@ def run_tasks(args) -> dict:
       print(json.dumps(row, default=str), flush=True)
       rows.append(row)
   for row in rows:
+    row["run"] = _run_stamp(before, limits)
     if "failed" not in row:
       row["retrieval_target_met"] = row["retrieval_gather_share"] <= TASK_TARGET
       row["fraction_of_matmul_limit"] = (row["achieved_flops_per_second"]
@@ -225,6 +226,36 @@ def run_tasks(args) -> dict:
                    "are plain tf-models BertEncoderV2 of the same shapes in the same run")
 
 
+def _stamp_text(run) -> str:
+  if not run:
+    return "-"
+  return (f"{run['when']}, load {run['load_average'][0]} "
+          f"({run['matmul_flops_per_second'] / 1e9:.1f} GFLOP/s)")
+
+
+def _run_stamp(before: dict, limits: dict) -> dict:
+  """Which run measured a row, and the matmul limit its fraction is of."""
+  return dict(when=before["when"], load_average=before["load_average_1_5_15"],
+              matmul_flops_per_second=limits["matmul"]["flops_per_second"])
+
+
+def merge_task_runs(previous: dict, new: dict) -> dict:
+  """The new run's part with the previous run's rows it did not re-measure (another XLA
+  setting or task), each row stamped with the run that measured it: so XLA off can be run
+  alone, on another day, without losing the XLA-on rows (or the other way round)."""
+  def key(row):
+    return row["task"], bool(row["xla"])
+
+  for row in previous.get("rows", []):
+    if "run" not in row and previous.get("limits"):
+      row["run"] = _run_stamp(previous["machine_before"], previous["limits"])
+  measured = {key(r) for r in new["rows"]}
+  kept = [r for r in previous.get("rows", []) if key(r) not in measured]
+  order = {task: i for i, task in enumerate(("ict", "pretrain", "openqa"))}
+  rows = sorted(new["rows"] + kept, key=lambda r: (not r["xla"], order.get(r["task"], 9)))
+  return dict(new, rows=rows)
+
+
 def tasks_markdown(result: dict) -> list[str]:
   m = result["machine_before"]
   lines = [f"## Task steps at configs/demo.yaml sizes ({result['corpus']['blocks']:,} blocks)",
@@ -233,11 +264,11 @@ def tasks_markdown(result: dict) -> list[str]:
            f" after. Median of {result['repeats']} steps on one fixed batch.", "",
            "| task | XLA | batch x K | examples/s | step s | GFLOP/example | GFLOP/s | "
            "x matmul limit | fwd+bwd s | encoders | retrieval + gathers | heads, packing, "
-           "losses |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "losses | measured (matmul limit of that run) |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
   limits = result.get("limits")
   if limits:
-    lines[4:4] = [f"TensorFlow float32 matmul measured in the same run: "
+    lines[4:4] = [f"TensorFlow float32 matmul measured in the newest run: "
                   f"{limits['matmul']['flops_per_second'] / 1e9:.1f} GFLOP/s (theoretical "
                   f"peak {limits['cpu']['peak_flops'] / 1e9:.1f}). FLOPs are the encoders' "
                   f"matmuls (benchmarks.common.encoder_flops) plus, for pre-training, the MLM "
@@ -255,8 +286,10 @@ def tasks_markdown(result: dict) -> list[str]:
         f"{r.get('fraction_of_matmul_limit', float('nan')):.2f} | "
         f"{r['forward_backward_seconds']:.2f} | {100 * r['encoder_share']:.0f}% | "
         f"{100 * r['retrieval_gather_share']:.1f}% | "
-        f"{100 * r['heads_packing_losses_share']:.0f}% |")
+        f"{100 * r['heads_packing_losses_share']:.0f}% | {_stamp_text(r.get('run'))} |")
   met = all(r.get("retrieval_target_met", False) for r in result["rows"])
+  lines += ["", "Each row's x matmul limit is against the matmul throughput measured in the "
+            "run that timed it (last column)."]
   lines += ["", f"Target: retrieval and gathers at most {100 * TASK_TARGET:.0f}% of fwd+bwd: "
             f"{'met' if met else 'NOT met'} in every row. Shares are of the compiled "
             f"forward + backward; the encoders column is the same-size plain BertEncoderV2 "

@@ -364,3 +364,40 @@ def test_embedding_benchmark_on_the_tiny_config(tmp_path, monkeypatch):
       == pytest.approx(z["flops_per_second_per_core"])
   table = (tmp_path / "results" / "embedding.md").read_text()
   assert "Target: beam / plain >= 0.9" in table and "Dataflow sizing" in table
+
+
+def test_task_rows_of_another_run_are_kept_with_their_own_limit():
+  """train_step's tasks part run with XLA off alone keeps the XLA-on rows of the earlier
+  run, each stamped with the run (and matmul limit) that measured it; a re-measured row
+  replaces its old self."""
+  from benchmarks.train_step_tasks import merge_task_runs, tasks_markdown  # pylint: disable=g-import-not-at-top
+
+  def row(task, xla, flops):
+    return dict(task=task, xla=xla, batch=8, candidates=0, examples_per_second=1.0,
+                step_seconds=1.0, flops_per_example=flops, achieved_flops_per_second=flops,
+                fraction_of_matmul_limit=0.5, forward_backward_seconds=1.0,
+                encoder_share=0.9, retrieval_gather_share=0.0,
+                heads_packing_losses_share=0.1, retrieval_target_met=True)
+
+  def part(when, matmul, rows):
+    machine = dict(when=when, load_average_1_5_15=[0.1, 0.1, 0.1], cpu_count=2,
+                   tensorflow="2.20")
+    return dict(machine_before=machine, machine_after=machine, rows=rows, repeats=3,
+                corpus=dict(blocks=10), limits=dict(matmul=dict(flops_per_second=matmul),
+                                                   cpu=dict(peak_flops=2e11)))
+
+  old = part("day1", 1.5e11, [row("ict", True, 1.0), row("pretrain", True, 2.0),
+                               row("openqa", True, 3.0)])
+  new = part("day2", 1.2e11, [row("openqa", False, 4.0), row("ict", True, 5.0)])
+  for r in new["rows"]:
+    r["run"] = dict(when="day2", load_average=[0.1], matmul_flops_per_second=1.2e11)
+  merged = merge_task_runs(old, new)
+  assert [(r["task"], r["xla"], r["flops_per_example"]) for r in merged["rows"]] == [
+      ("ict", True, 5.0), ("pretrain", True, 2.0), ("openqa", True, 3.0),
+      ("openqa", False, 4.0)]
+  stamps = {(r["task"], r["xla"]): r["run"]["when"] for r in merged["rows"]}
+  assert stamps == {("ict", True): "day2", ("pretrain", True): "day1",
+                    ("openqa", True): "day1", ("openqa", False): "day2"}
+  assert merged["rows"][1]["run"]["matmul_flops_per_second"] == 1.5e11
+  text = "\n".join(tasks_markdown(merged))
+  assert "day1, load 0.1 (150.0 GFLOP/s)" in text and "day2, load 0.1 (120.0 GFLOP/s)" in text
