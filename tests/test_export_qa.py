@@ -131,6 +131,42 @@ def test_reading_in_groups_answers_as_one_pass(exported):
     exporter.build_module(run, "realm_qa", max_blocks_per_pass=-1)
 
 
+def test_reading_at_the_shortest_length_that_holds_the_request(exported, monkeypatch):
+  """reader_length_step: a request is read at the shortest multiple of the step that holds
+  its longest [CLS] question [SEP] body [SEP]; the answers, scores and blocks are those of
+  reading at the model's full length, and a shorter length is really the one read."""
+  from realm_tf.export import __main__ as export_main  # pylint: disable=g-import-not-at-top
+  assert export_main.FLAGS["reader_length_step"].default == exporter.READER_LENGTH_STEP
+  assert qa.reader_lengths(160, 32, 32) == [64, 96, 128, 160]
+  assert qa.reader_lengths(160, 32, 0) == [160]
+  assert qa.reader_lengths(64, 16, 8) == [24, 32, 40, 48, 56, 64]
+  run = exporter.load_run(exported["model_dir"])
+  full = run.model.reader_seq_length
+  questions = tf.constant(exported["questions"][:4])
+  whole = exporter.build_module(run, "realm_qa", 0, reader_length_step=0)
+  expected = {k: v.numpy() for k, v in whole.answer(questions).items()}
+  stepped = exporter.build_module(run, "realm_qa", 0, reader_length_step=8)
+  assert stepped.reader_lengths[-1] == full and len(stepped.reader_lengths) > 1
+  read_at = []
+  original = type(run.model).read
+
+  def recording_read(self, *args, reader_seq_length=None, **kwargs):
+    read_at.append(reader_seq_length)
+    return original(self, *args, reader_seq_length=reader_seq_length, **kwargs)
+
+  monkeypatch.setattr(type(run.model), "read", recording_read)
+  eager = {k: v.numpy() for k, v in stepped.predict(questions).items()}  # one branch runs
+  assert len(read_at) == 1 and read_at[0] < full, read_at
+  for out in (eager, {k: v.numpy() for k, v in stepped.answer(questions).items()}):
+    for name, value in expected.items():
+      if value.dtype.kind in "fc":
+        np.testing.assert_allclose(out[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
+      else:
+        np.testing.assert_array_equal(out[name], value, err_msg=name)
+  with pytest.raises(ValueError, match="reader_length_step"):
+    exporter.build_module(run, "realm_qa", reader_length_step=-1)
+
+
 def test_qa_outputs_follow_the_client_contract(realm_qa):
   from serving import client  # pylint: disable=g-import-not-at-top
   signature = realm_qa.signatures["serving_default"]

@@ -3,7 +3,7 @@
     python -m realm_tf.export --model_dir runs/nq --output_dir /models \\
         [--kinds query_encoder,doc_encoder,reader,realm_qa,realm_qa_scann] \\
         [--checkpoint PATH] [--version N] [--blocks CORPUS --index_dir INDEX]
-        [--max_blocks_per_pass 20]
+        [--max_blocks_per_pass 20] [--reader_length_step 32]
 
 Writes `<output_dir>/<kind>/<version>/` (TF Serving's layout; version defaults to the
 checkpoint's training step) and prints {kind: published directory} as JSON. --blocks and
@@ -31,6 +31,10 @@ flags.DEFINE_integer("max_blocks_per_pass", 20,
                      "QA exports: at most this many blocks (questions x blocks read) per "
                      "reader pass; larger requests are read group by group. 0: no limit "
                      "(accelerators). 20 is what measured best on a 2-core CPU.")
+flags.DEFINE_integer("reader_length_step", 32,
+                     "QA exports: read each request at the shortest multiple of this many "
+                     "wordpieces that holds its longest question + block (up to the model's "
+                     "reader length). 0: always the full length.")
 FLAGS = flags.FLAGS
 
 
@@ -43,7 +47,8 @@ def main(argv):
     try:
       published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds,
                              FLAGS.checkpoint, FLAGS.version, FLAGS.blocks,
-                             FLAGS.index_dir, FLAGS.max_blocks_per_pass)
+                             FLAGS.index_dir, FLAGS.max_blocks_per_pass,
+                             FLAGS.reader_length_step)
     except (ValueError, FileExistsError) as e:  # what the exporter refuses: the run's args
       raise command_line.UsageError(str(e)) from e
   print(json.dumps(published, indent=2, sort_keys=True))

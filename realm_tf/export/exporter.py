@@ -56,6 +56,10 @@ WARMUP_QUESTIONS = ("who wrote the iliad?", "what is the capital of france?")
 # block"), so a request of many questions is read 20 blocks at a time. 0 for accelerators
 # whose throughput grows with the pass.
 MAX_BLOCKS_PER_PASS = 20
+# A QA export reads each request at the shortest multiple of this many wordpieces that holds
+# its longest question + block (QAModule's reader_length_step; 0: always the full length):
+# 57% of the demo reader's 160 positions held text (benchmarks/serving.py).
+READER_LENGTH_STEP = 32
 
 
 @dataclasses.dataclass
@@ -189,7 +193,8 @@ class ServingBlockEncoder(BlockEncoder):
 
 
 def build_module(run: ServingRun, kind: str,
-                 max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS) -> tf.Module:
+                 max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
+                 reader_length_step: int = READER_LENGTH_STEP) -> tf.Module:
   c = run.config
   if kind == "query_encoder":
     return ServingQueryEncoder(run.model.retriever.query_embedder, run.tokenizer,
@@ -208,7 +213,8 @@ def build_module(run: ServingRun, kind: str,
                                          states=_index_scann_states(run))
     return QAModule(run.model, run.index, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
-                    scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass)
+                    scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,
+                    reader_length_step=reader_length_step)
   raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -273,10 +279,11 @@ def read_provenance(export_dir: str) -> dict:
 def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                checkpoint: str = "", version: Optional[int] = None, blocks: str = "",
                index_dir: str = "",
-               max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS) -> dict[str, str]:
+               max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
+               reader_length_step: int = READER_LENGTH_STEP) -> dict[str, str]:
   """`python -m realm_tf.export`: every kind of a run, version = training step by default;
-  `blocks` / `index_dir`: another corpus and its index (load_run); max_blocks_per_pass:
-  the QA exports' reader pass (QAModule)."""
+  `blocks` / `index_dir`: another corpus and its index (load_run); max_blocks_per_pass,
+  reader_length_step: how the QA exports read (QAModule)."""
   unknown = [k for k in kinds if k not in KINDS]
   if unknown:
     raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
@@ -286,9 +293,11 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
   for kind in kinds:
     provenance = run.provenance(kind)
     if kind in ("realm_qa", "realm_qa_scann"):
-      provenance["max_blocks_per_pass"] = max_blocks_per_pass
-    published[kind] = save_export(build_module(run, kind, max_blocks_per_pass), output_dir,
-                                  kind, version, provenance, warmup_requests(kind, run))
+      provenance.update(max_blocks_per_pass=max_blocks_per_pass,
+                        reader_length_step=reader_length_step)
+    module = build_module(run, kind, max_blocks_per_pass, reader_length_step)
+    published[kind] = save_export(module, output_dir, kind, version, provenance,
+                                  warmup_requests(kind, run))
   return published
 
 

@@ -131,6 +131,18 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
 # ------------------------------------------------------------------------------ QA module
 
 
+def reader_lengths(full: int, query_seq_length: int, step: int) -> list[int]:
+  """The reader input lengths a QA export may read a request at, shortest first: the
+  multiples of `step` that hold at least the question ([CLS] x [SEP], up to
+  query_seq_length) and one body wordpiece and [SEP], below `full`; then `full`."""
+  if not step:
+    return [int(full)]
+  shortest = query_seq_length + 2
+  first = -(-shortest // step) * step
+  return [n for n in range(first, full, step)] + [int(full)]
+
+
+
 class QAModule(tf.Module):
   """Question → answer and provenance; see the module docstring."""
 
@@ -138,12 +150,18 @@ class QAModule(tf.Module):
                query_seq_length: int, num_retrieved: int, num_read: int,
                searcher: Optional[Searcher] = None,
                scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa",
-               max_blocks_per_pass: int = 0):
+               max_blocks_per_pass: int = 0, reader_length_step: int = 0):
     """max_blocks_per_pass: at most this many blocks (questions x num_read) go through the
     reader at once; a larger request is answered group by group, in order. 0: the whole
     request in one pass. Why: on a CPU the reader's unfused elementwise work (GELU,
     softmax, layer norms) over a large pass leaves the caches, and a block costs more in a
-    large pass than in a small one (benchmarks/serving.py, "cost per block")."""
+    large pass than in a small one (benchmarks/serving.py, "cost per block").
+
+    reader_length_step: the reader reads each request at the shortest multiple of this
+    step (up to the model's reader_seq_length) that holds its longest `[CLS] question
+    [SEP] body [SEP]`, instead of always at reader_seq_length; 0: always the full length.
+    Why: most blocks are shorter than the reader's length (57% of the demo reader's 160
+    positions held text, benchmarks/serving.py), and padding costs as much as text."""
     super().__init__(name=kind)
     if max_blocks_per_pass < 0:
       raise ValueError(f"max_blocks_per_pass must be 0 (no limit) or positive, got "
@@ -178,6 +196,11 @@ class QAModule(tf.Module):
     # Questions per reader pass (0: all of them).
     self.questions_per_pass = (max(1, max_blocks_per_pass // self.num_read)
                                if max_blocks_per_pass else 0)
+    if reader_length_step < 0:
+      raise ValueError(f"reader_length_step must be 0 (full length) or positive, got "
+                       f"{reader_length_step}")
+    self.reader_lengths = reader_lengths(model.reader_seq_length, self.query_seq_length,
+                                         reader_length_step)
 
   @property
   def model(self) -> OpenQAModel:
@@ -189,23 +212,45 @@ class QAModule(tf.Module):
 
   def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
     """The `answer` computation, callable eagerly or inside another tf.function."""
-    query = self.tokenizer.encode(question, self.query_seq_length).as_dict()
-    out = self.model({"query": query}, index=self.index,
-                     num_retrieved=self.num_retrieved, num_read=self.num_read,
-                     training=False)
-    chosen = evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,
-                                       out.reader_inputs["body_start"])
-    chosen_rows = tf.gather(out.rows, chosen["best_block"], batch_dims=1)  # [B]
+    features = {"query": self.tokenizer.encode(question, self.query_seq_length).as_dict()}
+    model = self.model
+    rows, logits, blocks = model.retrieve(features, self.index, self.num_retrieved,
+                                          training=False, num_live=self.num_read)
+
+    def read_at(length):
+      def read():
+        out = model.read(features, rows, logits, blocks, self.num_read, training=False,
+                         reader_seq_length=length)
+        return evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,
+                                         out.reader_inputs["body_start"])
+      return read
+
+    if len(self.reader_lengths) == 1:
+      chosen = read_at(self.reader_lengths[0])()
+    else:
+      # The longest input of the request, as the full length would pack it: [CLS] x [SEP]
+      # (q_len), the body (cut to the room left), [SEP].
+      full = model.reader_seq_length
+      q_len = tf.reduce_sum(tf.cast(features["query"]["input_mask"], tf.int32), axis=1)
+      room = full - 1 - q_len  # [B]
+      bodies = tf.minimum(tf.cast(blocks.body_lengths[:, :self.num_read], tf.int32),
+                          room[:, None])  # [B, K]
+      needed = tf.reduce_max(q_len[:, None] + bodies + 1)  # scalar; -inf-free: B >= 1
+      # The first length that holds it (the last, full, always does).
+      branch = tf.reduce_sum(tf.cast(tf.constant(self.reader_lengths[:-1]) < needed,
+                                     tf.int32))
+      chosen = tf.switch_case(branch, [read_at(n) for n in self.reader_lengths])
+    chosen_rows = tf.gather(rows, chosen["best_block"], batch_dims=1)  # [B]
     answer = evaluation.answer_strings(self.tokenizer, tf.gather(self.texts, chosen_rows),
                                        chosen["best_start"], chosen["best_end"])
     return dict(
         answer=answer,
         score=tf.cast(chosen["best_score"], tf.float32),
         answer_block=tf.cast(chosen["best_block"], tf.int32),
-        block_ids=tf.gather(self.index.block_ids, out.rows),
-        block_titles=tf.gather(self.titles, out.rows),
-        block_texts=tf.gather(self.texts, out.rows),
-        retrieval_probs=tf.nn.softmax(tf.cast(out.retrieval_logits, tf.float32), axis=-1))
+        block_ids=tf.gather(self.index.block_ids, rows),
+        block_titles=tf.gather(self.titles, rows),
+        block_texts=tf.gather(self.texts, rows),
+        retrieval_probs=tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1))
 
   def predict_in_groups(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
     """`predict` over groups of `questions_per_pass` questions, one after another, the

@@ -149,10 +149,22 @@ class OpenQAModel(tf_keras.Model):
     block first, for questions with gold_rows >= 0)."""
     rows, logits, blocks = self.retrieve(features, index, num_retrieved, training=training,
                                          gold_rows=gold_rows, num_live=num_read)
+    return self.read(features, rows, logits, blocks, num_read, training=training)
+
+  def read(self, features: dict, rows: tf.Tensor, logits: tf.Tensor, blocks,
+           num_read: int, training=None,
+           reader_seq_length: Optional[int] = None) -> OpenQAOutputs:
+    """Reads the first `num_read` of the retrieved blocks (`retrieve`'s outputs).
+
+    reader_seq_length (static): the reader's input length, default the model's. A shorter
+    one that still holds every `[CLS] x [SEP] body [SEP]` of the batch whole (the bodies as
+    the model's length would cut them) gives the same spans and scores at less cost; the
+    QA export picks one per request (realm_tf.export.qa).
+    """
     inputs = spans.pack_reader_inputs(
         features["query"]["input_word_ids"], features["query"]["input_mask"],
         blocks.body_ids[:, :num_read], blocks.body_lengths[:, :num_read],
-        self.reader_seq_length, self.sep_id)
+        reader_seq_length or self.reader_seq_length, self.sep_id)
     outputs = self.reader({k: inputs[k] for k in BERT_KEYS}, training=training)
     scores = outputs["span_logits"]  # [B, K, S]
     answer_logits = losses.joint_reader_logits(
