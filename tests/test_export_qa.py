@@ -103,6 +103,18 @@ def test_served_answers_are_the_evaluated_predictions(exported, kind):
   assert all(out["answer"])
 
 
+def _assert_same_outputs(out: dict, expected: dict, tolerance: float):
+  """The same QA outputs: strings and integers equal, floats within `tolerance`."""
+  assert sorted(out) == sorted(expected)
+  for name, value in expected.items():
+    assert out[name].shape == value.shape, name
+    if value.dtype.kind in "fc":
+      np.testing.assert_allclose(out[name], value, rtol=tolerance, atol=tolerance,
+                                 err_msg=name)
+    else:
+      np.testing.assert_array_equal(out[name], value, err_msg=name)
+
+
 def test_reading_in_groups_answers_as_one_pass(exported):
   """max_blocks_per_pass splits a request into groups read one after another: the same
   outputs as one pass over the whole request, for groups of one question, of two (the
@@ -119,14 +131,8 @@ def test_reading_in_groups_answers_as_one_pass(exported):
                           (5 * run.num_read, 5)):
     module = exporter.build_module(run, "realm_qa", max_blocks_per_pass=per_pass)
     assert module.questions_per_pass == group
-    out = {k: v.numpy() for k, v in module.answer(questions).items()}
-    assert sorted(out) == sorted(expected)
-    for name, value in expected.items():
-      assert out[name].shape == value.shape, name
-      if value.dtype.kind in "fc":
-        np.testing.assert_allclose(out[name], value, rtol=1e-5, atol=1e-5, err_msg=name)
-      else:
-        np.testing.assert_array_equal(out[name], value, err_msg=name)
+    _assert_same_outputs({k: v.numpy() for k, v in module.answer(questions).items()},
+                         expected, tolerance=1e-5)
   with pytest.raises(ValueError, match="max_blocks_per_pass"):
     exporter.build_module(run, "realm_qa", max_blocks_per_pass=-1)
 
@@ -158,11 +164,7 @@ def test_reading_at_the_shortest_length_that_holds_the_request(exported, monkeyp
   eager = {k: v.numpy() for k, v in stepped.predict(questions).items()}  # one branch runs
   assert len(read_at) == 1 and read_at[0] < full, read_at
   for out in (eager, {k: v.numpy() for k, v in stepped.answer(questions).items()}):
-    for name, value in expected.items():
-      if value.dtype.kind in "fc":
-        np.testing.assert_allclose(out[name], value, rtol=1e-4, atol=1e-4, err_msg=name)
-      else:
-        np.testing.assert_array_equal(out[name], value, err_msg=name)
+    _assert_same_outputs(out, expected, tolerance=1e-4)
   with pytest.raises(ValueError, match="reader_length_step"):
     exporter.build_module(run, "realm_qa", reader_length_step=-1)
 
