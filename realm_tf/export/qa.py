@@ -42,11 +42,11 @@ from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
 
 QUESTION = "question"
-QA_OUTPUTS = ("answer", "score", "answer_block", "block_ids", "block_titles", "block_texts",
-              "retrieval_probs")
+# The QA signature's outputs and their dtypes (the contract of serving/client.py).
 _QA_DTYPES = dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
                   block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
                   retrieval_probs=tf.float32)
+QA_OUTPUTS = tuple(_QA_DTYPES)
 
 
 class _Untracked:
@@ -142,7 +142,6 @@ def reader_lengths(full: int, query_seq_length: int, step: int) -> list[int]:
   return [n for n in range(first, full, step)] + [int(full)]
 
 
-
 class QAModule(tf.Module):
   """Question → answer and provenance; see the module docstring."""
 
@@ -235,7 +234,7 @@ class QAModule(tf.Module):
       room = full - 1 - q_len  # [B]
       bodies = tf.minimum(tf.cast(blocks.body_lengths[:, :self.num_read], tf.int32),
                           room[:, None])  # [B, K]
-      needed = tf.reduce_max(q_len[:, None] + bodies + 1)  # scalar; -inf-free: B >= 1
+      needed = tf.reduce_max(q_len[:, None] + bodies + 1)  # scalar (empty request: int min)
       # The first length that holds it (the last, full, always does).
       branch = tf.reduce_sum(tf.cast(tf.constant(self.reader_lengths[:-1]) < needed,
                                      tf.int32))
