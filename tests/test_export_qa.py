@@ -3,6 +3,7 @@ TF Serving's layout, warm-up and provenance, stock ops only for realm_qa, a ScaN
 made once per load for realm_qa_scann, and `saved_model_cli show --all`."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -118,10 +119,7 @@ def _assert_same_outputs(out: dict, expected: dict, tolerance: float):
 def test_reading_in_groups_answers_as_one_pass(exported):
   """max_blocks_per_pass splits a request into groups read one after another: the same
   outputs as one pass over the whole request, for groups of one question, of two (the
-  last group short), and for a request no larger than a group; the export's default is
-  the command line's."""
-  from realm_tf.export import __main__ as export_main  # pylint: disable=g-import-not-at-top
-  assert export_main.FLAGS["max_blocks_per_pass"].default == exporter.MAX_BLOCKS_PER_PASS
+  last group short), and for a request no larger than a group."""
   run = exporter.load_run(exported["model_dir"])
   questions = tf.constant(exported["questions"][:5])
   whole = exporter.build_module(run, "realm_qa", max_blocks_per_pass=0)
@@ -141,8 +139,6 @@ def test_reading_at_the_shortest_length_that_holds_the_request(exported, monkeyp
   """reader_length_step: a request is read at the shortest multiple of the step that holds
   its longest [CLS] question [SEP] body [SEP]; the answers, scores and blocks are those of
   reading at the model's full length, and a shorter length is really the one read."""
-  from realm_tf.export import __main__ as export_main  # pylint: disable=g-import-not-at-top
-  assert export_main.FLAGS["reader_length_step"].default == exporter.READER_LENGTH_STEP
   assert qa.reader_lengths(160, 32, 32) == [64, 96, 128, 160]
   assert qa.reader_lengths(160, 32, 0) == [160]
   assert qa.reader_lengths(64, 16, 8) == [24, 32, 40, 48, 56, 64]
@@ -392,6 +388,14 @@ def test_export_command_line(exported, tmp_path):
        "--output_dir", str(tmp_path), "--kinds", "nope"],
       capture_output=True, text=True, timeout=300, check=False)
   assert bad.returncode != 0 and "unknown export kinds" in bad.stderr
+  # The command line's reading defaults are the exporter's (its flags parse before
+  # TensorFlow loads, so they cannot import them).
+  usage = subprocess.run([sys.executable, "-m", "realm_tf.export", "--help"],
+                         capture_output=True, text=True, timeout=300, check=False)
+  text = re.sub(r"\s+", " ", usage.stdout + usage.stderr)
+  for flag, default in (("max_blocks_per_pass", exporter.MAX_BLOCKS_PER_PASS),
+                        ("reader_length_step", exporter.READER_LENGTH_STEP)):
+    assert re.search(rf"--{flag}: .*?\(default: '{default}'\)", text), flag
   # Another corpus needs its index (the edited-corpus export runs end to end in test_demo).
   alone = subprocess.run(
       [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
