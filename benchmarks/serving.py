@@ -376,16 +376,16 @@ def reader_lengths_run(run, path: str, questions: list[str], step: int) -> list[
   full = run.config.task.openqa.reader_seq_length
   query_seq = run.config.task.openqa.query_seq_length
   lengths = reader_lengths(full, query_seq, step)
+  from realm_tf.modeling.spans import packed_lengths  # pylint: disable=g-import-not-at-top
   signature = tf.saved_model.load(path).signatures["serving_default"]
   read = np.concatenate([signature(question=tf.constant(questions[i:i + 20]))[
       "block_ids"].numpy()[:, :run.num_read] for i in range(0, len(questions), 20)])  # [Q, K]
   row_of = {int(b): r for r, b in enumerate(np.asarray(run.index.store.block_ids))}
   body = np.asarray(run.index.body_lengths.read_value())
-  q_len = tf.reduce_sum(tf.cast(run.tokenizer.encode(tf.constant(questions), query_seq)
-                                .input_mask, tf.int32), axis=1).numpy()  # [Q]
   rows = np.vectorize(row_of.get)(read)  # [Q, K]
-  bodies = np.minimum(body[rows], (full - 1 - q_len)[:, None])
-  needed = (q_len[:, None] + bodies + 1).max(axis=1)  # [Q]
+  mask = run.tokenizer.encode(tf.constant(questions), query_seq).input_mask
+  _, used = packed_lengths(mask, body[rows], full)  # [Q, K]
+  needed = used.numpy().max(axis=1)  # [Q]
   return [next(n for n in lengths if n >= x) for x in needed]
 
 
@@ -421,12 +421,14 @@ def reader_positions_used(run, questions: list[str]) -> dict:
   question retrieves are a sample of them). What reading only as far as the batch needs
   could save at most."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling.spans import packed_lengths  # pylint: disable=g-import-not-at-top
   seq = run.config.task.openqa.reader_seq_length
   query = run.tokenizer.encode(tf.constant(questions),
                                run.config.task.openqa.query_seq_length)
-  q_len = tf.reduce_sum(tf.cast(query.input_mask, tf.int32), axis=1).numpy()  # [Q]
   body = np.asarray(run.index.body_lengths.read_value())[:run.index.num_blocks]  # [N]
-  used = np.minimum(q_len[:, None] + body[None, :] + 1, seq)  # [Q, N]
+  _, used = packed_lengths(query.input_mask,
+                           np.broadcast_to(body, (len(questions), len(body))), seq)
+  used = used.numpy()  # [Q, N]
   return dict(reader_seq_length=seq, mean_used=round(float(used.mean()), 1),
               fraction_used=round(float(used.mean()) / seq, 3),
               fraction_of_pairs_full=round(float((used == seq).mean()), 3))

@@ -227,14 +227,11 @@ class QAModule(tf.Module):
     if len(self.reader_lengths) == 1:
       chosen = read_at(self.reader_lengths[0])()
     else:
-      # The longest input of the request, as the full length would pack it: [CLS] x [SEP]
-      # (q_len), the body (cut to the room left), [SEP].
-      full = model.reader_seq_length
-      q_len = tf.reduce_sum(tf.cast(features["query"]["input_mask"], tf.int32), axis=1)
-      room = full - 1 - q_len  # [B]
-      bodies = tf.minimum(tf.cast(blocks.body_lengths[:, :self.num_read], tf.int32),
-                          room[:, None])  # [B, K]
-      needed = tf.reduce_max(q_len[:, None] + bodies + 1)  # scalar (empty request: int min)
+      # The longest input of the request, as the full length would pack it.
+      _, used = spans.packed_lengths(features["query"]["input_mask"],
+                                     blocks.body_lengths[:, :self.num_read],
+                                     model.reader_seq_length)  # [B, K]
+      needed = tf.reduce_max(used)  # scalar (empty request: int min)
       # The first length that holds it (the last, full, always does).
       branch = tf.reduce_sum(tf.cast(tf.constant(self.reader_lengths[:-1]) < needed,
                                      tf.int32))

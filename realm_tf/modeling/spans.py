@@ -12,6 +12,17 @@ import tensorflow as tf
 from realm_tf.modeling.models.reader import block_body_positions
 
 
+def packed_lengths(query_mask: tf.Tensor, body_lengths: tf.Tensor,
+                   seq_length: int) -> tuple[tf.Tensor, tf.Tensor]:
+  """How `[CLS] x [SEP] body [SEP]` fills `seq_length` positions: the body wordpieces kept
+  [B, K] (cut to the room left after the question and the final [SEP]) and the positions
+  used [B, K] (question + kept body + [SEP]). query_mask [B, Lq]; body_lengths [B, K]."""
+  q_len = tf.reduce_sum(tf.cast(query_mask, tf.int32), axis=1)  # [B]: [CLS] x [SEP]
+  room = seq_length - 1 - q_len  # [B]: positions left before the final [SEP]
+  kept = tf.minimum(tf.cast(body_lengths, tf.int32), room[:, None])  # [B, K]
+  return kept, q_len[:, None] + kept + 1
+
+
 def pack_reader_inputs(query_word_ids: tf.Tensor, query_mask: tf.Tensor,
                        body_ids: tf.Tensor, body_lengths: tf.Tensor,
                        seq_length: int, sep_id: int) -> dict[str, tf.Tensor]:
@@ -31,10 +42,8 @@ def pack_reader_inputs(query_word_ids: tf.Tensor, query_mask: tf.Tensor,
     raise ValueError(f"question length {query_length} does not fit the reader's "
                      f"{seq_length} positions")
   num_blocks = tf.shape(body_ids)[1]
-  q_len = tf.reduce_sum(tf.cast(query_mask, tf.int32), axis=1)  # [B]: [CLS] x [SEP]
-  body_start = q_len  # [B]
-  room = seq_length - 1 - body_start  # [B]: positions left before the final [SEP]
-  b_len = tf.minimum(tf.cast(body_lengths, tf.int32), room[:, None])  # [B, K]
+  body_start = tf.reduce_sum(tf.cast(query_mask, tf.int32), axis=1)  # [B]: [CLS] x [SEP]
+  b_len, _ = packed_lengths(query_mask, body_lengths, seq_length)  # [B, K]
   positions = tf.range(seq_length)[None, None, :]  # [1, 1, Lr]
   start = body_start[:, None, None]  # [B, 1, 1]
   end = start + b_len[:, :, None]  # [B, K, 1]: the final [SEP]'s position
