@@ -1,4 +1,4 @@
-"""Serving benchmark: the realm_qa exports behind `serving.server`, over gRPC.
+"""Serving benchmark: the realm_qa exports behind `serving.server`, over gRPC and REST.
 
     python -m benchmarks.serving [--articles 1600] [--min_blocks 2000] [--seconds 8]
         [--clients 1,8,32] [--kinds realm_qa,realm_qa_scann] [--max_batch_size 32]
@@ -16,7 +16,8 @@ for --seconds per cell at each --clients level.
 Reported per cell: p50 / p99 latency (ms) and queries/s; per export, the in-process time
 of the same SavedModel signature called directly (one client, same questions), and the
 gRPC overhead = (gRPC p50 at one client, no batching − in-process p50) / in-process p50;
-the same one-client cells through the REST front end (JSON over HTTP).
+the same cells (every --clients level, without and with batching) through the REST front
+end (JSON over HTTP, a connection per request).
 Targets: p50 ≤ 100 ms at 1 client; gRPC overhead ≤ 10%; batching ≥ 1.5× the
 queries/s of no batching at 8 clients; p50 at 1 client ≤ 1.25× the arithmetic floor.
 
@@ -187,53 +188,58 @@ def cost_per_block(config, seq_length: int, pass_blocks, repeats: int = 3) -> di
   return rows
 
 
-def rest_load_test(port: int, model: str, questions: list[str], seconds: float) -> dict:
-  """One closed-loop REST client: POST /v1/models/<model>:predict, one question each."""
+def grpc_asker(port: int, model: str):
+  """One gRPC client (its own channel): (ask(question), close)."""
+  import grpc  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from serving import client  # pylint: disable=g-import-not-at-top
+  channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+  stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+  def ask(question: str):
+    client.ask(stub, [question], model=model, timeout=60)
+  return ask, channel.close
+
+
+def rest_asker(port: int, model: str):
+  """One REST client: POST /v1/models/<model>:predict, one question, a connection each
+  (as curl or a plain HTTP client would): (ask(question), close)."""
   import urllib.request  # pylint: disable=g-import-not-at-top
   url = f"http://127.0.0.1:{port}/v1/models/{model}:predict"
 
-  def ask(question):
+  def ask(question: str):
     body = json.dumps({"inputs": {"question": [question]}}).encode()
     request = urllib.request.Request(url, body, {"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=60) as response:
       answer = json.loads(response.read())["outputs"]["answer"]
     if len(answer) != 1:
       raise ValueError(f"REST answered {len(answer)} answers to one question")
-
-  ask(questions[0])
-  latencies, errors, i = [], [], 0
-  began = time.perf_counter()
-  while time.perf_counter() - began < seconds:
-    start = time.perf_counter()
-    try:
-      ask(questions[i % len(questions)])
-      latencies.append(time.perf_counter() - start)
-    except Exception as e:  # pylint: disable=broad-except  counted, not hidden
-      errors.append(repr(e)[:200])
-    i += 1
-  elapsed = time.perf_counter() - began
-  result = percentiles(latencies) if latencies else dict(requests=0)
-  result.update(clients=1, queries_per_second=round(len(latencies) / elapsed, 2),
-                errors=len(errors), first_errors=errors[:3])
-  return result
+  return ask, lambda: None
 
 
-def load_test(port: int, model: str, questions: list[str], clients: int,
-              seconds: float) -> dict:
-  """Closed loop: `clients` threads, each with its own channel, one question per Predict."""
-  import grpc  # pylint: disable=g-import-not-at-top
-  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
-  from serving import client  # pylint: disable=g-import-not-at-top
+def load_test(make_asker, questions: list[str], clients: int, seconds: float) -> dict:
+  """Closed loop: `clients` threads, each its own client (make_asker() -> (ask, close)),
+  one question per request, for `seconds` after every client has answered one warm-up."""
   latencies, errors = [], []
   lock = threading.Lock()
   start_barrier = threading.Barrier(clients + 1)
   stop = threading.Event()
 
+  warmup_errors = []
+
   def work(worker: int):
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-      client.ask(stub, [questions[worker % len(questions)]], model=model, timeout=60)
-      start_barrier.wait()
+    ask, close = make_asker()
+    try:
+      try:
+        ask(questions[worker % len(questions)])
+      except Exception as e:  # pylint: disable=broad-except  re-raised by the caller
+        warmup_errors.append(repr(e)[:200])
+        start_barrier.abort()
+        return
+      try:
+        start_barrier.wait()
+      except threading.BrokenBarrierError:  # another client's warm-up failed
+        return
       i = worker
       mine = []
       while not stop.is_set():
@@ -241,18 +247,26 @@ def load_test(port: int, model: str, questions: list[str], clients: int,
         i += clients
         begin = time.perf_counter()
         try:
-          client.ask(stub, [q], model=model, timeout=60)
+          ask(q)
           mine.append(time.perf_counter() - begin)
-        except grpc.RpcError as e:  # counted, not hidden
+        except Exception as e:  # pylint: disable=broad-except  counted, not hidden
           with lock:
-            errors.append(f"{e.code().name}: {e.details()}")
+            errors.append(repr(e)[:200])
       with lock:
         latencies.extend(mine)
+    finally:
+      close()
 
   threads = [threading.Thread(target=work, args=(w,), daemon=True) for w in range(clients)]
   for t in threads:
     t.start()
-  start_barrier.wait()
+  try:
+    start_barrier.wait()
+  except threading.BrokenBarrierError:
+    for t in threads:
+      t.join(timeout=120)
+    raise RuntimeError(f"a client's warm-up request failed (is the model served?): "
+                       f"{warmup_errors[0]}") from None
   began = time.perf_counter()
   time.sleep(seconds)
   stop.set()
@@ -281,24 +295,27 @@ def write_markdown(path: str, result: dict):
            f"{result['machine']['load_average_1_5_15']}. Corpus: {result['num_blocks']} "
            f"blocks of vital_articles; model {result['model']}; "
            f"{result['num_retrieved']} retrieved, {result['num_read']} read per question.",
-           "", "| export | batching | clients | p50 ms | p99 ms | queries/s | errors |",
-           "|---|---|---|---|---|---|---|"]
+           "", "| export | front end | batching | clients | p50 ms | p99 ms | queries/s | "
+           "errors |", "|---|---|---|---|---|---|---|---|"]
   for kind, per_kind in result["exports"].items():
-    for mode in ("no_batching", "batching"):
-      for cell in per_kind[mode]:
-        lines.append(f"| {kind} | {mode.replace('_', ' ')} | {cell['clients']} | "
-                     f"{cell.get('p50_ms', '-')} | {cell.get('p99_ms', '-')} | "
-                     f"{cell['queries_per_second']} | {cell['errors']} |")
+    for transport, prefix in (("gRPC", ""), ("REST", "rest_")):
+      for mode in ("no_batching", "batching"):
+        for cell in per_kind.get(prefix + mode, []):
+          lines.append(f"| {kind} | {transport} | {mode.replace('_', ' ')} | "
+                       f"{cell['clients']} | {cell.get('p50_ms', '-')} | "
+                       f"{cell.get('p99_ms', '-')} | {cell['queries_per_second']} | "
+                       f"{cell['errors']} |")
   lines += ["", "| export | in-process p50 ms | gRPC p50 ms (1 client) | gRPC overhead | "
-            "REST p50 ms (1 client) | REST overhead | batching speed-up at 8 clients |",
-            "|---|---|---|---|---|---|---|"]
+            "REST p50 ms (1 client) | REST overhead | batching speed-up at 8 clients, gRPC "
+            "| REST |", "|---|---|---|---|---|---|---|---|"]
   for kind, per_kind in result["exports"].items():
     s = per_kind["summary"]
     rest = (f"{s['rest_p50_ms_1']} | {s['rest_overhead_fraction']:.1%}"
             if s.get("rest_p50_ms_1") else "- | -")
     lines.append(f"| {kind} | {per_kind['in_process']['p50_ms']} | {s['grpc_p50_ms_1']} | "
                  f"{s['grpc_overhead_fraction']:.1%} | {rest} | "
-                 f"{s['batching_speedup_at_8'] if s['batching_speedup_at_8'] else '-'}x |")
+                 f"{s['batching_speedup_at_8'] if s['batching_speedup_at_8'] else '-'}x | "
+                 f"{s.get('rest_batching_speedup_at_8') or '-'}x |")
   if "cost_per_block" in result:
     cost = result["cost_per_block"]
     matmul = result["limits"]["matmul"]["flops_per_second"]
@@ -532,29 +549,36 @@ def main(argv=None):
       server = serve(os.path.join(models_dir, kind), kind, options,
                      dict(max_batch_size=args.max_batch_size))
       try:
-        per_kind[mode] = [load_test(server.port, kind, questions, c, args.seconds)
-                          for c in clients]
-        if mode == "no_batching":
-          per_kind["rest_no_batching"] = [rest_load_test(server.rest_port, kind, questions,
-                                                         args.seconds)]
+        per_kind[mode] = [
+            load_test(lambda: grpc_asker(server.port, kind), questions, c, args.seconds)
+            for c in clients]
+        per_kind[f"rest_{mode}"] = [
+            load_test(lambda: rest_asker(server.rest_port, kind), questions, c, args.seconds)
+            for c in clients]
       finally:
         server.stop(grace=1.0)
-      print(json.dumps({kind: {mode: per_kind[mode]}}), flush=True)
-    by_clients = {m: {c["clients"]: c for c in per_kind[m]} for m in ("no_batching",
-                                                                      "batching")}
-    grpc_p50 = by_clients["no_batching"].get(1, {}).get("p50_ms")
+      print(json.dumps({kind: {mode: per_kind[mode], f"rest_{mode}": per_kind[f"rest_{mode}"]}}),
+            flush=True)
+    def cells(mode: str) -> dict:
+      return {c["clients"]: c for c in per_kind[mode]}
+
+    def speedup_at_8(transport: str):
+      on, off = cells(f"{transport}batching"), cells(f"{transport}no_batching")
+      if 8 in on and 8 in off and off[8]["queries_per_second"]:
+        return round(on[8]["queries_per_second"] / off[8]["queries_per_second"], 2)
+      return None
+
+    grpc_p50 = cells("no_batching").get(1, {}).get("p50_ms")
+    rest_p50 = cells("rest_no_batching").get(1, {}).get("p50_ms")
     inproc = per_kind["in_process"]["p50_ms"]
-    speedup = None
-    if 8 in by_clients["batching"] and by_clients["no_batching"][8]["queries_per_second"]:
-      speedup = round(by_clients["batching"][8]["queries_per_second"] /
-                      by_clients["no_batching"][8]["queries_per_second"], 2)
+    speedup = speedup_at_8("")
     overhead = (grpc_p50 - inproc) / inproc if grpc_p50 else float("nan")
-    rest_p50 = per_kind["rest_no_batching"][0].get("p50_ms")
     per_kind["summary"] = dict(grpc_p50_ms_1=grpc_p50, in_process_p50_ms=inproc,
                                grpc_overhead_fraction=round(overhead, 4),
                                batching_speedup_at_8=speedup, rest_p50_ms_1=rest_p50,
                                rest_overhead_fraction=(round((rest_p50 - inproc) / inproc, 4)
-                                                       if rest_p50 else None))
+                                                       if rest_p50 else None),
+                               rest_batching_speedup_at_8=speedup_at_8("rest_"))
     per_kind["targets_met"] = dict(
         p50_ms_at_1_client=bool(grpc_p50 and grpc_p50 <= TARGETS["p50_ms_at_1_client"]),
         grpc_overhead_fraction=bool(overhead <= TARGETS["grpc_overhead_fraction"]),

@@ -5,6 +5,8 @@ embedding benchmark's arithmetic and a run of it at tiny size (benchmarks/embedd
 import json
 import math
 import os
+import threading
+import time
 
 import pytest
 import tensorflow as tf
@@ -258,6 +260,41 @@ def test_serving_latencies_are_read_against_the_arithmetic_floor():
   assert s["fraction_of_matmul_limit_at_batch_size"] == {"1": 0.333, "8": 0.667}
   assert met["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
   assert not missed["exports"]["realm_qa"]["targets_met"]["p50_within_1.25x_floor"]
+
+
+def test_serving_load_test_runs_every_client_and_counts_failures():
+  """benchmarks.serving.load_test (the gRPC and REST cells alike): each client is made once,
+  answers its warm-up, then loops until the time is up; failures are counted and kept, not
+  timed; every client is closed."""
+  from benchmarks import serving  # pylint: disable=g-import-not-at-top
+  made, closed, asked = [], [], []
+  lock = threading.Lock()
+
+  def make_asker():
+    with lock:
+      made.append(1)
+
+    def ask(question):
+      time.sleep(0.002)
+      with lock:
+        asked.append(question)
+      if question == "bad":
+        raise ValueError("refused")
+    return ask, lambda: closed.append(1)
+
+  # Client w warms up on question w, then asks w, w + 3, ...: client 0 meets "bad".
+  cell = serving.load_test(make_asker, ["q1", "q2", "q3", "bad"], clients=3, seconds=0.3)
+  assert len(made) == len(closed) == 3
+  assert cell["clients"] == 3
+  assert cell["errors"] == asked.count("bad") > 0
+  assert cell["requests"] == len(asked) - 3 - cell["errors"]  # warm-ups not timed
+  assert "refused" in cell["first_errors"][0]
+  assert cell["queries_per_second"] > 0 and cell["p50_ms"] >= 2.0
+  # A warm-up that fails means nothing is served: the cell fails loudly, nothing hangs.
+  closed.clear()
+  with pytest.raises(RuntimeError, match="warm-up.*refused"):
+    serving.load_test(make_asker, ["q1", "bad"], clients=2, seconds=0.3)
+  assert len(closed) == 2
 
 
 def test_paper_scale_prefers_the_embedding_benchmarks_rate(tmp_path, monkeypatch):
