@@ -232,6 +232,58 @@ def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> lis
   return curve
 
 
+def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
+  """Per attribute of the held-out sentences: span accuracy, how often the own block is
+  the top-1 and among the k read, and the reader's mean p(value | own block, x) when it
+  is read. Why: one held-out accuracy mixes what the retriever fetches with what the
+  reader can read; split by attribute, the two limits show apart (the committed run's
+  reader copied years and no other attribute, README "The knowledge world")."""
+  task = tasks.get_task(config)
+  index = task.build_index(tf.distribute.get_strategy())  # None without retrieval
+  if index is not None:
+    index.set_embeddings(recall.embed_corpus(documents, index, task.tokenizer,
+                                             config.model.retriever.block_seq_length),
+                         version=0)
+  model = task.build_model()
+  tf.train.Checkpoint(model=model).read(layout.latest_checkpoint(
+      model_dir)).expect_partial().assert_existing_objects_matched()
+  m = config.model
+  data = pretraining_inputs.pretraining_dataset(
+      os.path.join(world["dir"], "heldout-*"), task.tokenizer, m.retriever.query_seq_length,
+      config.task.pretrain.validation_masking, config.task.pretrain.max_predictions_per_seq,
+      EVAL_BATCH, seed=config.trainer.seed, repeat=False, shuffle_buffer=0,
+      drop_remainder=False)
+  rows = iter(world["held_out"])
+  by: dict = {}
+  for batch in data:
+    _, out = task.forward(model, batch, False)
+    weights = batch["masked_lm"]["weights"].numpy()  # [B, M]
+    right = np.all((out["mlm_predictions"].numpy() == batch["masked_lm"]["ids"].numpy())
+                   | (weights == 0), axis=1)  # [B]
+    span_log_p = (out["token_log_probs"].numpy() * weights[:, None, :]).sum(-1)  # [B, K]
+    ids = out["block_ids"].numpy()  # [B, k] (k = 0 without retrieval)
+    for i in range(len(right)):
+      row = next(rows)
+      read = list(ids[i]).index(row["gold_block_id"]) if row["gold_block_id"] in ids[i] \
+          else None
+      # Candidates in the reader's order: the null document first when it is read.
+      offset = span_log_p.shape[1] - ids.shape[1]
+      by.setdefault(row["attribute"], []).append((
+          float(right[i]), float(ids.shape[1] > 0 and read == 0), float(read is not None),
+          math.exp(span_log_p[i, read + offset]) if read is not None else float("nan")))
+  out = {}
+  for attribute, v in sorted(by.items()):
+    v = np.asarray(v)
+    with np.errstate(invalid="ignore"):
+      own_read = float(np.nanmean(v[:, 3])) if np.isfinite(v[:, 3]).any() else None
+    out[attribute] = dict(
+        sentences=len(v), span_accuracy=round(float(v[:, 0].mean()), 4),
+        own_block_top1=round(float(v[:, 1].mean()), 4) if index is not None else None,
+        own_block_read=round(float(v[:, 2].mean()), 4) if index is not None else None,
+        p_value_given_own_block=float(f"{own_read:.4g}") if own_read is not None else None)
+  return out
+
+
 def knowledge_edit(arm: str, config, model_dir: str, edited: dict, documents) -> dict:
   """REALM's knowledge lives in the corpus: the held-out entities' blocks are rewritten
   with other values (knowledge_world.edit_world), the index is rebuilt over the edited
@@ -283,6 +335,8 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) 
   top1 = kinds["own"] if kinds else None
   top1_curve = gold_top1_curve(arm, config, model_dir, world, start_retriever) \
       if arm != "none" else []
+  attributes = per_attribute(config, model_dir, world, documents)
+  tf_keras.backend.clear_session()
   edit = knowledge_edit(arm, config, model_dir, edited, documents)
   n = len(world["held_out"])
   accuracy = final.get("span_accuracy")
@@ -297,7 +351,7 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) 
       heldout_token_accuracy=final.get("mlm_accuracy"),
       heldout_retrieval_utility=final.get("retrieval_utility"),
       heldout_null_document_probability=final.get("null_document_probability"),
-      gold_top1=top1, top1_kinds=kinds, knowledge_edit=edit,
+      gold_top1=top1, top1_kinds=kinds, knowledge_edit=edit, per_attribute=attributes,
       index_refreshes=result.get("index_refreshes", 0),
       gold_top1_curve=top1_curve,
       heldout_curve=[{k: r[k] for k in ("step", "span_accuracy", "retrieval_utility",
@@ -419,6 +473,21 @@ def report(payload: dict) -> str:
                   f"{arm} " + " / ".join(f"{k[key]:.3f}" for key in
                                          ("own", "namesake", "town", "other_entity"))
                   for arm, k in kinds) + "."]
+  with_attributes = [(arm, r["per_attribute"]) for arm, r in arms if r.get("per_attribute")]
+  if with_attributes:
+    lines += ["", "Per attribute of the held-out sentences: span accuracy / own block top-1 / "
+              "mean p(value | own block, x) where the own block is read (the reader's part "
+              "apart from the retriever's):", "",
+              "| arm | " + " | ".join(with_attributes[0][1]) + " |",
+              "|---|" + "---|" * len(with_attributes[0][1])]
+
+    def cell(a):
+      def f(v):
+        return "n/a" if v is None else f"{v:.3f}"
+      return f"{f(a['span_accuracy'])} / {f(a['own_block_top1'])} / " \
+             f"{f(a['p_value_given_own_block'])}"
+    for arm, attributes in with_attributes:
+      lines.append(f"| {arm} | " + " | ".join(cell(a) for a in attributes.values()) + " |")
   m = payload["machine"]
   lines += ["", "± one binomial standard error over the held-out sentences. Gold top-1: "
             "share of held-out sentences whose top-1 block is the entity's own (no "

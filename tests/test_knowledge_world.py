@@ -215,3 +215,33 @@ def test_top1_kinds_tell_the_own_block_from_namesakes_towns_and_other_entities(w
   top = [rows[0]["gold_block_id"], namesake, by_title[w["towns"][0]], other]
   kinds = knowledge.top1_kinds(top, dict(w, held_out=rows))
   assert kinds == dict(own=0.25, namesake=0.25, town=0.25, other_entity=0.25)
+
+
+@pytest.mark.slow
+def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_path):
+  """benchmarks.knowledge.per_attribute re-reads the held-out sentences with a trained
+  checkpoint over the arm's index: its per-attribute accuracies, weighted by their
+  sentences, are the span accuracy the run's own evaluation reports, and the own block's
+  top-1 / read shares and p(value | own block) are shares and probabilities."""
+  directory, w = world
+  w = dict(w, dir=directory)
+  args = knowledge.parse_args(
+      ["--steps", "4", "--batch_size", "4", "--refresh_every", "2", "--curve_every", "4",
+       "--ict_steps", "0", "--work_dir", str(tmp_path), "--no_write", "--config", _TINY]
+      + [f"--override={o}" for o in _RETRIEVER])
+  config = knowledge.arm_config("frozen", directory, args)
+  model_dir = str(tmp_path / "frozen")
+  start = knowledge.retriever_from(config)
+  knowledge.publish_index(config, start, model_dir)
+  train_lib.run_experiment(config, model_dir)
+  reported, _ = train_lib.evaluate_checkpoint(config, model_dir)
+  split = knowledge.per_attribute(config, model_dir, w, start)
+  assert set(split) == {r["attribute"] for r in w["held_out"]}
+  n = sum(a["sentences"] for a in split.values())
+  assert n == len(w["held_out"])
+  weighted = sum(a["span_accuracy"] * a["sentences"] for a in split.values()) / n
+  assert weighted == pytest.approx(reported["span_accuracy"], abs=1e-4)
+  for a in split.values():
+    assert 0 <= a["own_block_top1"] <= a["own_block_read"] <= 1
+    p = a["p_value_given_own_block"]
+    assert p is None or 0 < p < 1
