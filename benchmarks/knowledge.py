@@ -6,7 +6,7 @@ fetch the block that holds the missing fact, and the knowledge then lives in the
         [--refresh_every 10] [--ict_steps 300] [--learning_rate 3e-3] [--curve_every 250]
         [--seed 0]
         [--config configs/tiny.yaml --config configs/knowledge.yaml] [--override k=v]
-        [--work_dir DIR] [--no_write]
+        [--work_dir DIR] [--no_write] [--name knowledge]
 
 The defaults are the committed run's settings (benchmarks/results/knowledge.*).
 
@@ -28,7 +28,7 @@ own block (at step 0 and at every kept checkpoint) and what the top-1 is otherwi
 (namesake, town, other entity); the knowledge edit (every held-out fact rewritten in its
 block, the index rebuilt with the arm's document tower, no parameter changes: the share of
 held-out spans predicted as the new value and as the old); index refreshes and staleness.
-Results: benchmarks/results/knowledge.{json,md} and knowledge_curves.png (unless
+Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless
 --no_write; always in <work_dir>).
 
 What the committed run shows is in README ("The knowledge world"); in short: with the
@@ -495,7 +495,7 @@ def report(payload: dict) -> str:
             "and rebuilds the index with the arm's document tower; no parameter changes.", "",
             f"Measured {m['when']} on {m['cpu_count']} CPUs (load average "
             f"{m['load_average_1_5_15']}), {payload['wall_seconds']} s in all. Curves: "
-            "knowledge_curves.png.", ""]
+            f"{payload.get('name', 'knowledge')}_curves.png.", ""]
   return "\n".join(lines)
 
 
@@ -541,6 +541,8 @@ def parse_args(argv=None):
   p.add_argument("--override", action="append", help="extra dotted=value config overrides")
   p.add_argument("--work_dir", default="")
   p.add_argument("--no_write", action="store_true")
+  p.add_argument("--name", default="knowledge",
+                 help="results file name (another name keeps the committed run's files)")
   args = p.parse_args(argv)
   args.config = args.config or [os.path.join(REPO, "configs", name)
                                 for name in ("tiny.yaml", "knowledge.yaml")]
@@ -558,15 +560,17 @@ def main(argv=None):
   payload["wall_seconds"] = round(time.time() - start, 1)
   print(json.dumps({a: {k: v for k, v in r.items() if k != "train_curve"}
                     for a, r in payload["arms"].items()}, indent=1))
-  with open(os.path.join(payload["work_dir"], "knowledge.json"), "w") as f:
+  name = payload["name"] = args.name
+  with open(os.path.join(payload["work_dir"], f"{name}.json"), "w") as f:
     json.dump(payload, f, indent=1)  # kept with the run, written or not
-  plot(payload, os.path.join(payload["work_dir"], "knowledge_curves.png"))
-  with open(os.path.join(payload["work_dir"], "knowledge.md"), "w") as f:
+  plot(payload, os.path.join(payload["work_dir"], f"{name}_curves.png"))
+  with open(os.path.join(payload["work_dir"], f"{name}.md"), "w") as f:
     f.write(report(payload))
   if not args.no_write:
-    log(f"wrote {write_result('knowledge', payload)}")
-    for name in ("knowledge_curves.png", "knowledge.md"):
-      shutil.copy(os.path.join(payload["work_dir"], name), os.path.join(RESULTS_DIR, name))
+    log(f"wrote {write_result(name, payload)}")
+    for file_name in (f"{name}_curves.png", f"{name}.md"):
+      shutil.copy(os.path.join(payload["work_dir"], file_name),
+                  os.path.join(RESULTS_DIR, file_name))
 
 
 if __name__ == "__main__":
