@@ -236,8 +236,8 @@ def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
   """Per attribute of the held-out sentences: span accuracy, how often the own block is
   the top-1 and among the k read, and the reader's mean p(value | own block, x) when it
   is read. Why: one held-out accuracy mixes what the retriever fetches with what the
-  reader can read; split by attribute, the two limits show apart (the committed run's
-  reader copied years and no other attribute, README "The knowledge world")."""
+  reader can read; split by attribute, the two limits show apart (README, "The knowledge
+  world": a reader that copies one attribute's values and guesses the others')."""
   task = tasks.get_task(config)
   index = task.build_index(tf.distribute.get_strategy())  # None without retrieval
   if index is not None:
