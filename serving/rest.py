@@ -315,6 +315,11 @@ class _BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
   """ThreadingHTTPServer with at most `num_threads` requests handled at once."""
 
   daemon_threads = True
+  # The listen backlog: connections beyond the handler threads wait here, accepted in turn
+  # (the kernel caps it at net.core.somaxconn). socketserver's default of 5 made the kernel
+  # drop or reset connections past threads + 5: 32 closed-loop clients (benchmarks/
+  # serving.py) were reset while gRPC queued them.
+  request_queue_size = socket.SOMAXCONN
 
   def __init__(self, address, handler, num_threads: int, api: "RestApi"):
     self._slots = threading.BoundedSemaphore(num_threads)

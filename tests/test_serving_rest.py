@@ -2,6 +2,7 @@
 import base64
 import http.client
 import json
+import threading
 
 import grpc
 import numpy as np
@@ -156,3 +157,40 @@ def test_body_limits(server):
   big = json.dumps({"instances": ["x" * (2 << 20)]}).encode()  # 2 MiB > 1 MiB
   status, answer = _http(running, "POST", "/v1/models/realm_qa:predict", raw=big)
   assert status == 413 and "--max_message_bytes" in answer["error"]
+
+
+def test_concurrent_clients_beyond_the_threads_wait_and_are_answered(server):
+  """More clients at once than --rest_api_num_threads: the excess connections wait in the
+  listen backlog and are answered in turn; none is refused or reset (the 32-client REST
+  cell of benchmarks/serving.py was reset with the standard library's backlog of 5)."""
+  running, _ = server
+  clients = 48  # > rest_api_num_threads (4 per CPU) + the old backlog of 5
+  connected = threading.Barrier(clients)
+  results, lock = [], threading.Lock()
+  body = json.dumps({"instances": ["where is the river?"]}).encode()
+
+  def work():
+    connection = http.client.HTTPConnection("127.0.0.1", running.rest_port, timeout=30)
+    try:
+      connection.connect()
+      # Every client holds its connection open before any sends: the server's threads
+      # each wait on a request, so every other connection has to wait in the backlog.
+      connected.wait(timeout=20)
+      connection.request("POST", "/v1/models/realm_qa:predict", body=body)
+      response = connection.getresponse()
+      outcome = response.status, json.loads(response.read())
+    except Exception as e:  # pylint: disable=broad-except  reported by the assertion
+      outcome = repr(e), None
+    finally:
+      connection.close()
+    with lock:
+      results.append(outcome)
+
+  threads = [threading.Thread(target=work) for _ in range(clients)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=90)
+  failures = [status for status, _ in results if status != 200]
+  assert len(results) == clients and not failures, failures[:3]
+  assert all("predictions" in answer for _, answer in results)
