@@ -10,7 +10,8 @@ Two corpora, measured in one run:
              MiniLM-initialised block encoder of configs/demo.yaml), real questions
              (NQ-Open) as queries.
 For each: exact search (TF matmul + top_k) and ScaNN at a few settings; batched queries/s
-(batches of 256) and single-query queries/s. Results: benchmarks/results/mips.json.
+(batches of 256) and single-query queries/s. Results: benchmarks/results/mips.json and
+mips.md (`--markdown_only` re-renders mips.md from the committed mips.json).
 """
 import argparse
 import json
@@ -22,7 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.common import SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
 from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_params_for
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
@@ -174,12 +175,72 @@ def real(work_dir: str) -> dict:
   return result
 
 
+def _machine_line(machine: dict) -> str:
+  load = machine.get("load_average_1_5_15")
+  return (f"{machine['cpu_count']} CPUs, TF {machine['tensorflow']}, {machine['when']}"
+          + (f", load average {load}" if load else ""))
+
+
+def markdown(result: dict) -> str:
+  """benchmarks/results/mips.md: one table per corpus measured, from mips.json."""
+  titles = {"synthetic": "Synthetic: clustered vectors (realm_tf.retrieval.synthetic), "
+                         "queries near corpus points",
+            "real": "Real: MiniLM block embeddings of the vital articles, NQ-Open questions "
+                    "as queries"}
+  lines = ["# MIPS benchmark (benchmarks/mips.py)", "",
+           "Exact search (TF matmul + top_k) against ScaNN settings; recall@k against exact "
+           "search, queries/s batched and one query at a time, index bytes per vector and "
+           "ScaNN build time.", ""]
+  for corpus in ("synthetic", "real"):
+    if corpus not in result:
+      continue
+    run = result[corpus]
+    lines += [f"## {titles[corpus]}", "",
+              f"Machine: {_machine_line(run.get('machine') or result['machine'])}. "
+              f"{run['num_vectors']:,} x "
+              f"{run['dimension']} vectors, {run['num_queries']:,} queries, k = {run['k']}, "
+              f"batches of {run['query_batch']}."]
+    if "beam_blocks_per_second" in run:
+      lines[-1] += (f" Corpus {run['corpus']}, encoder {run['encoder']}: preprocessed in "
+                    f"{run['preprocess_seconds']:.0f} s, embedded and indexed by the Beam "
+                    f"pipeline in {run['beam_embed_and_index_seconds']:.0f} s "
+                    f"({run['beam_blocks_per_second']:.1f} blocks/s).")
+    lines += ["", "| search | recall@10 | queries/s batched (x exact) | "
+              "queries/s single (x exact) | bytes/vector | build s |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for row in run["rows"]:
+      batched = f"{row['qps_batched']:,.0f}"
+      single = f"{row['qps_single']:,.1f}"
+      if "speedup_batched_vs_exact" in row:
+        batched += f" ({row['speedup_batched_vs_exact']:.2f}x)"
+        single += f" ({row['speedup_single_vs_exact']:.2f}x)"
+      lines.append(f"| {row['name']} | {row['recall_at_10']:.3f} | {batched} | {single} | "
+                   f"{row['bytes_per_vector']:.0f} | {row['build_seconds']:.1f} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def write_markdown(json_path: str) -> str:
+  """Renders <json_path> (mips.json) into the .md beside it; returns the .md's path."""
+  with open(json_path) as f:
+    result = json.load(f)
+  md_path = json_path[:-len(".json")] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--num_vectors", type=int, default=1_000_000)
   parser.add_argument("--only", choices=["synthetic", "real"], default=None,
                       help="measure one corpus and merge it into the existing results")
+  parser.add_argument("--markdown_only", action="store_true",
+                      help="only re-render mips.md from the committed mips.json")
   args = parser.parse_args()
+  if args.markdown_only:
+    print(write_markdown(os.path.join(RESULTS_DIR, "mips.json")))
+    return
   result = {}
   if args.only in (None, "synthetic"):
     result["synthetic"] = dict(machine=machine(), **synthetic(args.num_vectors))
@@ -189,7 +250,9 @@ def main():
       result["real"] = dict(machine=machine(), **real(work_dir))
     finally:
       shutil.rmtree(work_dir, ignore_errors=True)
-  print(write_result("mips", result, merge=args.only is not None))
+  path = write_result("mips", result, merge=args.only is not None)
+  print(path)
+  print(write_markdown(path))
 
 
 if __name__ == "__main__":

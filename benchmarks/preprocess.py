@@ -11,16 +11,18 @@ they include pipeline start-up (a few seconds, which dominates the small XML sam
   pages/s   input records (pages or JSON lines) read per second;
   blocks/s  blocks written per second.
 Results: the `pipelines` key of benchmarks/results/preprocess.json (the tagger benchmark
-writes its own key into the same file).
+writes its own key into the same file), rendered with that key into preprocess.md
+(`--markdown_only` re-renders it from the committed JSON).
 """
 import argparse
+import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 
-from benchmarks.common import SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
 from realm_tf.pipelines import preprocess
 from realm_tf.pipelines.preprocess import PreprocessConfig
 
@@ -49,11 +51,62 @@ def measure(input_format: str, path: str, beam_args) -> dict:
           "counts": counts}
 
 
+def markdown(result: dict) -> str:
+  """benchmarks/results/preprocess.md: one row per corpus, and the tagger's throughput."""
+  lines = ["# Corpus pipeline benchmark (benchmarks/preprocess.py)", ""]
+  pipelines = result.get("pipelines")
+  if pipelines:
+    m = pipelines["machine"]
+    lines += [f"`beam.preprocess` on the {pipelines['runner']}, whole pipeline (read, parse, "
+              "dedup, blocks, pre-training examples with date spans, ICT examples, manifest), "
+              "one run per corpus; seconds are wall time including pipeline start-up. "
+              f"Machine: {m['cpu_count']} CPUs, TF {m['tensorflow']}, {m['when']}; "
+              f"Beam arguments: {' '.join(pipelines['beam_args']) or 'none'}.", "",
+              "| corpus | format | seconds | pages/s | blocks/s | records in | accepted | "
+              "blocks | pre-training sentences (with spans) | ICT examples | set aside |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, row in pipelines["corpora"].items():
+      c = row["counts"]
+      aside = {**c["set_aside"].get("bad_input", {}), **c["set_aside"].get("by_rule", {})}
+      lines.append(
+          f"| {name} (`{row['input']}`) | {row['input_format']} | {row['seconds']} | "
+          f"{row['pages_per_s']} | {row['blocks_per_s']} | {c['records_in']:,} | "
+          f"{c['accepted']:,} | {c['blocks']:,} | {c['pretraining_examples']:,} "
+          f"({c['pretraining_examples_with_spans']:,}) | {c['ict_examples']:,} | "
+          f"{', '.join(f'{k} {v}' for k, v in sorted(aside.items())) or '-'} |")
+    lines.append("")
+  tagger = result.get("tagger")
+  if tagger:
+    lines += ["## Salient-span tagger throughput", "",
+              f"Written by `benchmarks/tagger.py` (see tagger.md): {tagger['source']}, "
+              f"{tagger['sentences']:,} sentences of {tagger['mean_characters']} characters "
+              f"on average, batches of {tagger['batch_size']}: "
+              f"**{tagger['sentences_per_second']} sentences/s** (best of {tagger['repeats']} "
+              f"passes; median {tagger['sentences_per_second_median']}). Machine: "
+              f"{tagger['machine']['cpu_count']} CPUs, {tagger['machine']['when']}.", ""]
+  return "\n".join(lines)
+
+
+def write_markdown(json_path: str) -> str:
+  """Renders <json_path> (preprocess.json) into the .md beside it; returns the .md's path."""
+  with open(json_path) as f:
+    result = json.load(f)
+  md_path = json_path[:-len(".json")] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--corpora", default=",".join(CORPORA))
+  parser.add_argument("--markdown_only", action="store_true",
+                      help="only re-render preprocess.md from the committed preprocess.json")
   args, beam_args = parser.parse_known_args(argv)
+  if args.markdown_only:
+    print(f"wrote {write_markdown(os.path.join(RESULTS_DIR, 'preprocess.json'))}")
+    return 0
   results = {}
   for name in args.corpora.split(","):
     input_format, relative = CORPORA[name]
@@ -63,7 +116,7 @@ def main(argv=None) -> int:
   path = write_result("preprocess", {"pipelines": {
       "runner": "DirectRunner", "beam_args": beam_args, "machine": machine(),
       "corpora": results}}, merge=True)
-  print(f"wrote {path}")
+  print(f"wrote {path} and {write_markdown(path)}")
   return 0
 
 

@@ -8,15 +8,18 @@ serving signature the Beam step calls:
   F1         entity-level (seqeval) on eng.testb (test) and eng.testa (dev), per type too;
   throughput sentences/s over eng.testb's sentences as raw text, in file order (so batches
              mix lengths, as in a pipeline), batched, after one warm-up batch.
-Results: benchmarks/results/tagger.json, and the `tagger` key of preprocess.json (the
-corpus pipeline's throughput figures).
+Results: benchmarks/results/tagger.json and tagger.md, and the `tagger` key of
+preprocess.json (the corpus pipeline's throughput figures). `--markdown_only` re-renders
+tagger.md from the committed tagger.json.
 """
 import argparse
+import json
 import os
 import statistics
 import time
 
-from benchmarks.common import SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from benchmarks.preprocess import write_markdown as write_markdown_preprocess
 from realm_tf.tagger.conll import read_sentences
 from realm_tf.tagger.evaluation import evaluate_sentences
 from realm_tf.tagger.export import read_manifest
@@ -40,6 +43,46 @@ def throughput(tagger: SavedTagger, texts: list[str], batch_size: int, repeats: 
           "mean_characters": round(sum(map(len, texts)) / len(texts), 1)}
 
 
+def markdown(result: dict) -> str:
+  """benchmarks/results/tagger.md: entity F1 per split and type, and throughput."""
+  model, speed, m = result["model"], result["throughput"], result["machine"]
+  enc = model["encoder"]
+  types = sorted(result["test"]["per_type_f1"])
+  lines = ["# Salient-span tagger benchmark (benchmarks/tagger.py)", "",
+           f"The exported tagger: a {enc['num_layers']}-layer, {enc['hidden_size']}-wide BERT "
+           f"token classifier warm-started from {model['warm_start']}, fine-tuned on "
+           f"CoNLL-2003 eng.train for {model['epochs']} epochs ({result['training_steps']} "
+           f"steps of {model['batch_size']}, {result['training_examples']:,} examples, "
+           f"sequence length {model['seq_length']}, learning rate {model['learning_rate']}) "
+           f"in {result['training_seconds']:.0f} s. Machine: {m['cpu_count']} CPUs, "
+           f"TF {m['tensorflow']}, {m['when']}.", "",
+           "Entity-level F1 (seqeval), measured on the export through the serving signature "
+           "the Beam step calls:", "",
+           "| split | sentences | precision | recall | F1 | "
+           + " | ".join(f"F1 {t}" for t in types) + " |",
+           "|---|---:|---:|---:|---:|" + "---:|" * len(types)]
+  for label, key in (("eng.testa (dev)", "dev"), ("eng.testb (test)", "test")):
+    s = result[key]
+    lines.append(f"| {label} | {s['sentences']:,} | {s['precision']:.3f} | {s['recall']:.3f} | "
+                 f"**{s['f1']:.3f}** | "
+                 + " | ".join(f"{s['per_type_f1'][t]:.3f}" for t in types) + " |")
+  lines += ["", f"Throughput: {speed['source']}, {speed['sentences']:,} sentences of "
+            f"{speed['mean_characters']} characters on average, batches of "
+            f"{speed['batch_size']}: **{speed['sentences_per_second']} sentences/s** (best of "
+            f"{speed['repeats']} passes; median {speed['sentences_per_second_median']}).", ""]
+  return "\n".join(lines)
+
+
+def write_markdown(json_path: str) -> str:
+  """Renders <json_path> (tagger.json) into the .md beside it; returns the .md's path."""
+  with open(json_path) as f:
+    result = json.load(f)
+  md_path = json_path[:-len(".json")] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -47,7 +90,12 @@ def main() -> None:
   parser.add_argument("--conll_dir", default=os.path.join(SHARED_DATA, "ner", "conll2003"))
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--markdown_only", action="store_true",
+                      help="only re-render tagger.md from the committed tagger.json")
   args = parser.parse_args()
+  if args.markdown_only:
+    print(write_markdown(os.path.join(RESULTS_DIR, "tagger.json")))
+    return
 
   manifest = read_manifest(args.tagger_dir)
   tagger = SavedTagger(args.tagger_dir)
@@ -79,8 +127,9 @@ def main() -> None:
   }
   print(f"test F1 {result['test_f1']:.4f}  dev F1 {result['dev_f1']:.4f}  "
         f"{speed['sentences_per_second']} sentences/s (batch {args.batch_size})")
-  write_result("tagger", result)
-  write_result("preprocess", {"tagger": {**speed, "machine": result["machine"]}}, merge=True)
+  print(write_markdown(write_result("tagger", result)))
+  print(write_markdown_preprocess(write_result(
+      "preprocess", {"tagger": {**speed, "machine": result["machine"]}}, merge=True)))
 
 
 if __name__ == "__main__":
