@@ -84,7 +84,7 @@ def release_free_memory() -> int:
   large tensors it served in a BFC arena that only grows; later versions reuse it, so RSS
   plateaus at about two versions' weights (the old and the new are both resident during
   a hand-over). TF_ENABLE_ONEDNN_OPTS=0 removes that arena at a cost in latency, and is
-  the default of `python -m serving.server` (see its docstring and README, reliability).
+  the default of `python -m serving.server` (see its docstring).
   """
   before = resident_bytes()
   gc.collect()

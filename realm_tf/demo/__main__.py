@@ -6,7 +6,7 @@
 
 Every stage writes under --run_dir and is reused when run again with the same settings
 (see realm_tf.demo.pipeline for the stages and what each runs). The defaults (the MiniLM
-config, configs/demo.yaml): see README, "How long".
+config, configs/demo.yaml) are sized for a 2-core CPU.
 """
 import os
 import signal
@@ -48,7 +48,7 @@ flags.DEFINE_bool("wikipedia_qa", _D.wikipedia_qa,
                   "Also fine-tune a reader on cloze questions over the Wikipedia corpus, "
                   "export it and ask it over gRPC (act 1's Open-QA stages; implied by "
                   "--train_file and --ask). Off by default: at this size they answer few "
-                  "questions right (README, 'What quality to expect').")
+                  "questions right.")
 flags.DEFINE_integer("finetune_steps", _D.finetune_steps,
                      "Reader fine-tuning steps on the Wikipedia questions.")
 flags.DEFINE_integer("finetune_batch_size", _D.finetune_batch_size, "Fine-tuning batch.")

@@ -28,10 +28,10 @@
               invented facts, export, serving, and an edit of the corpus published as the
               next version (realm_tf.demo.world)
 
-Why act 1's Open-QA stages are off by default: at this size they took 6 min 15 s of a
-fresh clone's demo (2026-11-25) to answer 1 of 40 held-out cloze questions, which shows a
-user nothing; act 2 runs the same fine-tuning, export and serving where the answers can
-only come from the corpus, from the same pre-trained checkpoint.
+Why act 1's Open-QA stages are off by default: at this size they cost minutes and answer
+almost none of the held-out cloze questions, which shows a user nothing; act 2 runs the
+same fine-tuning, export and serving where the answers can only come from the corpus, from
+the same pre-trained checkpoint.
 
 Every stage writes under <run_dir>/<stage>/ (its command's output in log.txt); see
 realm_tf.demo.stages for how finished stages are reused.
@@ -64,16 +64,14 @@ SHARED_CONLL = os.path.join(REPO, "..", "shared", "data", "ner", "conll2003")
 
 @dataclasses.dataclass
 class DemoOptions:
-  """The demo's sizes (defaults: MiniLM on a 2-core CPU, both acts; README, "How long")."""
+  """The demo's sizes (defaults: MiniLM on a 2-core CPU, both acts)."""
   config: str = "configs/demo.yaml"
   run_dir: str = "runs/demo"
   overrides: Sequence[str] = ()
   articles_file: str = ""  # {title, text} JSON lines instead of the PyPI package
-  # Act 1 is sized to show every stage run, not to learn (it cannot here: README, "What
-  # quality to expect"); the time goes to act 2. In a fresh clone on 2026-11-25 (a slow day
-  # of this machine) 1,500 articles, 30 ICT, 100 warm-up, 10 pre-training and 30
-  # fine-tuning steps took 5 min 14 s of pre-training and 6 min 41 s of Open-QA, most of it
-  # process start-up, XLA compilation and index builds, which fewer blocks shorten.
+  # Act 1 is sized to show every stage run, not to learn (a few CPU minutes cannot); the
+  # time goes to act 2. Its cost is mostly process start-up, XLA compilation and index
+  # builds, which fewer blocks shorten.
   num_articles: int = 800
   conll_dir: str = "auto"  # 'auto': ../shared/data/ner/conll2003 if present; '': none
   tagger_steps: int = 150
