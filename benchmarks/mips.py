@@ -1,6 +1,6 @@
 """MIPS benchmark: recall@10 against exact search, queries/s, build time, bytes per vector.
 
-    python -m benchmarks.mips [--num_vectors 1000000] [--skip_real]
+    python -m benchmarks.mips [--num_vectors 1000000] [--only synthetic|real] [--markdown_only]
 
 Two corpora, measured in one run:
   synthetic  1M x 128 clustered vectors (realm_tf.retrieval.synthetic), queries near
