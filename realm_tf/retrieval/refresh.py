@@ -39,6 +39,10 @@ class IndexBuilderProcess:
   Spawned (not imported: the library never imports the `beam` entry points). A pipe reader
   thread appends its output to model_dir/index_builder.log through storage.open_for_append,
   so model_dir may be on an object store.
+
+  Args:
+    model_dir: the training run's directory (the builder's --model_dir).
+    extra_args: further command-line arguments of beam.index_builder (e.g. --max_builds 1).
   """
 
   def __init__(self, model_dir: str, extra_args: Sequence[str] = ()):
@@ -65,6 +69,11 @@ class IndexBuilderProcess:
         pass
 
   def stop(self, timeout: float = 120.0):
+    """Waits for the builder to exit; terminates it after `timeout` seconds.
+
+    Args:
+      timeout: seconds to wait before SIGTERM (then 30 s more for it to exit).
+    """
     try:
       self.process.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -76,6 +85,21 @@ class IndexBuilderProcess:
 
 @dataclasses.dataclass
 class RefreshSettings:
+  """What an IndexRefresher does; the fields that differ per task come from the task.
+
+  Attributes:
+    index_dir: the versioned index directory to load from (layout.index_dir).
+    refresh_every_steps: steps between retriever snapshots handed to the builder.
+    train_steps: trainer.train_steps; no snapshot is exported at or past it.
+    first_index_timeout_seconds: how long `start` (and a staleness wait) waits for an
+      index before raising TimeoutError.
+    poll_seconds: minimum seconds between polls for a newer index (one process).
+    start_builder: run `beam.index_builder` as a child process of the chief.
+    builder_args: extra command-line arguments of that child.
+    max_staleness_steps: the most steps the index may lag the step reached before
+      training waits for the builder.
+    read_only: a side-car evaluator's refresher (see below).
+  """
   index_dir: str
   refresh_every_steps: int  # 0: never hand over snapshots (a fixed index)
   train_steps: int
@@ -90,7 +114,20 @@ class RefreshSettings:
 
 
 class IndexRefresher:
-  """Host-side refresh of a KnowledgeIndex during training (see the module docstring)."""
+  """Host-side refresh of a KnowledgeIndex during training (see the module docstring).
+
+  Args:
+    model_dir: the training run's directory (snapshots, TRAINING_DONE, the builder log).
+    index: the KnowledgeIndex the step searches; newer versions are swapped into it.
+    settings: RefreshSettings.
+    retriever: the model's retriever, exported as snapshots (chief only); None: no
+      snapshots (then a first index must already be committed).
+    build_shadow: builds a fresh retriever of the same architecture, into which the
+      exporter copies the weights before saving (see snapshots.SnapshotExporter).
+    tokenizer: the run's tokenizer, saved with each snapshot.
+    config: the run's ExperimentConfig, saved with each snapshot.
+    role: this process's part in a multi-process job (default: the only process).
+  """
 
   def __init__(self, model_dir: str, index: KnowledgeIndex, settings: RefreshSettings,
                retriever=None, build_shadow: Optional[Callable[[], object]] = None,
@@ -117,6 +154,16 @@ class IndexRefresher:
     exported as snapshot `global_step` for the builder, and the trainer waits for its
     index for at most first_index_timeout_seconds. A read-only refresher (a side-car
     evaluator) only waits, as long, for the run's trainer to commit one.
+
+    Args:
+      global_step: the step training (or evaluation) starts from; the first snapshot's
+        step.
+      training: a training run: the chief clears TRAINING_DONE for the builders.
+
+    Raises:
+      FileNotFoundError: no index is committed and this run exports no snapshot.
+      TimeoutError: no index loaded within first_index_timeout_seconds (the message says
+        whether storage failed or nothing was published).
     """
     writes = self.writes
     if training and writes:  # a new training slice: builders must follow it again
@@ -156,7 +203,16 @@ class IndexRefresher:
       time.sleep(min(self.settings.poll_seconds, 1.0))
 
   def after_loop(self, global_step: int):
-    """Between train loops: hand over a snapshot when due, swap in a newer index."""
+    """Between train loops: hand over a snapshot when due, swap in a newer index.
+
+    With max_staleness_steps set, blocks until the index is at most that many steps behind.
+
+    Args:
+      global_step: the step the loop ended at.
+
+    Raises:
+      TimeoutError: the staleness bound was not met within first_index_timeout_seconds.
+    """
     every = self.settings.refresh_every_steps
     if (self.exporter is not None and every > 0 and global_step % every == 0
         and global_step < self.settings.train_steps):
@@ -172,7 +228,11 @@ class IndexRefresher:
       self._wait_for_fresher(global_step, bound)
 
   def poll(self) -> bool:
-    """Swaps in the newest committed index if it is newer (True if it did)."""
+    """Swaps in the newest committed index if it is newer.
+
+    Returns:
+      True if a newer version was loaded.
+    """
     self._last_poll = time.time()
     return self.index.maybe_swap(self.settings.index_dir)
 
@@ -212,6 +272,15 @@ class IndexRefresher:
       self.index.maybe_swap(self.settings.index_dir)
 
   def logs(self, global_step: int) -> dict[str, float]:
+    """Scalars for a train loop's logs.
+
+    Args:
+      global_step: the step the loop ended at.
+
+    Returns:
+      index_version (-1: none), index_staleness_steps (steps since the index's encoder
+      was taken), index_staleness_seconds (since its snapshot) and index_refreshes.
+    """
     return dict(index_version=float(self.index.version if self.index.version is not None
                                     else -1),
                 index_staleness_steps=float(global_step - self.index_step()),
@@ -219,6 +288,14 @@ class IndexRefresher:
                 index_refreshes=float(self.index.num_swaps - 1))
 
   def stop(self, global_step: int, reached_train_steps: bool):
+    """Ends the refresh: waits for a pending snapshot, stops the builder child.
+
+    Args:
+      global_step: the step reached (recorded in TRAINING_DONE).
+      reached_train_steps: the schedule is complete: TRAINING_DONE is written (which stops
+        builders elsewhere) and the child builder gets 30 s to finish; otherwise the child
+        is terminated and builders elsewhere keep running for the resumption.
+    """
     if self.exporter is not None:
       self.exporter.wait()
     if reached_train_steps and self.writes:
@@ -233,6 +310,8 @@ class IndexRefresher:
         self.builder.stop(timeout=30.0)
 
   def summary(self) -> dict:
+    """index_refreshes and final_index_version; for the chief also the snapshots exported,
+    skipped (an export still saving) and failed, by step."""
     out = dict(index_refreshes=self.index.num_swaps - 1, final_index_version=self.index.version)
     if self.exporter is not None:
       out.update(snapshots_exported=list(self.exporter.exported),

@@ -21,9 +21,27 @@ class IctTask(base.RealmTask):
   metric_names = ("loss", "accuracy")
 
   def build_model(self):
+    """The dual-encoder retriever of model.retriever, warm-started per model.warm_start.
+
+    Returns:
+      A Retriever (query and document towers).
+    """
     return factory.build_retriever(self.experiment)
 
   def build_inputs(self, params, input_context=None):
+    """One input pipeline's batches of ICT examples.
+
+    Args:
+      params: the DataConfig (train_data or validation_data): input_path (ict-* TFRecords
+        of the corpus pipeline), global_batch_size, is_training, shuffle_buffer_size,
+        max_examples.
+      input_context: the pipeline's tf.distribute.InputContext, or None.
+
+    Returns:
+      A tf.data.Dataset of {'query': [B, Lq] encoder inputs, 'block': [B, Lb] encoder
+      inputs (title [SEP] text), 'block_id': [B] int64}, B the per-replica batch. Training
+      repeats, shuffles and skips the batches a resumed run already consumed.
+    """
     r = self.experiment.model.retriever
     training = bool(params.is_training)
     return ict_inputs.ict_dataset(
@@ -35,7 +53,17 @@ class IctTask(base.RealmTask):
         input_context=input_context, max_examples=params.max_examples)
 
   def forward(self, retriever, features, training):
-    """(this replica's share of the global mean loss, ICT outputs) for one batch."""
+    """The ICT loss of one replica's batch against every block of the global batch.
+
+    Args:
+      retriever: the Retriever.
+      features: one batch of build_inputs.
+      training: dropout on.
+
+    Returns:
+      (this replica's share of the global mean loss, losses.ict_loss's outputs: loss_sum,
+      correct and count over this replica's queries, among others).
+    """
     q = retriever.embed_queries(features["query"], training=training)  # [B, P]
     d = retriever.embed_documents(features["block"], training=training)  # [B, P]
     out = losses.ict_loss(q, d, features["block_id"])
@@ -43,10 +71,31 @@ class IctTask(base.RealmTask):
     return loss, out
 
   def train_step(self, inputs, model, optimizer, metrics=None):
+    """One update on a per-replica batch (runs in replica context).
+
+    Args:
+      inputs: one batch of build_inputs.
+      model: the Retriever.
+      optimizer: the optimizer of create_task_optimizer.
+      metrics: build_metrics' Means (loss, accuracy), updated here.
+
+    Returns:
+      {'loss': this replica's mean loss over its queries}.
+    """
     _, out = self.gradient_step(model, optimizer, lambda f, t: self.forward(model, f, t), inputs)
     return self._logs(out, metrics)
 
   def validation_step(self, inputs, model, metrics=None):
+    """The loss and in-batch accuracy of a validation batch, without dropout.
+
+    Args:
+      inputs: one batch of build_inputs (validation_data).
+      model: the Retriever.
+      metrics: build_metrics' Means (loss, accuracy), updated here.
+
+    Returns:
+      {'loss': this replica's mean loss over its queries}.
+    """
     _, out = self.compiled("validation", lambda f: self.forward(model, f, False))(inputs)
     return self._logs(out, metrics)
 
@@ -58,8 +107,13 @@ class IctTask(base.RealmTask):
     return {self.loss: loss}
 
   def initialize(self, model):
-    """ICT starts from model.warm_start (done by build_model); init_checkpoint, when set,
-    restores a previous ICT run's retriever."""
+    """A fresh run's weights: init_checkpoint, when set, restores a previous ICT run's retriever.
+
+    Otherwise the retriever keeps model.warm_start (applied by build_model).
+
+    Args:
+      model: the Retriever.
+    """
     if self.task_config.init_checkpoint:
       path = layout.latest_checkpoint(self.task_config.init_checkpoint)
       tf.train.Checkpoint(model=model).read(path).expect_partial()
@@ -67,6 +121,11 @@ class IctTask(base.RealmTask):
 
   def on_train_end(self, model, global_step: int, reached_train_steps: bool,
                    failed: bool = False):
+    """The chief exports the retriever towers (snapshots.export_retriever) at `global_step`.
+
+    Pre-training and the index builder start from that export. Nothing is exported after
+    a failure; see RealmTask.on_train_end for the arguments.
+    """
     # After a failure the weights are past the last checkpoint (the steps since it are
     # lost): the relaunch trains them again and exports at the step it reaches.
     if failed or not self.role.is_chief:

@@ -44,6 +44,16 @@ def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   name the same object-graph edges (model/retriever, model/knowledge_augmented_encoder/
   encoder), so the weights load straight into the fine-tuning networks without building the
   pretrainer. Every fine-tuning variable of those networks must be found in the checkpoint.
+
+  Args:
+    model: the OpenQAModel (its retriever, if dense, and its reader's encoder are read).
+    path: a pre-training checkpoint, or a run directory (its latest checkpoint).
+
+  Returns:
+    The checkpoint path read.
+
+  Raises:
+    AssertionError: a fine-tuning variable of those networks is not in the checkpoint.
   """
   path = layout.latest_checkpoint(path)
   parts = dict(knowledge_augmented_encoder=tf.train.Checkpoint(encoder=model.reader.encoder))
@@ -63,6 +73,16 @@ def restore_reader(model: OpenQAModel, path: str) -> str:
   model/reader edge only, so the retriever keeps its own start (a reader trained to read
   on one question set can start another set's fine-tuning without also taking a query
   tower tuned to the first set's questions). Every reader variable must be found.
+
+  Args:
+    model: the OpenQAModel whose reader is restored.
+    path: an Open-QA checkpoint, or a run directory (its latest checkpoint).
+
+  Returns:
+    The checkpoint path read.
+
+  Raises:
+    AssertionError: a reader variable is not in the checkpoint.
   """
   path = layout.latest_checkpoint(path)
   status = tf.train.Checkpoint(model=tf.train.Checkpoint(reader=model.reader)).read(path)
@@ -102,13 +122,21 @@ class OpenQATask(base.RetrievalTask):
 
   @property
   def dense(self) -> bool:
+    """Whether questions are retrieved by the dense retriever (else BM25)."""
     return self.task_config.retrieval == "dense"
 
   @property
   def is_continuation(self) -> np.ndarray:
+    """[V] bool: the vocabulary's '##' continuation wordpieces (spans.continuation_table)."""
     return spans.continuation_table(self.tokenizer.vocab)
 
   def build_model(self):
+    """The reader and, for dense retrieval, the retriever, warm-started per model.warm_start.
+
+    Returns:
+      An OpenQAModel (retriever None under BM25); its document tower trains only with
+      task.refresh_index.
+    """
     c = self.task_config
     retriever = factory.build_retriever(self.experiment) if self.dense else None
     reader = factory.build_reader(self.experiment)
@@ -117,6 +145,15 @@ class OpenQATask(base.RetrievalTask):
                        answer_logits=c.loss, name="openqa_model")
 
   def build_index(self, strategy) -> KnowledgeIndex:
+    """The corpus Z (index.blocks) as the step retrieves and reads it; built for BM25 too.
+
+    Args:
+      strategy: the run's strategy; the embedding variables are sharded over its replicas.
+
+    Returns:
+      The KnowledgeIndex (its embeddings loaded later, by on_train_begin /
+      on_evaluate_begin, for dense retrieval only).
+    """
     m, i = self.experiment.model, self.experiment.index
     store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
     # Bodies are stored whole (a block's body is shorter than its document-tower input),
@@ -129,7 +166,15 @@ class OpenQATask(base.RetrievalTask):
     return self.index
 
   def qa_set(self, path: str, limit: int = 0) -> inputs.QASet:
-    """Questions with their answer strings tokenized (and BM25 top-k), built once."""
+    """Questions with their answer strings tokenized (and BM25 top-k), built once per path.
+
+    Args:
+      path: NQ-Open JSON lines of questions and answers.
+      limit: read at most this many questions (0: all).
+
+    Returns:
+      The QASet (cached: a later call with the same path returns it, whatever `limit`).
+    """
     if path not in self._qa_sets:
       c = self.task_config
       store = self.index.store
@@ -144,6 +189,22 @@ class OpenQATask(base.RetrievalTask):
     return self._qa_sets[path]
 
   def build_inputs(self, params, input_context=None):
+    """One input pipeline's batches of questions.
+
+    Args:
+      params: the DataConfig (train_data or validation_data): input_path (NQ-Open JSON
+        lines), global_batch_size, is_training, max_examples.
+      input_context: the pipeline's tf.distribute.InputContext, or None.
+
+    Returns:
+      A tf.data.Dataset of the features listed in realm_tf.data.openqa_inputs
+      (example_index [B], query [B, Lq], answers ids [B, A, W] / lengths [B, A],
+      gold_row [B], bm25 under BM25 retrieval). Training repeats and shuffles; evaluation
+      reads every question once.
+
+    Raises:
+      RuntimeError: build_index has not run (the questions' labels need the corpus).
+    """
     if self.index is None:
       raise RuntimeError("OpenQATask.build_index must run before build_inputs")
     training = bool(params.is_training)
@@ -179,6 +240,18 @@ class OpenQATask(base.RetrievalTask):
     return tf.where(in_stage, tf.cast(features["gold_row"], tf.int32), -1)
 
   def forward(self, model, features, training):
+    """Retrieve, read and score one replica's batch (the steps of the module docstring).
+
+    Args:
+      model: the OpenQAModel.
+      features: one batch of build_inputs (plus 'global_step' in training).
+      training: dropout on; the retriever beam and the gold-block stage apply.
+
+    Returns:
+      (this replica's share of the global mean loss, {'out': OpenQAOutputs, 'correct':
+      [B, K, S] bool, spans that match an answer, 'terms': losses.openqa_loss's
+      per-question terms}).
+    """
     c = self.task_config
     k = c.num_candidates
     out = model(features, index=self.index, num_retrieved=self.num_retrieved(training),
@@ -216,6 +289,17 @@ class OpenQATask(base.RetrievalTask):
     return tf.reduce_mean(terms["loss"])
 
   def train_step(self, inputs_, model, optimizer, metrics=None):
+    """One update on a per-replica batch (runs in replica context).
+
+    Args:
+      inputs_: one batch of build_inputs.
+      model: the OpenQAModel.
+      optimizer: the optimizer of create_task_optimizer.
+      metrics: build_metrics' Means, updated here.
+
+    Returns:
+      {'loss': this replica's mean loss per question}.
+    """
     # The step the update is for (the reading-comprehension stage is decided from it).
     inputs_ = dict(inputs_, global_step=tf.identity(optimizer.iterations))
     _, result = self.gradient_step(model, optimizer,
@@ -223,6 +307,18 @@ class OpenQATask(base.RetrievalTask):
     return {self.loss: self._update(metrics, result)}
 
   def validation_step(self, inputs_, model, metrics=None):
+    """One validation batch: the loss terms and each question's chosen answer.
+
+    Args:
+      inputs_: one batch of build_inputs (validation_data).
+      model: the OpenQAModel.
+      metrics: build_metrics' Means, updated here.
+
+    Returns:
+      {'loss': mean loss} plus per-question outputs for aggregate_logs: example_index,
+      rows [B, R], retrieval_logits [B, R], best_block, best_start, best_end, best_score,
+      oracle and located [B].
+    """
     def evaluate(features):
       _, result = self.forward(model, features, False)
       out = result["out"]
@@ -240,6 +336,15 @@ class OpenQATask(base.RetrievalTask):
     return dict(per_question, **{self.loss: loss})
 
   def aggregate_logs(self, state=None, step_outputs=None):
+    """Collects validation_step's per-question outputs on the host.
+
+    Args:
+      state: the list so far (None on the first batch).
+      step_outputs: one validation step's outputs, one value per local replica.
+
+    Returns:
+      `state` with one dict of numpy arrays appended per replica.
+    """
     state = state if state is not None else []
     local = {k: v for k, v in step_outputs.items() if k != self.loss}
     num_parts = len(local["example_index"])
@@ -248,6 +353,20 @@ class OpenQATask(base.RetrievalTask):
     return state
 
   def reduce_aggregated_logs(self, aggregated_logs, global_step=None):
+    """Scores the whole validation set and, on the chief, writes the evaluation files.
+
+    Args:
+      aggregated_logs: aggregate_logs' list.
+      global_step: the step evaluated (a tf.Variable), or None.
+
+    Returns:
+      The metrics of openqa_evaluation.score (exact_match, recall@k, reader_oracle,
+      answer_located, ...); the per-question records are kept as `predictions` and written
+      by save_evaluation.
+
+    Raises:
+      ValueError: the evaluation did not cover every question.
+    """
     gathered = {k: np.concatenate([s[k] for s in aggregated_logs])
                 for k in aggregated_logs[0]}
     path = self.task_config.validation_data.input_path
@@ -266,6 +385,15 @@ class OpenQATask(base.RetrievalTask):
   # ------------------------------------------------------------------------- host side
 
   def initialize(self, model):
+    """A fresh run's weights, per task.init_from from task.init_checkpoint.
+
+    'ict': the retriever from an ICT run; 'realm': retriever and reader encoder from a
+    pre-training run (restore_from_pretraining); 'openqa_reader': the reader of another
+    Open-QA run (restore_reader); 'warm_start': build_model's weights as they are.
+
+    Args:
+      model: the OpenQAModel.
+    """
     c = self.task_config
     if c.init_from == "ict" and model.retriever is not None:
       path = layout.latest_checkpoint(c.init_checkpoint)
@@ -282,6 +410,11 @@ class OpenQATask(base.RetrievalTask):
     Without a committed index, the current retriever is exported as snapshot `global_step`
     and one index is built from it by a child index builder (the same `beam.index_builder`
     that refreshes indexes during pre-training).
+
+    Args:
+      model: the OpenQAModel.
+      global_step: the step training or evaluation starts from.
+      train: a training run (refresh_index applies only then).
     """
     if not self.dense:
       return
@@ -297,9 +430,11 @@ class OpenQATask(base.RetrievalTask):
         builder_args=() if refreshing else ("--max_builds", "1"))
 
   def on_train_begin(self, model, global_step: int):
+    """Dense retrieval: loads (or has built) the first index; see start_index."""
     self.start_index(model, global_step, train=True)
 
   def on_evaluate_begin(self, model, global_step: int):
+    """Dense retrieval: loads the first index, or a side-car follows the newest."""
     if not self.dense:
       return
     if self.index.version is None:
@@ -308,14 +443,16 @@ class OpenQATask(base.RetrievalTask):
       self.follow_index()
 
   def train_actions(self, trainer):
+    """With refresh_index: after each loop, IndexRefresher.after_loop (snapshot, swap)."""
     # Asked for when the runner is built, before on_train_begin makes the refresher: the
-    # action looks it up when it runs (testing for it here returned no action at all, so
-    # refresh_index exported no snapshot and the index never changed).
+    # action looks it up when it runs (a test for it here would find none, and no snapshot
+    # would ever be exported).
     if not self.task_config.refresh_index:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
   def steps_per_loop_divisors(self):
+    """[refresh_every_steps] with refresh_index: snapshots fall on loop ends."""
     return [self.task_config.refresh_every_steps] if self.task_config.refresh_index else []
 
   def on_evaluate_end(self, global_step: int, logs: dict):
@@ -325,8 +462,21 @@ class OpenQATask(base.RetrievalTask):
 
 def save_evaluation(model_dir: str, name: str, step: int, metrics: dict,
                     predictions: list[dict], log_path: str = "") -> dict:
-  """<model_dir>/eval/<name>-<step>.json (metrics) and .predictions.jsonl, plus one line in
-  `log_path` (default metrics.jsonl; a side-car evaluator's own file)."""
+  """Writes one evaluation: metrics, per-question predictions and a log line.
+
+  Args:
+    model_dir: the run's directory; files go to <model_dir>/eval/.
+    name: the evaluation's name (RealmTask.evaluation_name).
+    step: the step evaluated.
+    metrics: name → value (JSON-serialisable).
+    predictions: one record per question (openqa_evaluation.score).
+    log_path: the JSON-lines log to append to (default the run's metrics.jsonl; a
+      side-car evaluator's own file).
+
+  Returns:
+    {'metrics': <model_dir>/eval/<name>-<step>.json, 'predictions': the same with
+    .predictions.jsonl}.
+  """
   directory = layout.eval_dir(model_dir)
   tf.io.gfile.makedirs(directory)
   base_name = os.path.join(directory, f"{name}-{step}")

@@ -30,13 +30,32 @@ from realm_tf.tasks import base
 
 
 def null_block_inputs(tokenizer, seq_length: int) -> dict[str, np.ndarray]:
-  """The null document `[CLS] [SEP] [SEP]` as [Lc] arrays (embedded like any block)."""
+  """The null document `[CLS] [SEP] [SEP]` as [Lc] arrays (embedded like any block).
+
+  Args:
+    tokenizer: the run's Tokenizer.
+    seq_length: Lc, the document tower's input length.
+
+  Returns:
+    Encoder input name → [Lc] numpy array.
+  """
   null = tokenizer.null_block(1, seq_length)
   return {k: v.numpy()[0] for k, v in null.as_dict().items()}
 
 
 def prepend_null(blocks, null: dict, batch_size):
-  """[B, k, ...] retrieved blocks → [B, k+1, ...] with the null document first."""
+  """[B, k, ...] retrieved blocks → [B, k+1, ...] with the null document first.
+
+  Args:
+    blocks: KnowledgeIndex.gather's result (document inputs [B, k, Lc], body_ids
+      [B, k, Lb], body_lengths [B, k]).
+    null: null_block_inputs' arrays.
+    batch_size: B (a scalar tensor or int).
+
+  Returns:
+    (document inputs [B, k+1, Lc], body_ids [B, k+1, Lb], body_lengths [B, k+1]); the
+    null document has an empty body.
+  """
   def with_null(value, null_row):
     row = tf.broadcast_to(tf.constant(null_row, value.dtype),
                           tf.concat([[batch_size, 1], tf.shape(value)[2:]], 0))
@@ -59,18 +78,39 @@ class PretrainTask(base.RetrievalTask):
 
   @property
   def num_retrieved(self) -> int:
+    """k, the blocks searched per masked sentence (num_candidates without the null one)."""
     if not self.task_config.retrieval:
       return 0
     return self.task_config.num_candidates - int(self.task_config.include_null_document)
 
   @property
   def reads_null_document(self) -> bool:
+    """Whether candidate 0 is the null document (always so without retrieval)."""
     return self.task_config.include_null_document or not self.task_config.retrieval
 
   def build_model(self):
+    """The retriever and the knowledge-augmented encoder (with its MLM head), warm-started.
+
+    Returns:
+      A RealmPretrainer.
+    """
     return factory.build_realm_pretrainer(self.experiment)
 
   def build_inputs(self, params, input_context=None):
+    """One input pipeline's batches of masked sentences.
+
+    Args:
+      params: the DataConfig (train_data or validation_data): input_path
+        (pretraining-* TFRecords of the corpus pipeline), global_batch_size, is_training,
+        shuffle_buffer_size, max_examples, drop_remainder (evaluation).
+      input_context: the pipeline's tf.distribute.InputContext, or None.
+
+    Returns:
+      A tf.data.Dataset of {'query': [B, Lq] encoder inputs with the masks applied,
+      'masked_lm': {'positions', 'ids', 'weights'} [B, M], 'block_id': [B] int64 (the
+      sentence's own block, excluded from its search)}, B the per-replica batch. Training
+      masks task.masking, evaluation task.validation_masking.
+    """
     training = bool(params.is_training)
     c = self.task_config
     return pretraining_inputs.pretraining_dataset(
@@ -85,8 +125,14 @@ class PretrainTask(base.RetrievalTask):
         drop_remainder=training or params.drop_remainder)
 
   def build_index(self, strategy) -> Optional[KnowledgeIndex]:
-    """The corpus Z as the step retrieves it (variables sharded over `strategy`); None
-    without retrieval."""
+    """The corpus Z as the step retrieves it (index.blocks, embeddings not yet loaded).
+
+    Args:
+      strategy: the run's strategy; the embedding variables are sharded over its replicas.
+
+    Returns:
+      The KnowledgeIndex, or None with task.retrieval=false.
+    """
     m, i = self.experiment.model, self.experiment.index
     self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)
     if not self.task_config.retrieval:
@@ -103,7 +149,18 @@ class PretrainTask(base.RetrievalTask):
   # ------------------------------------------------------------------------- the step
 
   def forward(self, model, features, training):
-    """(this replica's share of the global mean loss, outputs) for one batch."""
+    """Retrieve, read and score one replica's batch (the steps of the module docstring).
+
+    Args:
+      model: the RealmPretrainer.
+      features: one batch of build_inputs.
+      training: dropout on.
+
+    Returns:
+      (this replica's share of the global mean loss, outputs: retrieval_logits [B, K],
+      token_log_probs [B, K, M], mlm_predictions [B, M], loss_sum, weight_sum, block_ids
+      [B, k] of the retrieved blocks).
+    """
     query = features["query"]
     batch = tf.shape(query["input_word_ids"])[0]
     if self.task_config.retrieval:
@@ -140,11 +197,32 @@ class PretrainTask(base.RetrievalTask):
                       weight_sum=weight_sum, block_ids=block_ids)
 
   def train_step(self, inputs, model, optimizer, metrics=None):
+    """One update on a per-replica batch (runs in replica context).
+
+    Args:
+      inputs: one batch of build_inputs.
+      model: the RealmPretrainer.
+      optimizer: the optimizer of create_task_optimizer.
+      metrics: build_metrics' Means, updated here.
+
+    Returns:
+      {'loss': this replica's mean loss per masked token}.
+    """
     _, out = self.gradient_step(model, optimizer,
                                 lambda f, t: self.forward(model, f, t), inputs)
     return self._logs(inputs, out, metrics)
 
   def validation_step(self, inputs, model, metrics=None):
+    """The loss and accuracies of a validation batch, without dropout.
+
+    Args:
+      inputs: one batch of build_inputs (validation_data).
+      model: the RealmPretrainer.
+      metrics: build_metrics' Means (mlm and span accuracy, retrieval utility, ...).
+
+    Returns:
+      {'loss': this replica's mean loss per masked token}.
+    """
     _, out = self.compiled("validation", lambda f: self.forward(model, f, False))(inputs)
     return self._logs(inputs, out, metrics)
 
@@ -179,7 +257,11 @@ class PretrainTask(base.RetrievalTask):
     """A fresh run's retriever starts from the ICT run at init_checkpoint (if set), its
     knowledge-augmented encoder (MLM head included) from the run at mlm_init_checkpoint
     (if set, e.g. the MLM-head warm-up); otherwise the encoders keep build_model's warm
-    start."""
+    start.
+
+    Args:
+      model: the RealmPretrainer.
+    """
     c = self.task_config
     if c.init_checkpoint:
       path = layout.latest_checkpoint(c.init_checkpoint)
@@ -196,7 +278,8 @@ class PretrainTask(base.RetrievalTask):
 
   def trainable_variables(self, model) -> list:
     """trainable=mlm_head: the MLM head's transform, layer norm and output bias only (its
-    output matrix is the encoder's word embedding table, which stays frozen)."""
+    output matrix is the encoder's word embedding table, which stays frozen); 'all': every
+    trainable variable of the model."""
     if self.task_config.trainable == "all":
       return model.trainable_variables
     encoder = model.knowledge_augmented_encoder
@@ -204,6 +287,7 @@ class PretrainTask(base.RetrievalTask):
     return [v for v in encoder.masked_lm.trainable_variables if v.ref() not in frozen]
 
   def on_evaluate_begin(self, model, global_step: int):
+    """Loads the first committed index (read-only), or a side-car follows the newest."""
     if not self.task_config.retrieval:
       return
     if self.index.version is None:
@@ -212,6 +296,7 @@ class PretrainTask(base.RetrievalTask):
       self.follow_index()
 
   def on_train_begin(self, model, global_step: int):
+    """Starts the index refresher (and the builder child with start_index_builder)."""
     if self.task_config.retrieval:
       self._start_refresher(model, global_step, train=True)
 
@@ -223,9 +308,11 @@ class PretrainTask(base.RetrievalTask):
         start_builder=train and self.task_config.start_index_builder)
 
   def train_actions(self, trainer):
+    """With retrieval: after each loop, IndexRefresher.after_loop (snapshot, swap)."""
     if not self.task_config.retrieval:
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
   def steps_per_loop_divisors(self):
+    """[refresh_every_steps] with retrieval: snapshots fall on loop ends."""
     return [self.task_config.refresh_every_steps] if self.task_config.retrieval else []
