@@ -208,16 +208,6 @@ class IndexConfig(base_config.Config):
   compiles with XLA. 'scann' searches on the host CPU with the export's ScaNN shards (for
   corpora that do not fit in accelerator memory, or CPU-only runs): only query embeddings,
   ids and scores cross between host and device, and the step cannot be XLA-compiled.
-  """
-  blocks: str = ""
-  backend: str = "exact"
-  # Shards written by the embedding job (files; independent of the number of replicas).
-  num_shards: int = 1
-  keep_versions: int = 3
-  # Index directory; empty means <model_dir>/index.
-  index_dir: str = ""
-  # scann only: re-score ScaNN's candidates exactly with the stored embeddings.
-  rescore: bool = False
 
   Attributes:
     blocks: the corpus (above).
@@ -235,6 +225,16 @@ class IndexConfig(base_config.Config):
     max_staleness_steps: > 0: between train loops, wait while the index is more than this
       many steps older than the trainer; 0: never wait (the paper's fully asynchronous
       refresh).
+  """
+  blocks: str = ""
+  backend: str = "exact"
+  # Shards written by the embedding job (files; independent of the number of replicas).
+  num_shards: int = 1
+  keep_versions: int = 3
+  # Index directory; empty means <model_dir>/index.
+  index_dir: str = ""
+  # scann only: re-score ScaNN's candidates exactly with the stored embeddings.
+  rescore: bool = False
   # The accelerator copy of the block embeddings (bfloat16 halves its memory).
   embedding_dtype: str = "float32"
   # How often the trainer looks for a newer committed index.
@@ -270,6 +270,13 @@ class IctTaskConfig(cfg.TaskConfig):
   train_data.input_path: ICT examples (`ict-*` of beam.preprocess). The keep/remove draw of
   the query sentence (kept in its block with probability 0.1) is made by the corpus
   pipeline (--ict_keep_query_prob), so the examples already carry it.
+
+  Attributes:
+    train_data: ICT training examples; the global batch is the negatives' pool (4096 in
+      ORQA).
+    validation_data: held-out ICT examples.
+    init_checkpoint: (tf-models' field) a previous ICT run whose retriever is restored;
+      '': model.warm_start.
   """
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=4096, shuffle_buffer_size=10000, is_training=True))
@@ -281,26 +288,9 @@ class IctTaskConfig(cfg.TaskConfig):
 class PretrainTaskConfig(cfg.TaskConfig):
   """REALM pre-training: salient span masking over the top-k plus the null document.
 
-  Attributes:
-    train_data: ICT training examples; the global batch is the negatives' pool (4096 in
-      ORQA).
-    validation_data: held-out ICT examples.
-    init_checkpoint: (tf-models' field) a previous ICT run whose retriever is restored;
-      '': model.warm_start.
-
   train_data.input_path: pre-training examples (`pretraining-*`, e.g. Wikipedia and CC-News
   joined by commas). init_checkpoint: an ICT run (model_dir or checkpoint) whose retriever
   pre-training starts from.
-  """
-  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
-      global_batch_size=512, shuffle_buffer_size=10000, is_training=True))
-  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
-      global_batch_size=512, is_training=False, drop_remainder=True))
-  num_candidates: int = 8  # k, the null document included
-  include_null_document: bool = True
-  max_predictions_per_seq: int = 20
-  masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
-  # Every N steps the trainer hands a retriever snapshot to the index builder (0: never).
 
   Attributes:
     train_data: pre-training examples (masked on the fly).
@@ -323,6 +313,16 @@ class PretrainTaskConfig(cfg.TaskConfig):
       retrieval=false).
     mlm_init_checkpoint: a pre-training run whose knowledge-augmented encoder, MLM head
       included, a fresh run starts from.
+  """
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=512, shuffle_buffer_size=10000, is_training=True))
+  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=512, is_training=False, drop_remainder=True))
+  num_candidates: int = 8  # k, the null document included
+  include_null_document: bool = True
+  max_predictions_per_seq: int = 20
+  masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
+  # Every N steps the trainer hands a retriever snapshot to the index builder (0: never).
   refresh_every_steps: int = 500
   # Run `beam.index_builder` as a child process of the trainer (else: on other machines
   # sharing model_dir, or an index built once by `beam.embed_corpus` stays fixed).
@@ -358,16 +358,6 @@ class OpenQATaskConfig(cfg.TaskConfig):
   whole reader, span head included, of the Open-QA fine-tuning run at init_checkpoint; the
   retriever from warm_start): a reader that learnt to read on one set (SQuAD-open, whose
   questions name their article) starts another whose questions carry no gold block.
-  """
-  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
-      global_batch_size=32, is_training=True))
-  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
-      global_batch_size=32, is_training=False, drop_remainder=False))
-  answer_regex: bool = False
-  num_candidates: int = 5  # k: blocks retrieved and read per question
-  query_seq_length: int = 64
-  reader_seq_length: int = 320
-  # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
 
   Attributes:
     train_data: training questions.
@@ -389,6 +379,16 @@ class OpenQATaskConfig(cfg.TaskConfig):
     retriever_beam: blocks retrieved per training question for the retriever loss; the
       best num_candidates of them are read. 0: num_candidates.
     gold_block_steps: steps of the reading-comprehension stage (below); 0: none.
+  """
+  train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=32, is_training=True))
+  validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
+      global_batch_size=32, is_training=False, drop_remainder=False))
+  answer_regex: bool = False
+  num_candidates: int = 5  # k: blocks retrieved and read per question
+  query_seq_length: int = 64
+  reader_seq_length: int = 320
+  # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
   refresh_index: bool = False
   refresh_every_steps: int = 500
   init_from: str = "warm_start"
@@ -438,16 +438,6 @@ class TrainerConfig(cfg.TrainerConfig):
   The optimiser is built from these fields (realm_tf.tasks.base), so the decay ends at
   train_steps, unless tf-models' `optimizer_config` names an optimizer type: then that
   section is used as written (its own schedule) and these three fields are unused.
-  """
-  train_steps: int = 200000
-  steps_per_loop: int = 100
-  summary_interval: int = 100
-  checkpoint_interval: int = 1000
-  validation_interval: int = 5000
-  validation_steps: int = 20
-  max_to_keep: int = 3
-  learning_rate: float = 3e-5
-  warmup_steps: int = 10000
 
   Attributes:
     train_steps: the schedule's length; the learning rate reaches zero there.
@@ -469,6 +459,16 @@ class TrainerConfig(cfg.TrainerConfig):
     retriever_frozen_steps: steps during which that retriever does not move at all
       before retriever_learning_rate_multiplier applies.
     seed: the input pipelines' seed (shuffle order, dynamic masking).
+  """
+  train_steps: int = 200000
+  steps_per_loop: int = 100
+  summary_interval: int = 100
+  checkpoint_interval: int = 1000
+  validation_interval: int = 5000
+  validation_steps: int = 20
+  max_to_keep: int = 3
+  learning_rate: float = 3e-5
+  warmup_steps: int = 10000
   weight_decay: float = 0.01
   # Learning-rate multiplier for freshly initialised heads (the Open-QA reader's span
   # scorer), which start from random weights while the encoder below is pre-trained.
