@@ -18,7 +18,7 @@ single-host TPU VM, on that VM:
         --config configs/realm_paper/bert_base.yaml --config configs/realm_paper/pretrain.yaml \\
         --model_dir gs://BUCKET/realm
 On a pod slice, on worker 0 ONLY (it drives every host), with TPU_NAME the TPU's name and
-TPU_LOAD_LIBRARY=0 exported: the same with --tpu=$TPU_NAME.
+TPU_LOAD_LIBRARY=0 exported: the same with --tpu=$TPU_NAME (docs/tpu.md says why).
 
 The experiment (realm_tf.configs.experiments: realm/ict, realm/mlm_warmup, realm/pretrain,
 realm/openqa) gives the stage's defaults and its own trainer section; each --config file

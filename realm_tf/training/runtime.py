@@ -5,7 +5,8 @@ the config's runtime section, the environment and the GPU count, so that it can 
 for every documented command line without a TPU or a cluster; `make_strategy` hands
 the result to tf-models' `distribute_utils.get_distribution_strategy`, which builds the
 strategy (and, for TPUs, the `TPUClusterResolver`). The cases, following Google's way of
-running TensorFlow 2 on Cloud TPU VMs:
+running TensorFlow 2 on Cloud TPU VMs (docs/tpu.md links the pages and the code this
+follows):
 
 - A single-host TPU VM (one VM, e.g. v3-8 or v4-8; TPU software `tpu-vm-tf-X.Y.Z-pjrt`):
   `--tpu=local` gives TPUStrategy over `TPUClusterResolver(tpu="local")`, the chips attached
