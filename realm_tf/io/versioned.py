@@ -105,6 +105,15 @@ class VerificationError(VersionError):
 
 @dataclasses.dataclass
 class Version:
+  """A committed version, as its manifest names it.
+
+  Attributes:
+    version: the version number (e.g. the training step of a snapshot).
+    path: the data directory, `<root>/<12-digit version>.<writer id>`.
+    manifest: the manifest's JSON: the publisher's fields plus version, data_dir, writer,
+      files ([{name, size, crc32c}]) and committed_at.
+    store: the Storage it was read through (and reads its files through).
+  """
   version: int
   path: str  # the data directory
   manifest: dict
@@ -112,12 +121,18 @@ class Version:
 
 
 def version_name(version: int) -> str:
+  """The 12-digit, zero-padded name of `version` (names sort as numbers do).
+
+  Raises:
+    ValueError: `version` is negative.
+  """
   if version < 0:
     raise ValueError(f"version must be >= 0, got {version}")
   return f"{version:012d}"
 
 
 def manifest_path(root: str, version: int) -> str:
+  """`<root>/<12-digit version>.manifest.json`, the object whose creation commits `version`."""
   return os.path.join(root, version_name(version) + MANIFEST_SUFFIX)
 
 
@@ -126,12 +141,30 @@ def _encode(payload: dict) -> bytes:
 
 
 def write_json_atomic(path: str, payload: dict, store: Storage = GFILE):
-  """A small JSON object readers see whole or not at all (Storage.write_bytes_atomic)."""
+  """A small JSON object readers see whole or not at all (Storage.write_bytes_atomic).
+
+  Args:
+    path: where to write (replaced if it exists).
+    payload: a JSON-serialisable dict (written with sorted keys).
+    store: the Storage to write through.
+  """
   store.write_bytes_atomic(path, _encode(payload))
 
 
 def read_json(path: str, store: Storage = GFILE) -> dict:
-  """FileNotFoundError if missing, VersionError if not JSON."""
+  """Reads a JSON object.
+
+  Args:
+    path: the object to read.
+    store: the Storage to read through.
+
+  Returns:
+    The decoded JSON.
+
+  Raises:
+    FileNotFoundError: `path` does not exist.
+    VersionError: it is not valid JSON.
+  """
   data = store.read_bytes(path)
   try:
     return json.loads(data.decode("utf-8"))
@@ -154,6 +187,7 @@ def crc32c_of_file(path: str, store: Storage = GFILE) -> str:
 
 
 def crc32c_of_bytes(data: bytes) -> str:
+  """CRC32C of `data` as 8 hex digits (the form manifests record)."""
   return google_crc32c.Checksum(data).digest().hex()
 
 
@@ -164,6 +198,19 @@ def file_entries(directory: str, known: Optional[Dict[str, dict]] = None,
   `known` maps names to entries a writer computed while writing (it had the bytes), so
   large files need not be read back; each is still checked against the stored size.
   Names in `exclude` (and a writer's marker) are not data files.
+
+  Args:
+    directory: the directory to list (recursively).
+    known: name (relative to `directory`) → {size, crc32c} computed while writing.
+    store: the Storage to list and read through.
+    exclude: names to leave out.
+
+  Returns:
+    [{name, size, crc32c}] sorted by name, names relative to `directory`.
+
+  Raises:
+    VersionError: a known file's stored size differs from the size written, or a known
+      file is not found.
   """
   known = known or {}
   skipped = {WRITER_MARKER, *exclude}
@@ -200,8 +247,18 @@ def file_path(directory: str, name: str) -> str:
 
 def verify_files(directory: str, entries: Iterable[dict], checksums: bool = False,
                  store: Storage = GFILE) -> None:
-  """The verifier: raises VerificationError naming every missing, truncated or corrupted
-  file of a manifest's `files`."""
+  """The verifier: checks a manifest's `files` against what is stored.
+
+  Args:
+    directory: the directory the names are relative to.
+    entries: the manifest's [{name, size, crc32c}].
+    checksums: also compare CRC32C (reads every file); sizes are always compared.
+    store: the Storage to read through.
+
+  Raises:
+    VerificationError: naming every missing, truncated or corrupted file (or a name
+      outside `directory`).
+  """
   problems = []
   for entry in entries:
     path = file_path(directory, entry["name"])
@@ -263,6 +320,20 @@ class VersionWriter:
     their files are (names, sizes, CRC32C), or, if the publisher gives an `identity`
     (for formats whose bytes differ between equal saves, e.g. a SavedModel's random
     ids), when the identities are equal.
+
+    Args:
+      manifest: the publisher's fields (kind, encoder, ...), stored beside `files`.
+      files: [{name, size, crc32c}] computed while writing (names relative to the data
+        directory); other files are checksummed here.
+      identity: what makes two versions of this number the same (see above).
+
+    Returns:
+      The committed Version.
+
+    Raises:
+      VersionError: nothing was written, a listed file does not match what is stored, or
+        an existing manifest of this number cannot be read.
+      VersionConflictError: a different version with this number is committed.
     """
     known = {e["name"]: e for e in files or ()}
     entries = file_entries(self.path, known, self.store)
@@ -300,8 +371,23 @@ class VersionWriter:
   @classmethod
   def for_existing_dir(cls, root: str, version: int, path: str,
                        store: Storage = GFILE) -> "VersionWriter":
-    """The writer of a directory made earlier by another process (a Beam launcher makes
-    it, workers fill it, one worker commits it)."""
+    """The writer of a directory made earlier by another process.
+
+    A Beam launcher makes the directory (VersionWriter(...).path), workers fill it, and
+    one worker commits it through this writer.
+
+    Args:
+      root: the versioned output's root.
+      version: the version the directory was made for.
+      path: the data directory, `<root>/<12-digit version>.<writer id>`.
+      store: the Storage to write through.
+
+    Returns:
+      A VersionWriter whose commit publishes `path`.
+
+    Raises:
+      VersionError: `path` is not a data directory of `version`.
+    """
     match = _DATA_DIR_RE.match(os.path.basename(path.rstrip("/")))
     if not match or int(match.group(1)) != int(version):
       raise VersionError(f"{path}: not a data directory of version {version} "
@@ -312,6 +398,7 @@ class VersionWriter:
     return writer
 
   def abort(self) -> None:
+    """Deletes the data directory unless this writer committed it."""
     if self.committed is None:
       self.store.delete_prefix(self.path)
 
@@ -323,8 +410,16 @@ class VersionWriter:
 
 
 def check_output_dir(output_dir: str, overwrite: bool, store: Storage = GFILE) -> None:
-  """Fails before any work is done if a flat output holds anything and may not be
-  replaced."""
+  """Fails before any work is done if a flat output holds anything and may not be replaced.
+
+  Args:
+    output_dir: the flat output's directory.
+    overwrite: whether existing contents may be replaced.
+    store: the Storage to look through.
+
+  Raises:
+    FileExistsError: `output_dir` holds files and `overwrite` is False.
+  """
   if (store.exists(output_dir) or store.is_dir_like(output_dir)) and not overwrite:
     raise FileExistsError(f"{output_dir} already exists (holds files); remove it or pass "
                           "--overwrite")
@@ -353,8 +448,20 @@ class OutputWriter:
     self.deleted = store.delete_prefix(self.path)
 
   def commit(self, manifest: dict, files: Optional[Iterable[dict]] = None) -> dict:
-    """Lists every file (checked against `files`, which writers computed while writing;
-    others are checksummed here), then creates manifest.json; returns the manifest."""
+    """Lists every file, then creates manifest.json: the output is published.
+
+    Args:
+      manifest: what the output holds (counts, config, ...), stored beside `files`.
+      files: [{name, size, crc32c}] the writers computed while writing (checked against
+        the stored sizes); other files are checksummed here.
+
+    Returns:
+      The manifest written (with `files`).
+
+    Raises:
+      VersionError: a listed file does not match what is stored.
+      VersionConflictError: another run published the directory meanwhile.
+    """
     known = {e["name"]: e for e in files or ()}
     payload = dict(manifest, files=file_entries(self.path, known, self.store,
                                                 exclude=(MANIFEST,)))
@@ -367,6 +474,7 @@ class OutputWriter:
     return payload
 
   def abort(self) -> None:
+    """Deletes what was written unless this writer committed it."""
     if self.committed is None:
       self.store.delete_prefix(self.path)
 
@@ -396,7 +504,18 @@ def _read_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
 
 
 def list_versions(root: str, store: Storage = GFILE) -> List[Version]:
-  """Committed versions under `root`, oldest first (manifests only: never a partial one)."""
+  """Committed versions under `root`, oldest first (manifests only: never a partial one).
+
+  Args:
+    root: the versioned output's root (may not exist yet).
+    store: the Storage to list through.
+
+  Returns:
+    The Versions; unreadable manifests are skipped (and logged).
+
+  Raises:
+    storage.StorageError: the store could not be asked (not "no versions").
+  """
   if not store.is_dir_like(root):
     return []
   versions = []
@@ -409,6 +528,7 @@ def list_versions(root: str, store: Storage = GFILE) -> List[Version]:
 
 
 def latest_version(root: str, store: Storage = GFILE) -> Optional[Version]:
+  """The newest committed version under `root`, or None (see list_versions)."""
   versions = list_versions(root, store)
   return versions[-1] if versions else None
 
@@ -416,7 +536,16 @@ def latest_version(root: str, store: Storage = GFILE) -> Optional[Version]:
 def read_version(path: str, store: Storage = GFILE) -> Version:
   """One committed version, from its data directory, its manifest, or `<root>/<version>`.
 
-  Raises VersionError if it is not committed (a directory no manifest names).
+  Args:
+    path: `<root>/<12-digit version>`, its data directory or its manifest.
+    store: the Storage to read through.
+
+  Returns:
+    The committed Version (its files not verified: see verify_version).
+
+  Raises:
+    VersionError: `path` names no version, or it is not committed (a directory no
+      manifest names), or its manifest is unreadable.
   """
   path = path.rstrip("/")
   root, name = os.path.split(path)
@@ -440,8 +569,20 @@ def read_version(path: str, store: Storage = GFILE) -> Version:
 
 def verify_published(output_dir: str, checksums: bool = False,
                      store: Storage = GFILE) -> dict:
-  """A flat output (OutputWriter) checked against its manifest's files; returns the
-  manifest. VersionError if it is not published."""
+  """A flat output (OutputWriter) checked against its manifest's files.
+
+  Args:
+    output_dir: the flat output's directory.
+    checksums: also compare CRC32C (reads every file); sizes are always compared.
+    store: the Storage to read through.
+
+  Returns:
+    The manifest.
+
+  Raises:
+    VersionError: the output is not published (no manifest.json).
+    VerificationError: a listed file is missing, truncated or corrupted.
+  """
   path = os.path.join(output_dir, MANIFEST)
   if not store.exists(path):
     raise VersionError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
@@ -456,7 +597,17 @@ def read_verified(version: Version, name: str) -> bytes:
 
   Size and CRC32C are compared on the bytes the caller gets, so a reader that loads the
   file anyway (an index shard's embeddings) pays no second read for the checksum.
-  Raises VerificationError naming the file.
+
+  Args:
+    version: the committed Version.
+    name: the file's name in the manifest (relative to the data directory).
+
+  Returns:
+    The file's bytes.
+
+  Raises:
+    VerificationError: naming the file: not in the manifest, missing, truncated or
+      corrupted.
   """
   path = file_path(version.path, name)
   entry = next((e for e in version.manifest.get("files", []) if e["name"] == name), None)
@@ -478,7 +629,15 @@ def read_verified(version: Version, name: str) -> bytes:
 def verify_version(version: Version, checksums: bool = False) -> Version:
   """Checks every file the manifest lists: size always, CRC32C if `checksums`.
 
-  Raises VerificationError naming each missing, truncated or corrupted file.
+  Args:
+    version: the committed Version.
+    checksums: also compare CRC32C (reads every file).
+
+  Returns:
+    `version`, verified.
+
+  Raises:
+    VerificationError: naming each missing, truncated or corrupted file.
   """
   verify_files(version.path, version.manifest.get("files", []), checksums, version.store)
   return version
@@ -496,7 +655,18 @@ def copy_version(version: Version, dest_dir: str,
   The manifest itself goes along as `<dest_dir>/<manifest_dir>/realm_manifest.json`
   (written before the `last` files), so whoever loads the copy can check it with
   verify_copy wherever it was copied to. Re-running after a crash completes the copy.
-  Returns `dest_dir`.
+
+  Args:
+    version: the committed Version to copy.
+    dest_dir: where its files go (same relative names).
+    last: names copied after every other file.
+    manifest_dir: the subdirectory of `dest_dir` for realm_manifest.json ('' : dest_dir).
+
+  Returns:
+    `dest_dir`.
+
+  Raises:
+    VerificationError: a source file, or a copied one, does not match the manifest.
   """
   store = version.store
   entries = version.manifest.get("files", [])
@@ -523,8 +693,16 @@ def verify_copy(dest_dir: str, manifest_dir: str = "", store: Storage = GFILE
                 ) -> Optional[dict]:
   """Checks a copy_version copy against the manifest it carries (sizes and CRC32C).
 
-  Returns the manifest, or None for a directory without one (not made by copy_version);
-  raises VerificationError naming each missing, truncated or corrupted file.
+  Args:
+    dest_dir: the copy's directory.
+    manifest_dir: where copy_version put realm_manifest.json, relative to `dest_dir`.
+    store: the Storage to read through.
+
+  Returns:
+    The manifest, or None for a directory without one (not made by copy_version).
+
+  Raises:
+    VerificationError: naming each missing, truncated or corrupted file.
   """
   path = os.path.join(dest_dir, manifest_dir, COPIED_MANIFEST)
   if not store.exists(path):
@@ -538,7 +716,16 @@ def publish_copy(version: Version, dest_dir: str, manifest_dir: str = "") -> str
   """Hands a committed version over to a layout with its own commit convention (TF
   Serving's `<base>/<n>/`): copy_version, then the original is deleted, since the copy
   carries its manifest. A crash before the deletion leaves the original for a re-run to
-  copy again. Returns `dest_dir`."""
+  copy again.
+
+  Args:
+    version: the committed Version to hand over.
+    dest_dir: the consumer's directory for it (e.g. `<base>/<n>`).
+    manifest_dir: as for copy_version.
+
+  Returns:
+    `dest_dir`.
+  """
   copy_version(version, dest_dir, manifest_dir=manifest_dir)
   delete_version(os.path.dirname(version.path.rstrip("/")), version)
   return dest_dir
@@ -583,6 +770,13 @@ class Lease:
   The lease object is rewritten every ttl/3 seconds by a daemon thread while held, and
   lapses `ttl_seconds` after the holder dies. Entering fails with VersionError if the
   version is no longer committed (it was collected before the lease was written).
+
+  Args:
+    root: the versioned output's root.
+    version: the version read.
+    holder: who reads it (recorded in the lease, for people).
+    ttl_seconds: how long the lease outlives its last refresh.
+    store: the Storage to write through.
   """
 
   def __init__(self, root: str, version: int, holder: str = "",
@@ -595,11 +789,20 @@ class Lease:
     self._keep_alive: Optional[_KeepAlive] = None
 
   def refresh(self) -> None:
+    """Rewrites the lease object with expires_at = now + ttl_seconds."""
     write_json_atomic(self.path, dict(version=self.version, holder=self.holder,
                                       expires_at=time.time() + self.ttl_seconds),
                       self.store)
 
   def acquire(self) -> "Lease":
+    """Writes the lease and starts refreshing it every ttl/3 seconds.
+
+    Returns:
+      self.
+
+    Raises:
+      VersionError: the version is no longer committed (the lease is removed again).
+    """
     self.refresh()
     if not self.store.exists(manifest_path(self.root, self.version)):
       self.release()
@@ -609,6 +812,7 @@ class Lease:
     return self
 
   def release(self) -> None:
+    """Stops refreshing and deletes the lease object."""
     if self._keep_alive is not None:
       self._keep_alive.stop()
       self._keep_alive = None
@@ -623,7 +827,17 @@ class Lease:
 
 def leased_versions(root: str, now: Optional[float] = None,
                     delete_expired: bool = False, store: Storage = GFILE) -> set:
-  """Versions of `root` with an unexpired lease (optionally deleting expired leases)."""
+  """Versions of `root` with an unexpired lease.
+
+  Args:
+    root: the versioned output's root.
+    now: the time to judge expiry at (default: the clock).
+    delete_expired: also delete expired lease objects.
+    store: the Storage to read through.
+
+  Returns:
+    A set of version numbers.
+  """
   now = time.time() if now is None else now
   leases_dir = os.path.join(root, LEASES)
   leased = set()
@@ -645,6 +859,7 @@ def leased_versions(root: str, now: Optional[float] = None,
 # ------------------------------------------------------------------------------- claims
 
 def claim_path(root: str, version: int, generation: int) -> str:
+  """`<root>/_claims/<12-digit version>.<6-digit generation>.json`."""
   return os.path.join(root, CLAIMS, f"{version_name(version)}.{int(generation):06d}.json")
 
 
@@ -652,7 +867,16 @@ def list_claims(root: str, version: Optional[int] = None,
                 store: Storage = GFILE) -> List[dict]:
   """Every claim object under `root` (of `version` only, if given), by version then
   generation. Each is the stored record plus `version`, `generation` and `path` from its
-  name; one that cannot be read is {"unreadable": True} with those three."""
+  name; one that cannot be read is {"unreadable": True} with those three.
+
+  Args:
+    root: the versioned output's root.
+    version: only this version's claims (None: all).
+    store: the Storage to read through.
+
+  Returns:
+    The claim records, sorted by (version, generation).
+  """
   claims_dir = os.path.join(root, CLAIMS)
   if not store.is_dir_like(claims_dir):
     return []
@@ -680,7 +904,12 @@ def current_claim(root: str, version: int, store: Storage = GFILE) -> Optional[d
 
 
 def claim_is_live(claim: Optional[dict], now: Optional[float] = None) -> bool:
-  """Held: a claim no new generation may supersede (see superseded_because)."""
+  """Whether `claim` is held: no new generation may supersede it (see superseded_because).
+
+  Args:
+    claim: a claim record (list_claims), or None (never claimed: not live).
+    now: the time to judge expiry at (default: the clock).
+  """
   return claim is not None and superseded_because(claim, now) is None
 
 
@@ -688,7 +917,12 @@ def superseded_because(claim: dict, now: Optional[float] = None) -> Optional[str
   """Why the next generation may supersede `claim`, or None while it is held:
   'released'; 'expired' (its holder stopped refreshing it); 'holder gone' (it was made on
   this host by a process that no longer exists: a builder restarted after a crash need
-  not wait out the TTL); 'unreadable' (it cannot say who holds it or until when)."""
+  not wait out the TTL); 'unreadable' (it cannot say who holds it or until when).
+
+  Args:
+    claim: a claim record (list_claims).
+    now: the time to judge expiry at (default: the clock).
+  """
   now = time.time() if now is None else now
   if claim.get("unreadable"):
     return "unreadable"
@@ -763,6 +997,16 @@ class Claim:
   next claimer create the next generation; claims are deleted by garbage_collect once
   their version is older than every committed version it keeps. Expiry compares wall
   clocks of different machines, as leases do: keep the TTL far above clock skew.
+
+  Args:
+    root: the versioned output's root.
+    version: the version to be produced.
+    holder: who claims it (recorded, for log lines and people).
+    ttl_seconds: how long a claim outlives its last refresh.
+    store: the Storage to write through.
+
+  Raises:
+    ValueError: ttl_seconds is not positive.
   """
 
   def __init__(self, root: str, version: int, holder: str = "",
@@ -782,13 +1026,18 @@ class Claim:
 
   @property
   def path(self) -> Optional[str]:
+    """The held generation's object, or None before acquire wins."""
     if self.generation is None:
       return None
     return claim_path(self.root, self.version, self.generation)
 
   def acquire(self) -> bool:
-    """True if this claimer now holds the claim; False with `current` set if a live
-    claim of another holder stands."""
+    """Tries to create the next generation of the claim.
+
+    Returns:
+      True if this claimer now holds the claim (it is then refreshed every ttl/3 seconds);
+      False, with `current` set, if a live claim of another holder stands.
+    """
     for _ in range(3):  # a generation won by another may be released at once; look again
       current = current_claim(self.root, self.version, self.store)
       now = time.time()
@@ -817,8 +1066,12 @@ class Claim:
     return False
 
   def refresh(self) -> bool:
-    """Extends the claim by ttl_seconds; False (and `taken_over` set) if a higher
-    generation superseded it."""
+    """Extends the claim by ttl_seconds (the keep-alive thread calls this).
+
+    Returns:
+      True if extended; False if released, never held, or superseded by a higher
+      generation (`taken_over` is then set).
+    """
     with self._lock:
       if self.record is None or "released_at" in self.record:
         return False
@@ -834,8 +1087,15 @@ class Claim:
       return True
 
   def release(self, **outcome) -> None:
-    """Stops refreshing and marks the claim released, recording `outcome` (e.g. the
-    committed path, or the error); the next claimer may then create a new generation."""
+    """Stops refreshing and marks the claim released; the next claimer may then claim.
+
+    Nothing is written if the claim was never held, is released already, or was taken
+    over.
+
+    Args:
+      **outcome: JSON-serialisable fields recorded in the released claim (e.g. the
+        committed path, or the error).
+    """
     if self._keep_alive is not None:
       self._keep_alive.stop()
       self._keep_alive = None
@@ -867,7 +1127,12 @@ def _collect_claims(root: str, below: int, now: float, store: Storage) -> List[s
 
 def delete_version(root: str, version: Version) -> None:
   """Deletes a committed version of `root`: its manifest first, so readers stop listing
-  it before its files disappear."""
+  it before its files disappear.
+
+  Args:
+    root: the versioned output's root.
+    version: the committed Version to delete (leases are not checked here).
+  """
   version.store.delete_prefix(manifest_path(root, version.version))
   version.store.delete_prefix(version.path)
 
@@ -877,8 +1142,19 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
   """Deletes committed versions older than the newest `keep` that no lease protects,
   claims of versions older than every version kept that nobody holds, and data
   directories no manifest names once nothing in them is younger than `stale_seconds`
-  (crashed writers; younger ones may still be written). Returns the deleted paths. A
-  version's manifest goes first, so readers stop listing it before its files disappear.
+  (crashed writers; younger ones may still be written). A version's manifest goes first,
+  so readers stop listing it before its files disappear.
+
+  Args:
+    root: the versioned output's root.
+    keep: committed versions kept (the newest); leased ones are kept besides.
+    stale_seconds: the age after which an unreferenced data directory is a crashed
+      writer's.
+    now: the time to judge ages and leases at (default: the clock).
+    store: the Storage to list and delete through.
+
+  Returns:
+    The deleted paths (data directories and claim objects).
   """
   now = time.time() if now is None else now
   deleted = []
