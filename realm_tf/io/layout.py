@@ -36,6 +36,7 @@ METRICS = "metrics.jsonl"
 
 
 def params_path(model_dir: str) -> str:
+  """<model_dir>/params.yaml: the run's whole ExperimentConfig."""
   return os.path.join(model_dir, PARAMS)
 
 
@@ -45,18 +46,22 @@ def corpus_dir(model_dir: str) -> str:
 
 
 def checkpoint_dir(model_dir: str) -> str:
+  """<model_dir>/checkpoints: the CheckpointManager's directory (ckpt-<step>)."""
   return os.path.join(model_dir, "checkpoints")
 
 
 def metrics_path(model_dir: str) -> str:
+  """<model_dir>/metrics.jsonl: one JSON line per train loop and evaluation."""
   return os.path.join(model_dir, METRICS)
 
 
 def query_encoder_dir(model_dir: str) -> str:
+  """<model_dir>/export/query_encoder: versioned query-tower snapshots."""
   return os.path.join(model_dir, "export", "query_encoder")
 
 
 def block_encoder_dir(model_dir: str) -> str:
+  """<model_dir>/export/block_encoder: versioned document-tower snapshots (what the index builder embeds with)."""
   return os.path.join(model_dir, "export", "block_encoder")
 
 
@@ -75,6 +80,7 @@ def index_dir(model_dir: str, configured: str = "") -> str:
 
 
 def eval_dir(model_dir: str) -> str:
+  """<model_dir>/eval: evaluation metrics and per-question predictions."""
   return os.path.join(model_dir, "eval")
 
 
@@ -91,22 +97,31 @@ def evaluator_summary_subdir(name: str) -> str:
 
 
 def builder_log_path(model_dir: str) -> str:
+  """<model_dir>/index_builder.log: the child index builder's output."""
   return os.path.join(model_dir, "index_builder.log")
 
 
 def training_done_path(model_dir: str) -> str:
+  """<model_dir>/TRAINING_DONE (see mark_training_done)."""
   return os.path.join(model_dir, TRAINING_DONE)
 
 
 def mark_training_done(model_dir: str, step: int):
-  """Tells index builders (on any machine sharing model_dir) that training has finished;
-  names the writer (host and pid: only a job's chief writes it)."""
+  """Tells index builders (on any machine sharing model_dir) that training has finished.
+
+  Only a job's chief writes it; the marker names the writer (host and pid).
+
+  Args:
+    model_dir: the run's directory.
+    step: the step training reached (training_done_step reads it back).
+  """
   with tf.io.gfile.GFile(training_done_path(model_dir), "w") as f:
     json.dump(dict(step=int(step), time=time.time(), host=socket.gethostname(),
                    pid=os.getpid()), f)
 
 
 def training_done(model_dir: str) -> bool:
+  """Whether the run's TRAINING_DONE marker exists (its schedule was completed)."""
   return tf.io.gfile.exists(training_done_path(model_dir))
 
 
@@ -120,6 +135,7 @@ def training_done_step(model_dir: str) -> Optional[int]:
 
 
 def clear_training_done(model_dir: str):
+  """Removes TRAINING_DONE (a new training slice starts: builders must follow it again)."""
   path = training_done_path(model_dir)
   if tf.io.gfile.exists(path):
     tf.io.gfile.remove(path)
@@ -131,6 +147,7 @@ def append_metrics(model_dir: str, record: dict):
 
 
 def read_metrics(model_dir: str) -> list[dict]:
+  """The run's metrics.jsonl as a list of records ([] if it does not exist)."""
   return read_json_lines(metrics_path(model_dir))
 
 
@@ -145,13 +162,30 @@ def append_json_line(path: str, record: dict):
 
 
 def read_json_lines(path: str) -> list[dict]:
+  """A JSON lines log written with append_json_line, its object-store sessions included.
+
+  Args:
+    path: the log's path.
+
+  Returns:
+    One dict per non-empty line, in order ([] if there is no log).
+  """
   text = storage.read_log(path)
   return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def latest_checkpoint(path: str) -> str:
-  """`path` if it is a checkpoint prefix, else the newest checkpoint of a run (its model_dir
-  or checkpoints/ dir); FileNotFoundError naming `path` if there is none."""
+  """The checkpoint `path` names.
+
+  Args:
+    path: a checkpoint prefix (.../ckpt-1200), or a run's model_dir or checkpoints/ dir.
+
+  Returns:
+    `path` itself if it is a checkpoint prefix, else the newest checkpoint of the run.
+
+  Raises:
+    FileNotFoundError: naming `path`, if there is no checkpoint.
+  """
   found: Optional[str] = None
   if tf.io.gfile.isdir(path):
     found = (tf.train.latest_checkpoint(checkpoint_dir(path))

@@ -43,6 +43,7 @@ def scheme(path: str) -> str:
 
 
 def is_local(path: str) -> bool:
+  """True for a local path (no scheme, or file://)."""
   return not scheme(path)
 
 
@@ -67,6 +68,16 @@ def is_dir_like(path: str) -> bool:
   NotFound only when the bucket does not exist (an empty prefix lists nothing), which TF
   reports as it reports a missing object: that raises FileNotFoundError naming the bucket,
   or a poller would wait forever for versions in a bucket that is not there.
+
+  Args:
+    path: a local path or URL (a trailing '/' is ignored).
+
+  Returns:
+    Whether `path` is a directory or a non-empty prefix.
+
+  Raises:
+    FileNotFoundError: `path` is on gs:// and its bucket does not exist.
+    tf.errors.OpError: the store could not be asked.
   """
   path = path.rstrip("/")
   try:
@@ -120,12 +131,17 @@ def newest_mtime(path: str) -> float:
 
 
 def delete_prefix(path: str) -> int:
-  """Deletes a directory / every object under a prefix; no error if nothing is there.
-  Returns the number of files deleted.
+  """Deletes a file, or a directory / every object under a prefix.
 
   rmtree alone is not enough on object stores: it can miss objects under prefixes that
   were never created as directories (ram://, GCS objects written by other tools), so
   every listed file is deleted first.
+
+  Args:
+    path: a file, directory or prefix; nothing there is no error.
+
+  Returns:
+    The number of files deleted.
   """
   path = path.rstrip("/")
   if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
@@ -177,6 +193,7 @@ def open_buffered(path: str) -> BinaryIO:
 
 
 def read_bytes(path: str) -> bytes:
+  """The whole file (tf.io.gfile; a missing file raises tf.errors.NotFoundError)."""
   with tf.io.gfile.GFile(path, "rb") as f:
     return f.read()
 
@@ -195,6 +212,10 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
   Local disk: a temporary sibling renamed over the target (rename is atomic there).
   Object stores: one upload, which becomes visible only once complete; a rename there
   would be a copy plus delete and add nothing.
+
+  Args:
+    path: the file to write or replace (its parent is created).
+    data: its new content.
   """
   parent = os.path.dirname(path.rstrip("/"))
   if parent:
@@ -214,6 +235,7 @@ def write_bytes_atomic(path: str, data: bytes) -> None:
 
 
 def write_text_atomic(path: str, text: str) -> None:
+  """write_bytes_atomic of `text` encoded as UTF-8."""
   write_bytes_atomic(path, text.encode("utf-8"))
 
 
@@ -229,6 +251,13 @@ def create_if_absent(path: str, data: bytes) -> bool:
   - others (ram://, ...): tf.io.gfile has no create-if-absent, so this checks, writes and
     reads back. Two writers that both check before either writes can both believe they
     won; the last write stays. Callers re-read what was committed (see versioned.py).
+
+  Args:
+    path: the object to create (its parent is created where that means anything).
+    data: its content.
+
+  Returns:
+    True if this call created `path` with `data`; False if something was there.
   """
   if scheme(path) == "gs":  # GCS needs no parent "directory" object
     created = gcs_create_if_absent(path, data)
@@ -257,7 +286,16 @@ def create_if_absent(path: str, data: bytes) -> bool:
 
 
 def gcs_create_if_absent(path: str, data: bytes) -> Optional[bool]:
-  """None when google-cloud-storage is not installed (then the generic path is used)."""
+  """create_if_absent on gs:// through google-cloud-storage (ifGenerationMatch=0).
+
+  Args:
+    path: a gs:// object path.
+    data: its content.
+
+  Returns:
+    True if created, False if the object exists; None when google-cloud-storage is not
+    installed (the caller then takes the generic path).
+  """
   try:
     # Optional: google-cloud-storage comes with apache-beam[gcp], which a trainer that
     # never touches gs:// does not need.
@@ -317,6 +355,12 @@ def open_for_append(path: str) -> Iterator:
   Local disk appends to `path`. Object stores have no append (TF's GCS "append" downloads
   and re-uploads the whole object on every flush), so each session writes a new object
   `<path>.<UTC time>-<id>`; `read_log(path)` reads them back in order.
+
+  Args:
+    path: the log's path.
+
+  Yields:
+    A text file object with write and flush (closed when the block exits).
   """
   if is_local(path):
     parent = os.path.dirname(path)
@@ -348,6 +392,13 @@ def ensure_local_copy(path: str, local_dir: Optional[str] = None) -> str:
   """`path` itself if local, else a local copy (a file, or a directory tree).
 
   For libraries that open files with Python's `open` (they cannot read gs://).
+
+  Args:
+    path: a file or directory, local or on any TF file system.
+    local_dir: where to copy to (default: a fresh temporary directory).
+
+  Returns:
+    A local path holding the same content.
   """
   if is_local(path):
     return _local_path(path)
@@ -401,6 +452,7 @@ class Storage(abc.ABC):
     """A binary stream of the file (a context manager)."""
 
   def read_bytes(self, path: str) -> bytes:
+    """The whole file at `path` (FileNotFoundError if missing)."""
     with self.open_read(path) as f:
       return f.read()
 
@@ -446,7 +498,11 @@ def _translated_errors(path: str) -> Iterator[None]:
 
 
 class GFileStorage(Storage):
-  """Storage over tf.io.gfile: local disk, gs://, ram:// and TF's other file systems."""
+  """Storage over tf.io.gfile: local disk, gs://, ram:// and TF's other file systems.
+
+  Each method keeps Storage's contract: TF's NotFoundError becomes FileNotFoundError and
+  every other TF error a StorageError naming the path.
+  """
 
   def exists(self, path: str) -> bool:
     with _translated_errors(path):
