@@ -40,16 +40,31 @@ from realm_tf.retrieval import scann_searcher
 
 @dataclasses.dataclass
 class ShardData:
+  """One shard's rows.
+
+  Attributes:
+    embeddings: [n, P] float block embeddings.
+    block_ids: [n] int64 ids of those blocks (the corpus's block_id).
+  """
   embeddings: np.ndarray  # [n, P]
   block_ids: np.ndarray  # [n] int64
 
 
 def shard_name(index: int, num_shards: int) -> str:
+  """'shard-<index>-of-<num_shards>', both 5-digit: the shard's directory name."""
   return f"shard-{index:05d}-of-{num_shards:05d}"
 
 
 def save_npy(path: str, array: np.ndarray) -> dict:
-  """Writes `array` (no pickle); returns {size, crc32c} of the bytes written."""
+  """Writes `array` as .npy (no pickle).
+
+  Args:
+    path: the file to write (any TF file system).
+    array: a numeric numpy array.
+
+  Returns:
+    {size, crc32c} of the bytes written (a manifest file entry without its name).
+  """
   buffer = io.BytesIO()
   np.save(buffer, array, allow_pickle=False)
   data = buffer.getvalue()
@@ -59,6 +74,7 @@ def save_npy(path: str, array: np.ndarray) -> dict:
 
 
 def load_npy(path: str) -> np.ndarray:
+  """A .npy file (no pickle), unverified: see load_shard_array for a committed shard's."""
   with tf.io.gfile.GFile(path, "rb") as f:
     return np.load(io.BytesIO(f.read()), allow_pickle=False)
 
@@ -67,13 +83,35 @@ def load_shard_array(export: "IndexExport", shard: int, num_shards: int,
                      name: str) -> np.ndarray:
   """`<shard dir>/<name>` (embeddings.npy, block_ids.npy) of a committed export, checked
   against the manifest (size and CRC32C) on the bytes as read: a truncated or corrupted
-  shard is refused by file name instead of loading wrong embeddings."""
+  shard is refused by file name instead of loading wrong embeddings.
+
+  Args:
+    export: the committed IndexExport (a versioned.Version).
+    shard: the shard's index.
+    num_shards: the export's number of shards.
+    name: the file in the shard directory ('embeddings.npy' or 'block_ids.npy').
+
+  Returns:
+    The array ([n, P] embeddings or [n] int64 ids).
+
+  Raises:
+    versioned.VerificationError: the file is not listed, missing, truncated or corrupted.
+  """
   data = versioned.read_verified(export, f"{shard_name(shard, num_shards)}/{name}")
   return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def new_export_dir(index_dir: str, version: int) -> str:
-  """A fresh, uncommitted directory for `version`'s shards (a VersionWriter's)."""
+  """A fresh, uncommitted directory for `version`'s shards (a VersionWriter's).
+
+  Args:
+    index_dir: the versioned index directory.
+    version: the version the shards will be committed as (the encoder snapshot's step).
+
+  Returns:
+    The directory's path, `<index_dir>/<12-digit version>.<writer id>`; commit_export
+    commits it.
+  """
   return versioned.VersionWriter(index_dir, version).path
 
 
@@ -85,6 +123,22 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
   Shards are independent, so many workers (Beam) can write theirs in parallel. The
   returned info lists the shard's files with sizes and CRC32C under "files" (relative to
   `export_dir`); commit_export moves them into the manifest.
+
+  Args:
+    export_dir: the uncommitted directory (new_export_dir).
+    shard_index: this shard's index.
+    num_shards: the export's number of shards.
+    data: the shard's embeddings [n, P] and block ids [n].
+    build_scann: also build and save a ScaNN searcher over the shard (when n > 0).
+    scann_overrides: ScaNN parameters replacing scann_params_for's choices.
+    embedding_dtype: the dtype embeddings.npy is stored in ('float32' or 'float16').
+
+  Returns:
+    The shard's info (shard, num_shards, num_blocks, dimension, embedding_dtype, ScaNN
+    parameters and build seconds when built) plus "files".
+
+  Raises:
+    ExportError: embeddings are not [n, P] or block_ids not [n].
   """
   embeddings = np.asarray(data.embeddings, np.float32)
   block_ids = np.asarray(data.block_ids, np.int64)
@@ -127,6 +181,22 @@ def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict,
   `identity` (see VersionWriter.commit) says what makes two builds of this version the
   same: two index builders that embed the same snapshot with the same settings agree,
   although ScaNN's serialized state differs byte for byte.
+
+  Args:
+    export_dir: the directory the shards were written into (new_export_dir).
+    index_dir: the versioned index directory.
+    version: the version to commit.
+    manifest: the export's manifest: "shards" (write_shard's infos, files included) plus
+      what the publisher records (encoder, num_blocks, dimension, ...).
+    identity: see above; None compares files.
+
+  Returns:
+    The committed data directory (another builder's, if it committed an identical
+    version first).
+
+  Raises:
+    ExportError: a shard named in the manifest is missing (or the manifest names none).
+    versioned.VersionConflictError: a different version with this number is committed.
   """
   num_shards = len(manifest.get("shards") or [])
   missing = [shard_name(i, num_shards) for i in range(num_shards)
@@ -146,7 +216,23 @@ def commit_export(export_dir: str, index_dir: str, version: int, manifest: dict,
 def write_export(index_dir: str, version: int, shards: Sequence[ShardData],
                  build_scann: bool = True, scann_overrides: Optional[dict] = None,
                  embedding_dtype: str = "float32", extra: Optional[dict] = None) -> str:
-  """Writes a whole export in this process (the Beam pipeline writes shards in parallel)."""
+  """Writes and commits a whole export in this process.
+
+  The Beam pipeline (realm_tf.pipelines) writes shards in parallel instead; this is for
+  tests, tools and small corpora. On failure the uncommitted directory is deleted.
+
+  Args:
+    index_dir: the versioned index directory.
+    version: the version to commit.
+    shards: one ShardData per shard.
+    build_scann: also build each shard's ScaNN searcher.
+    scann_overrides: ScaNN parameters replacing scann_params_for's choices.
+    embedding_dtype: the dtype embeddings.npy is stored in.
+    extra: further manifest fields (e.g. the encoder snapshot).
+
+  Returns:
+    The committed data directory.
+  """
   start = time.time()
   tmp = new_export_dir(index_dir, version)
   try:
@@ -168,4 +254,5 @@ def list_exports(index_dir: str) -> list[IndexExport]:
 
 
 def latest_export(index_dir: str) -> Optional[IndexExport]:
+  """The newest committed export of `index_dir`, or None."""
   return versioned.latest_version(index_dir)

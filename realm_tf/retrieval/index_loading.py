@@ -16,8 +16,18 @@ BACKENDS = ("scann", "exact")
 
 
 def resolve_export(path: str) -> IndexExport:
-  """`path` is one committed export (its data dir, its manifest, or `<index_dir>/<version>`)
-  or an index dir (its newest committed export)."""
+  """The committed export `path` names.
+
+  Args:
+    path: one committed export (its data dir, its manifest, or `<index_dir>/<version>`)
+      or an index dir (its newest committed export).
+
+  Returns:
+    The IndexExport.
+
+  Raises:
+    ExportError: `path` is an index dir with no committed export.
+  """
   try:
     return versioned.read_version(path)
   except versioned.VersionError:
@@ -41,7 +51,13 @@ def load_searcher(path_or_export: Union[str, IndexExport], backend: str = "scann
       manifest (sizes are always checked; the embeddings and block ids always have their
       CRC32C checked as they are read).
 
+  Returns:
+    A ShardedSearcher over the non-empty shards, with the IndexExport as its `export`.
+
   Raises:
+    ValueError: `backend` is not 'scann' or 'exact'.
+    ExportError: no committed export at the path, or backend 'scann' and a shard has no
+      ScaNN searcher.
     VerificationError: a file is missing, truncated or corrupted (a ScaNN file: with
       verify_checksums).
   """
