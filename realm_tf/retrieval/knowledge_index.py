@@ -82,9 +82,20 @@ def tokenize_blocks(store: BlockStore, tokenizer: Tokenizer, block_seq_length: i
 
 
 def row_ordered_embeddings(export: versioned.Version, block_ids: np.ndarray) -> np.ndarray:
-  """[N, P] float32: the export's embeddings in the order of `block_ids` (ascending); an
-  error naming the export if it and the corpus disagree on which blocks exist, or naming
-  the file if one is truncated or corrupted (checked against the manifest as read)."""
+  """The export's embeddings in the order of the corpus's rows.
+
+  Args:
+    export: a committed index export.
+    block_ids: [N] the corpus's block ids, ascending (BlockStore.block_ids).
+
+  Returns:
+    [N, P] float32, row i the embedding of block_ids[i].
+
+  Raises:
+    ValueError: naming the export, if it holds no blocks or other blocks than the corpus.
+    versioned.VerificationError: naming the file, if one is truncated or corrupted
+      (checked against the manifest as read).
+  """
   ids, vectors = [], []
   shards = export.manifest["shards"]
   for info in shards:
@@ -114,7 +125,27 @@ def _replica_context():
 
 
 class KnowledgeIndex(tf.Module):
-  """Sharded exact MIPS (or host ScaNN) plus block tables; see the module docstring."""
+  """Sharded exact MIPS (or host ScaNN) plus block tables; see the module docstring.
+
+  Built under the strategy (after the model); the embeddings are empty until a version is
+  loaded (`swap`, `maybe_swap` or `set_embeddings`). `search` and `gather` run in a
+  replica context, inside the compiled step.
+
+  Args:
+    store: the corpus Z (block ids ascending, titles and texts).
+    tokenizer: the run's Tokenizer; every block is tokenized once, here.
+    block_seq_length: Lc, the document tower's input length.
+    body_length: Lb, body wordpieces kept per block for the reader.
+    dimension: P, the embedding width.
+    strategy: the strategy to shard over (default: the current one).
+    backend: 'exact' (sharded on the accelerators) or 'scann' (host ScaNN).
+    embedding_dtype: the accelerator copy's dtype ('float32' or 'bfloat16').
+    rescore: 'scann': re-score its candidates exactly with the stored embeddings.
+    name: the tf.Module's name.
+
+  Raises:
+    ValueError: `backend` is not 'exact' or 'scann'.
+  """
 
   def __init__(self, store: BlockStore, tokenizer: Tokenizer, block_seq_length: int,
                body_length: int, dimension: int, strategy: Optional[tf.distribute.Strategy]
@@ -188,6 +219,13 @@ class KnowledgeIndex(tf.Module):
     The embeddings are checked against the corpus (same block ids) and assigned shard by
     shard; with 'scann' the host searcher reference is replaced. Compiled steps keep
     running: no variable or graph changes identity.
+
+    Args:
+      export: a committed index export of this corpus.
+
+    Raises:
+      ValueError: the export covers other blocks than the corpus.
+      versioned.VerificationError: one of its files is missing, truncated or corrupted.
     """
     self._install(export, *self._load(export))
 
@@ -211,6 +249,15 @@ class KnowledgeIndex(tf.Module):
 
     `swap` calls this for committed exports; it also serves embeddings computed in memory
     (an export of a fixed corpus, tests). The 'scann' backend needs `host_searcher`.
+
+    Args:
+      vectors: [N, P] embeddings, row i that of the store's i-th block.
+      version: the version number to report (index_version in logs).
+      export: the committed export they came from, if any (encoder_step reads it).
+      host_searcher: 'scann': a Searcher over the same embeddings.
+
+    Raises:
+      ValueError: `vectors` is not [N, P], or 'scann' without a host searcher.
     """
     vectors = np.asarray(vectors, np.float32)
     if vectors.shape != (self.num_blocks, self.dimension):
@@ -233,7 +280,17 @@ class KnowledgeIndex(tf.Module):
     With several processes (multi-worker) every process must call this at the same point:
     the version is the one the chief sees, and it is swapped in everywhere or nowhere (a
     process that cannot load it makes every process refuse it), so all replicas' shards
-    always come from one version."""
+    always come from one version.
+
+    A store that cannot be listed is logged and recorded in `storage_error`; the current
+    version keeps serving.
+
+    Args:
+      index_dir: the versioned index directory.
+
+    Returns:
+      True if a newer version was swapped in.
+    """
     try:
       latest = versioned.latest_version(index_dir)
       self.storage_error = ""
@@ -277,7 +334,15 @@ class KnowledgeIndex(tf.Module):
 
   def search_with(self, searcher: Searcher) -> None:
     """Searches through `searcher` (TF ops, e.g. ScaNN's, saved with an export) instead of
-    the sharded exact search; it must cover exactly this index's blocks."""
+    the sharded exact search; it must cover exactly this index's blocks.
+
+    Args:
+      searcher: an in-graph Searcher over the same N blocks.
+
+    Raises:
+      ValueError: the backend is not 'exact', or the searcher covers another number of
+        blocks.
+    """
     if self.backend != "exact":
       raise ValueError("an in-graph searcher replaces the 'exact' backend's search; this "
                        f"index searches with {self.backend!r}")
@@ -289,7 +354,15 @@ class KnowledgeIndex(tf.Module):
   # --------------------------------------------------------------------------- in the step
 
   def rows(self, block_ids: tf.Tensor) -> tf.Tensor:
-    """Global rows of block ids (any shape); ids must be in the index."""
+    """Global rows of block ids.
+
+    Args:
+      block_ids: int tensor of any shape; every id must be in the index (an unknown id
+        maps to a neighbouring row, unchecked).
+
+    Returns:
+      int32 rows of the same shape.
+    """
     flat = tf.reshape(tf.cast(block_ids, tf.int64), [1, -1])  # [1, n]
     rows = tf.searchsorted(self.block_ids[None, :], flat)  # [1, n]
     rows = tf.minimum(rows, self.num_blocks - 1)
@@ -299,8 +372,22 @@ class KnowledgeIndex(tf.Module):
              exclude_block_ids: Optional[tf.Tensor] = None) -> SearchResult:
     """The k blocks with the largest inner product with each query [B, P].
 
-    exclude_block_ids [B] (optional): a block each query must not retrieve (REALM's "no
-    trivial retrievals": the block the masked sentence came from).
+    Runs in a replica context. The queries carry no gradient out of the search.
+
+    Args:
+      queries: [B, P] query embeddings.
+      k: blocks per query (a Python int).
+      exclude_block_ids: optional [B]: a block each query must not retrieve (REALM's "no
+        trivial retrievals": the block the masked sentence came from).
+
+    Returns:
+      SearchResult(block_ids [B, k] int64, scores [B, k] float32, rows [B, k] int32),
+      best first.
+
+    Raises:
+      ValueError: k exceeds the blocks available.
+      RuntimeError: 'scann' with no version swapped in yet (when the step runs), or not
+        in a replica context.
     """
     if k > self.num_blocks - (exclude_block_ids is not None):
       raise ValueError(f"k={k} exceeds the {self.num_blocks} blocks of the index")
@@ -373,8 +460,18 @@ class KnowledgeIndex(tf.Module):
     return self.rows(block_ids), scores
 
   def gather(self, rows: tf.Tensor) -> BlockInputs:
-    """Tokens and indexed embeddings of global `rows` [B, K], from whichever shard owns
-    them: each replica fills in its own rows (zeros elsewhere) and one all-reduce sums."""
+    """Tokens and indexed embeddings of global `rows`, from whichever shard owns them.
+
+    Each replica fills in its own rows (zeros elsewhere) and one all-reduce sums. Runs in
+    a replica context.
+
+    Args:
+      rows: [B, K] int32 global rows (search's `rows`).
+
+    Returns:
+      BlockInputs: document inputs [B, K, Lc], body_ids [B, K, Lb], body_lengths [B, K],
+      embeddings [B, K, P] float32 (the indexed, stale ones).
+    """
     context, num_replicas, replica = _replica_context()
     batch = tf.shape(rows)[0]
     all_rows = rows
