@@ -144,7 +144,17 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
 
 
 class ExactSearcher(Searcher):
-  """Scores every block with `exact_top_k`; embeddings [N, P] float32, bfloat16 or float16."""
+  """Scores every block with `exact_top_k` (the Searcher interface; saved with a SavedModel).
+
+  Args:
+    embeddings: [N, P] float32, bfloat16 or float16 (other dtypes become float32); an
+      array, tensor or variable.
+    block_ids: [N] int64 ids of the rows (default: 0..N-1).
+    name: the tf.Module's name.
+
+  Raises:
+    ValueError: embeddings are not [N, P], or block_ids not [N].
+  """
 
   def __init__(self, embeddings, block_ids=None, name: str = "exact_searcher"):
     super().__init__(name=name)
@@ -168,13 +178,16 @@ class ExactSearcher(Searcher):
 
   @property
   def num_blocks(self) -> int:
+    """N, the blocks searched."""
     return self._num_blocks
 
   @property
   def dimension(self) -> int:
+    """P, the embedding width."""
     return self._dimension
 
   def search(self, queries: tf.Tensor, k: int) -> SearchResult:
+    """Exact top-k of `queries` [Q, P]; see Searcher.search (rows is None)."""
     k = self._check_k(k)  # The Searcher contract clamps k to num_blocks.
     scores, rows = exact_top_k(queries, self.embeddings, k)
     # Gathers from the read value, not the variable: see exact_top_k on copy-on-read.

@@ -34,7 +34,18 @@ class Searcher(tf.Module, abc.ABC):
 
   @abc.abstractmethod
   def search(self, queries: tf.Tensor, k: int) -> SearchResult:
-    """The k blocks with the largest inner product with each query."""
+    """The k blocks with the largest inner product with each query.
+
+    Args:
+      queries: [Q, P] float query embeddings.
+      k: blocks per query; more than num_blocks gives num_blocks.
+
+    Returns:
+      SearchResult(block_ids [Q, k] int64, scores [Q, k] float32), best first.
+
+    Raises:
+      ValueError: k < 1.
+    """
 
   def _check_k(self, k: int) -> int:
     if k < 1:
