@@ -5,7 +5,7 @@
 Processes (rounded boxes) never call each other: each publishes into a directory (square
 boxes; local disk or GCS) by writing files and committing a manifest last, and the next
 one polls for committed versions. Re-run this script after changing the picture; the PNG
-is committed beside it for the README.
+is committed beside it for docs/design.md.
 """
 import argparse
 import os
