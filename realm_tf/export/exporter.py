@@ -64,7 +64,17 @@ READER_LENGTH_STEP = 32
 
 @dataclasses.dataclass
 class ServingRun:
-  """A fine-tuned Open-QA model and its knowledge index, ready to export."""
+  """A fine-tuned Open-QA model and its knowledge index, ready to export.
+
+  Attributes:
+    config: the run's ExperimentConfig (index.backend forced to 'exact').
+    task: the OpenQATask that built the model and the index.
+    model: the OpenQAModel.
+    index: the KnowledgeIndex, with a committed version swapped in (load_run).
+    step: the checkpoint's training step (the default export version).
+    checkpoint: the checkpoint read.
+    model_dir: the run's directory.
+  """
   config: ExperimentConfig
   task: object
   model: object
@@ -75,10 +85,12 @@ class ServingRun:
 
   @property
   def tokenizer(self):
+    """The run's Tokenizer."""
     return self.task.tokenizer
 
   @property
   def num_read(self) -> int:
+    """K, blocks read per question (task.openqa.num_candidates)."""
     return self.config.task.openqa.num_candidates
 
   @property
@@ -87,6 +99,12 @@ class ServingRun:
     return self.task.num_retrieved(training=False)
 
   def provenance(self, kind: str) -> dict:
+    """What an export of `kind` records about its origin (realm_provenance.json).
+
+    Returns:
+      A JSON-serialisable dict: model_dir, checkpoint, training_step, the index's version,
+      path, encoder step and size, num_retrieved, num_read, the TF version and the config.
+    """
     export = self.index.export
     return dict(
         kind=kind, model_dir=self.model_dir, checkpoint=self.checkpoint,
@@ -101,7 +119,20 @@ class ServingRun:
 def build_run(config: ExperimentConfig, model_dir: str = "", step: int = 0,
               checkpoint: str = "") -> ServingRun:
   """The task's model and an exact-search KnowledgeIndex (no embeddings yet) under the
-  default strategy: one replica, as a server runs it."""
+  default strategy: one replica, as a server runs it.
+
+  Args:
+    config: an Open-QA run's ExperimentConfig.
+    model_dir: the run's directory (recorded).
+    step: the training step (recorded; load_run sets it from the checkpoint).
+    checkpoint: the checkpoint path (recorded).
+
+  Returns:
+    A ServingRun whose weights and index are not loaded yet.
+
+  Raises:
+    ValueError: the config is not an Open-QA run with dense retrieval.
+  """
   if config.task.type != "openqa":
     raise ValueError(f"task.type is {config.task.type!r}: serving exports need an Open-QA "
                      "run (task.type=openqa)")
@@ -125,6 +156,21 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
   index in place of the run's: an edited corpus, re-embedded by the same document tower,
   is published as a new version without a parameter changed (REALM's knowledge lives in
   the corpus). The index must cover exactly `blocks` (KnowledgeIndex.swap checks the ids).
+
+  Args:
+    model_dir: the Open-QA run's directory (its params.yaml is the config).
+    checkpoint: a checkpoint to export instead of the run's newest.
+    blocks: another corpus's blocks (with `index_dir`).
+    index_dir: the versioned index directory of `blocks`.
+
+  Returns:
+    The ServingRun, weights restored and the newest committed index swapped in.
+
+  Raises:
+    ValueError: only one of `blocks` and `index_dir` is given, or the run is not a dense
+      Open-QA run.
+    FileNotFoundError: no checkpoint, or no committed index.
+    AssertionError: a model variable is not in the checkpoint.
   """
   if bool(blocks) != bool(index_dir):
     raise ValueError("--blocks and --index_dir go together: a corpus and the committed "
@@ -173,7 +219,7 @@ def _index_scann_states(run: ServingRun):
 
 
 def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
-  """[N, P] float32 embeddings of the index in row order."""
+  """[N, P] float32 embeddings of the index in row order (its padding rows dropped)."""
   return np.asarray(index.embeddings.read_value(), np.float32)[:index.num_blocks]
 
 
@@ -182,6 +228,7 @@ class ServingQueryEncoder(QueryEncoder):
   the signature they call; the index builder keeps using the plain export)."""
 
   def signatures(self) -> dict:
+    """serving_default and `embed`, both the query embedding function."""
     return dict(super().signatures(), embed=self.embed)
 
 
@@ -189,12 +236,28 @@ class ServingBlockEncoder(BlockEncoder):
   """BlockEncoder with a named signature beside serving_default."""
 
   def signatures(self) -> dict:
+    """serving_default and `embed`, both the block embedding function."""
     return dict(super().signatures(), embed=self.embed)
 
 
 def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP) -> tf.Module:
+  """The tf.Module saved as one export kind.
+
+  Args:
+    run: the loaded ServingRun.
+    kind: one of KINDS: 'query_encoder', 'doc_encoder', 'reader', 'realm_qa' (question →
+      answer, exact search in graph) or 'realm_qa_scann' (the same with ScaNN's TF ops).
+    max_blocks_per_pass: QA kinds: blocks read per reader pass at most (0: no limit).
+    reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
+
+  Returns:
+    The module; its `signatures()` are what the SavedModel serves.
+
+  Raises:
+    ValueError: an unknown kind.
+  """
   c = run.config
   if kind == "query_encoder":
     return ServingQueryEncoder(run.model.retriever.query_embedder, run.tokenizer,
@@ -221,7 +284,16 @@ def build_module(run: ServingRun, kind: str,
 def warmup_requests(kind: str, run: ServingRun,
                     questions: Sequence[str] = WARMUP_QUESTIONS) -> list[dict]:
   """Requests TF Serving replays before serving: one per batch size a client is likely
-  to send first (1 and all of `questions`), so both traces exist."""
+  to send first (1 and all of `questions`), so both traces exist.
+
+  Args:
+    kind: the export kind (its signature's inputs).
+    run: the ServingRun (corpus blocks for the encoder and reader kinds).
+    questions: the questions to send.
+
+  Returns:
+    Two requests, each a dict of input name → list (one for the batch of 1, one larger).
+  """
   store = run.index.store
   k = min(run.num_read, len(store))
   one, many = list(questions[:1]), list(questions)
@@ -244,7 +316,22 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
   """Writes, commits, then publishes `module` as `<output_dir>/<kind>/<version>/`.
 
   Refuses to overwrite a published version (TF Serving would not reload it anyway).
-  Returns the published directory.
+
+  Args:
+    module: the module to save (build_module's), with `signatures()`.
+    output_dir: the export base directory (TF Serving's model base path's parent).
+    kind: the export kind (the subdirectory, and the warm-up's model name).
+    version: the positive integer version (TF Serving's directory name).
+    provenance: written as assets.extra/realm_provenance.json (with kind, version, time
+      and signatures added).
+    warmup: requests written as TF Serving's warm-up file (warmup_requests').
+
+  Returns:
+    The published directory, `<output_dir>/<kind>/<version>`.
+
+  Raises:
+    ValueError: `version` < 1.
+    FileExistsError: that version is already published.
   """
   if version < 1:
     raise ValueError(f"version must be a positive integer, got {version} (pass --version)")
@@ -271,6 +358,7 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
 
 
 def read_provenance(export_dir: str) -> dict:
+  """An export's assets.extra/realm_provenance.json (see ServingRun.provenance)."""
   with tf.io.gfile.GFile(os.path.join(export_dir, serving_warmup.WARMUP_DIR,
                                       PROVENANCE_FILE)) as f:
     return json.load(f)
@@ -281,9 +369,26 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                index_dir: str = "",
                max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                reader_length_step: int = READER_LENGTH_STEP) -> dict[str, str]:
-  """`python -m realm_tf.export`: every kind of a run, version = training step by default;
-  `blocks` / `index_dir`: another corpus and its index (load_run); max_blocks_per_pass,
-  reader_length_step: how the QA exports read (QAModule)."""
+  """`python -m realm_tf.export`: loads a run once and publishes each export kind.
+
+  Args:
+    model_dir: the Open-QA run's directory.
+    output_dir: the export base directory.
+    kinds: the kinds to export (KINDS).
+    checkpoint: a checkpoint instead of the run's newest.
+    version: the export version (default: the checkpoint's training step).
+    blocks: another corpus to serve (with `index_dir`; see load_run).
+    index_dir: the committed index of `blocks`.
+    max_blocks_per_pass: QA kinds: blocks per reader pass at most (QAModule).
+    reader_length_step: QA kinds: the reader-length step (QAModule).
+
+  Returns:
+    Kind → published directory.
+
+  Raises:
+    ValueError: an unknown kind (before anything is loaded), or as load_run and
+      save_export raise.
+  """
   unknown = [k for k in kinds if k not in KINDS]
   if unknown:
     raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
