@@ -84,6 +84,7 @@ class ScannHandle(tf.Module):
     self.state = state  # scann_ops.ScannState (or its restored form): the searcher's data
 
   def handle(self) -> tf.Tensor:
+    """The searcher's resource handle, made in graph by a TensorsToScann op (see above)."""
     from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
     s = self.state
     return scann_ops.tensors_to_scann(
@@ -109,9 +110,16 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
                    ) -> tuple[Searcher, list[ScannHandle]]:
   """A Searcher over in-graph ScaNN handles (the project's ScannSearcher per shard).
 
-  `states` (optional): per shard, (ScannState, its block ids, its embeddings) as an index
-  export stores them; without, one ScaNN searcher is built over `embeddings` with ScaNN's
-  recommended configuration for the corpus size (scann_params_for).
+  Args:
+    embeddings: [N, P] float32 embeddings in row order (used when `states` is None).
+    block_ids: [N] int64 ids of those rows (used when `states` is None).
+    rescore: re-score ScaNN's candidates exactly with the embeddings.
+    states: optional, per shard, (ScannState, its block ids, its embeddings) as an index
+      export stores them; without, one ScaNN searcher is built over `embeddings` with
+      ScaNN's recommended configuration for the corpus size (scann_params_for).
+
+  Returns:
+    (a ShardedSearcher over the shards, the ScannHandles the module must track).
   """
   if states is None:
     embeddings = np.asarray(embeddings, np.float32)
@@ -132,9 +140,17 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
 
 
 def reader_lengths(full: int, query_seq_length: int, step: int) -> list[int]:
-  """The reader input lengths a QA export may read a request at, shortest first: the
-  multiples of `step` that hold at least the question ([CLS] x [SEP], up to
-  query_seq_length) and one body wordpiece and [SEP], below `full`; then `full`."""
+  """The reader input lengths a QA export may read a request at, shortest first.
+
+  Args:
+    full: the model's reader length.
+    query_seq_length: the longest question input ([CLS] x [SEP]).
+    step: the length step (0: `full` only).
+
+  Returns:
+    The multiples of `step` below `full` that hold at least the longest question plus
+    one body wordpiece and [SEP], then `full`.
+  """
   if not step:
     return [int(full)]
   shortest = query_seq_length + 2
@@ -210,7 +226,15 @@ class QAModule(tf.Module):
     return self._held.index
 
   def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
-    """The `answer` computation, callable eagerly or inside another tf.function."""
+    """The `answer` computation, callable eagerly or inside another tf.function.
+
+    Args:
+      question: [B] tf.string questions.
+
+    Returns:
+      The QA outputs of the module docstring (answer [B], score [B], answer_block [B],
+      block_ids / block_titles / block_texts / retrieval_probs [B, K]).
+    """
     features = {"query": self.tokenizer.encode(question, self.query_seq_length).as_dict()}
     model = self.model
     rows, logits, blocks = model.retrieve(features, self.index, self.num_retrieved,
@@ -275,11 +299,13 @@ class QAModule(tf.Module):
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
   def answer(self, question):
+    """The served signature: [B] questions → the QA outputs (see predict)."""
     if self.questions_per_pass:
       return self.predict_in_groups(question)
     return self.predict(question)
 
   def signatures(self) -> dict:
+    """serving_default and `answer`, both the `answer` function."""
     return {"serving_default": self.answer, "answer": self.answer}
 
 
@@ -296,6 +322,12 @@ class ReaderModule(tf.Module):
   logits, which may also weigh each block's retrieval score.
   Outputs: answer [B], score [B], answer_block int32 [B], answer_title [B],
   block_scores [B, K] (each block's best span logit).
+
+  Args:
+    model: the fine-tuned OpenQAModel (its reader is exported).
+    tokenizer: the run's Tokenizer.
+    query_seq_length: wordpieces of a question input.
+    body_length: body wordpieces kept per block (as the index keeps them).
   """
 
   kind = "reader"
@@ -314,6 +346,8 @@ class ReaderModule(tf.Module):
       tf.TensorSpec([None, None], tf.string, name="block_titles"),
       tf.TensorSpec([None, None], tf.string, name="block_texts")])
   def read(self, question, block_titles, block_texts):
+    """The served signature: (question [B], block_titles [B, K], block_texts [B, K]) →
+    the outputs listed in the class docstring."""
     model = self._held.model
     query = self.tokenizer.encode(question, self.query_seq_length)
     batch, num_blocks = tf.shape(block_texts)[0], tf.shape(block_texts)[1]
@@ -339,5 +373,6 @@ class ReaderModule(tf.Module):
                 block_scores=tf.reduce_max(outputs["span_logits"], axis=-1))
 
   def signatures(self) -> dict:
+    """serving_default and `read`, both the `read` function."""
     return {"serving_default": self.read, "read": self.read}
 
