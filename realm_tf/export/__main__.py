@@ -39,6 +39,7 @@ FLAGS = flags.FLAGS
 
 
 def main(argv):
+  """Exports the kinds named by the flags and prints {kind: published directory} as JSON."""
   del argv
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads

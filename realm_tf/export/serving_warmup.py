@@ -54,7 +54,20 @@ def write_warmup_requests(export_dir: str, requests: Sequence[Mapping[str, np.nd
   When the export's saved_model.pb is already there, every request is checked against the
   signature (names and dtypes) so a bad warm-up fails here, at export time, rather than
   keeping the version from loading. The file is written under a temporary name and
-  renamed into place. Returns its path.
+  renamed into place.
+
+  Args:
+    export_dir: the SavedModel directory (the file goes to assets.extra/).
+    requests: one dict per request, input name → array (Python strings allowed).
+    model_name: the model name recorded in each PredictRequest.
+    signature_name: the signature the requests call.
+
+  Returns:
+    The warm-up file's path.
+
+  Raises:
+    ValueError: no requests, more than TF Serving replays, an empty request, or inputs
+      whose names or dtypes do not match the signature.
   """
   if not requests:
     raise ValueError("write_warmup_requests: no requests")
