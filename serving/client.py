@@ -43,10 +43,23 @@ def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequ
         timeout: float = 10.0) -> list:
   """One Predict for all `questions`; a dict per question with its answer and provenance.
 
-  {"question", "answer", "score", "answer_block", "model": {"name", "version",
-   "signature"}, "blocks": [{"rank", "block_id", "title", "text", "retrieval_prob",
-   "is_answer_block"}, ...]}. Raises grpc.RpcError from the server, or ValueError when
-  the response does not follow the QA contract.
+  Args:
+    stub: a PredictionService stub on a gRPC channel (serving.server or
+      tensorflow_model_server).
+    questions: the questions, one request for all of them.
+    model: the served model's name.
+    signature: the signature to call (QA contract above).
+    timeout: the request's deadline in seconds.
+
+  Returns:
+    One dict per question, in order: {"question", "answer", "score", "answer_block",
+    "model": {"name", "version", "signature"}, "blocks": [{"rank", "block_id", "title",
+    "text", "retrieval_prob", "is_answer_block"}, ...] (K blocks, best first)}.
+
+  Raises:
+    ValueError: no questions, or a response that does not follow the QA contract
+      (missing outputs, wrong ranks or row counts).
+    grpc.RpcError: the server's error (unknown model, deadline, overload, ...).
   """
   if not questions:
     raise ValueError("ask: no questions")
@@ -97,7 +110,16 @@ def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequ
 
 
 def format_answer(answer: dict, top_blocks: int) -> str:
-  """Q/A lines, then the top retrieved blocks with p(z|x), the answer's block marked."""
+  """Q/A lines, then the top retrieved blocks with p(z|x), the answer's block marked.
+
+  Args:
+    answer: one of ask's dicts.
+    top_blocks: blocks to list; the answer's own block is listed too if it is not among
+      them.
+
+  Returns:
+    The text to print (lines joined by newlines).
+  """
   lines = [f"Q: {answer['question']}",
            f"A: {answer['answer']} (score {answer['score']:.2f})"]
   shown = answer["blocks"][:top_blocks]
@@ -111,6 +133,7 @@ def format_answer(answer: dict, top_blocks: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+  """The command line of `python -m serving.client` (see the module docstring)."""
   parser = argparse.ArgumentParser(prog="python -m serving.client", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("questions", nargs="+", help="one or more questions")
@@ -124,6 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+  """Asks the questions on the command line and prints the answers.
+
+  Args:
+    argv: the arguments (default: sys.argv[1:]).
+
+  Returns:
+    The exit status: 0, or 1 when the server refused or answered outside the contract
+    (the reason on stderr).
+  """
   args = build_parser().parse_args(argv)
   options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
   with grpc.insecure_channel(args.server, options=options) as channel:
