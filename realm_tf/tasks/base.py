@@ -6,9 +6,11 @@ orbit `Controller`. What realm_tf adds to tf-models' Task:
   - the whole ExperimentConfig (model, index, trainer, runtime sections are shared by tasks),
     the run's model_dir and the step a resumed run starts from (so inputs skip exactly the
     global batches already consumed);
-  - `compute_gradients`: the forward pass, loss and gradients of one replica's batch as one
-    function compiled with `jit_compile=runtime.enable_xla`; the optimizer update stays
-    outside it (its cross-replica merge cannot sit inside an XLA cluster);
+  - `gradient_step`: the forward pass, loss and gradients of one replica's batch as one
+    function compiled with `jit_compile=runtime.enable_xla` (`compiled`); the optimizer
+    update stays outside it (its cross-replica merge cannot sit inside an XLA cluster);
+  - `build_index`: the knowledge index a retrieval task searches, built by the driver after
+    the model, under the strategy;
   - host-side hooks the driver calls between train loops (`train_actions`, `host_logs`,
     `on_train_end`), e.g. a newer index swapped in, retriever snapshots handed to the
     index builder.
@@ -59,17 +61,27 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
     self._group: set = set()  # refs of the variables group_multiplier applies to
 
   def set_group_multiplier(self, variables, multiplier: float, frozen_steps: int = 0):
-    """Multiplies the learning rate of `variables` (by identity: Keras names do not say
-    which tower a projection belongs to) by `multiplier`, and by 0 while the step counter
-    is below `frozen_steps`."""
+    """Multiplies the learning rate of `variables` by `multiplier`.
+
+    The group is given by identity: Keras names do not say which tower a projection
+    belongs to. Replaces any group set before.
+
+    Args:
+      variables: the variables of the group (e.g. a retriever's trainable variables).
+      multiplier: their learning-rate factor; 0 freezes them.
+      frozen_steps: their factor is 0 while the optimizer's step counter is below this.
+    """
     self._group = {v.ref() for v in variables}
     self.group_multiplier = float(multiplier)
     self.group_frozen_steps = int(frozen_steps)
 
   def is_head(self, var) -> bool:
+    """Whether `var` is a fresh head's (its name contains one of head_patterns)."""
     return any(p in var.name for p in self.head_patterns)
 
   def multiplier(self, var) -> float:
+    """The learning-rate factor of `var`: the group's, else the head's, else 1 (before
+    the group's frozen steps, which `_scaled_state` applies in the step)."""
     if var.ref() in self._group:
       return self.group_multiplier
     return self.head_multiplier if self.is_head(var) else 1.0
@@ -99,6 +111,8 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
                                           self._scaled_state(var, apply_state))
 
   def get_config(self):
+    """tf-models' AdamW config plus head_multiplier and head_patterns (the group is not
+    serialised: it is set again from the model by `set_group_multiplier`)."""
     return dict(super().get_config(), head_multiplier=self.head_multiplier,
                 head_patterns=list(self.head_patterns))
 
@@ -158,8 +172,19 @@ def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: S
 
 
 def input_skip(start_step: int, input_context: Optional[tf.distribute.InputContext]) -> int:
-  """Per-replica batches one input pipeline must skip to resume after `start_step` global
-  steps: each step takes one batch per replica, and a pipeline feeds R / P replicas."""
+  """Per-replica batches one input pipeline must skip to resume after `start_step` steps.
+
+  Each global step takes one batch per replica, and a pipeline feeds R / P of the R
+  replicas (P input pipelines).
+
+  Args:
+    start_step: global steps already trained (the resumed checkpoint's step).
+    input_context: the pipeline's tf.distribute.InputContext; None for one pipeline
+      feeding one replica.
+
+  Returns:
+    The number of per-replica batches to skip.
+  """
   if input_context is None:
     return start_step
   per_pipeline = input_context.num_replicas_in_sync // max(1, input_context.num_input_pipelines)
@@ -168,7 +193,15 @@ def input_skip(start_step: int, input_context: Optional[tf.distribute.InputConte
 
 def shard_for(dataset: tf.data.Dataset,
               input_context: Optional[tf.distribute.InputContext]) -> tf.data.Dataset:
-  """One input pipeline's share of the records (multi-host TPU pods, multi-worker GPUs)."""
+  """One input pipeline's share of the records (multi-host TPU pods, multi-worker GPUs).
+
+  Args:
+    dataset: the records, in the same order in every pipeline.
+    input_context: the pipeline's InputContext; None or one pipeline: no sharding.
+
+  Returns:
+    Every P-th record of `dataset`, from the pipeline's id on.
+  """
   if input_context is not None and input_context.num_input_pipelines > 1:
     return dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
   return dataset
@@ -176,6 +209,18 @@ def shard_for(dataset: tf.data.Dataset,
 
 def per_replica_batch(global_batch_size: int,
                       input_context: Optional[tf.distribute.InputContext]) -> int:
+  """The batch size one replica's input gets.
+
+  Args:
+    global_batch_size: the batch of one global step (the config's global_batch_size).
+    input_context: the pipeline's InputContext; None: one replica.
+
+  Returns:
+    global_batch_size / the number of replicas in sync.
+
+  Raises:
+    ValueError: global_batch_size is not divisible by the number of replicas.
+  """
   if input_context is None:
     return global_batch_size
   return input_context.get_per_replica_batch_size(global_batch_size)
@@ -187,11 +232,33 @@ def apply_gradients(optimizer, grads_and_vars):
 
 
 def mean_metric(name: str) -> tf_keras.metrics.Mean:
+  """A float32 tf_keras Mean metric called `name`."""
   return tf_keras.metrics.Mean(name, dtype=tf.float32)
 
 
 class RealmTask(base_task.Task):
-  """Base of the ict / pretrain / openqa tasks (see the module docstring)."""
+  """Base of the ict / pretrain / openqa tasks (see the module docstring).
+
+  A subclass implements tf-models' Task hooks, called by the driver
+  (realm_tf.training.train_lib) in this order: `build_model`, `create_task_optimizer`
+  (under the strategy's scope), `build_index`, `build_inputs` (per input pipeline),
+  `initialize` (a fresh run's weights, by the checkpoint manager), `on_train_begin`, then
+  per step `train_step` / `validation_step` (replica context, compiled), per train loop
+  `train_actions` and `host_logs` (host), after each evaluation `on_evaluate_end`, and at
+  the end `on_train_end` and `run_summary`.
+
+  Args:
+    params: the selected task config (experiment.task_config: IctTaskConfig,
+      PretrainTaskConfig or OpenQATaskConfig); tf-models' Task keeps it as task_config.
+    experiment: the whole ExperimentConfig of the run.
+    model_dir: the run's directory (checkpoints, params.yaml, metrics.jsonl, index/); ''
+      for a task used without a run (tests, tools).
+    start_step: the global step the run resumes from; training inputs skip the batches
+      already consumed.
+    name: the task's name (the registry's task type).
+    role: this process's part in a multi-process job (default: the only process, which
+      writes).
+  """
 
   # Names of the Mean metrics the task reports; build_metrics makes one of each.
   metric_names: Sequence[str] = ("loss",)
@@ -225,6 +292,7 @@ class RealmTask(base_task.Task):
 
   @property
   def tokenizer(self) -> Tokenizer:
+    """The WordPiece tokenizer of model.tokenizer (vocab file or the package's), built once."""
     if self._tokenizer is None:
       t = self.experiment.model.tokenizer
       self._tokenizer = Tokenizer(t.vocab_file or None, t.lower_case)
@@ -232,11 +300,22 @@ class RealmTask(base_task.Task):
 
   @property
   def jit_compile(self) -> bool:
+    """Whether the step's forward and backward pass is compiled with XLA (runtime.enable_xla)."""
     return bool(self.experiment.runtime.enable_xla)
 
   def create_task_optimizer(self, model=None):
-    """The optimizer of `model` (the one build_model returned: a retriever it holds under a
-    reader gets trainer.retriever_learning_rate_multiplier)."""
+    """The optimizer of `model`, built from the trainer section (`build_optimizer`).
+
+    Called under the strategy's scope; the optimizer's step counter is created here.
+
+    Args:
+      model: the model build_model returned; a retriever it holds under a reader (its
+        `retriever` attribute) gets trainer.retriever_learning_rate_multiplier and
+        trainer.retriever_frozen_steps.
+
+    Returns:
+      A tf_keras optimizer (a LossScaleOptimizer around it under mixed float16).
+    """
     retriever = getattr(model, "retriever", None)
     optimizer = build_optimizer(self.experiment.trainer, self.experiment.runtime,
                                 retriever.trainable_variables if retriever is not None else ())
@@ -247,6 +326,14 @@ class RealmTask(base_task.Task):
     return optimizer
 
   def build_metrics(self, training: bool = True):
+    """One float32 Mean per name in `metric_names`.
+
+    Args:
+      training: unused; training and validation report the same metrics.
+
+    Returns:
+      A list of tf_keras.metrics.Mean, updated by the steps through `update_metrics`.
+    """
     del training
     return [mean_metric(name) for name in self.metric_names]
 
@@ -256,6 +343,13 @@ class RealmTask(base_task.Task):
     Without XLA, `fn` runs inline in the caller's graph: a nested tf.function around
     cross-replica collectives (the ICT negatives, the sharded index) is not supported by
     MirroredStrategy's merge_call.
+
+    Args:
+      name: the cache key; the first `fn` given a name is the one compiled for it.
+      fn: the function to compile (called in replica context).
+
+    Returns:
+      The compiled function (cached per name), or `fn` itself without XLA.
     """
     if not self.jit_compile:
       return fn
@@ -265,7 +359,13 @@ class RealmTask(base_task.Task):
 
   @staticmethod
   def update_metrics(metrics, values: dict[str, Any], weights: Optional[dict] = None):
-    """Updates the Means named in `values` (weights per name, optional)."""
+    """Updates the Means named in `values`; metrics named in neither are left alone.
+
+    Args:
+      metrics: the metrics build_metrics made, or None (nothing to update).
+      values: metric name → value (a scalar or a tensor of per-example values).
+      weights: metric name → sample weight of its value; a name absent: unweighted.
+    """
     weights = weights or {}
     for metric in metrics or []:
       if metric.name in values:
@@ -295,49 +395,112 @@ class RealmTask(base_task.Task):
     return loss, outputs
 
   def trainable_variables(self, model) -> list:
-    """The variables a train step updates (all of the model's, unless a task freezes some)."""
+    """The variables a train step updates (all of the model's, unless a task freezes some).
+
+    Args:
+      model: the model build_model returned.
+
+    Returns:
+      A list of tf.Variable, in a fixed order (gradients are zipped with it).
+    """
     return model.trainable_variables
 
   # ------------------------------------------------------------------ driver hooks (host)
 
   def build_index(self, strategy) -> Optional[Any]:
-    """The task's knowledge index, built under `strategy` after the model (the driver calls
-    this for every task). None: the task searches no index (ICT: negatives in the batch)."""
+    """The task's knowledge index, built after the model (the driver calls this for every task).
+
+    Args:
+      strategy: the run's tf.distribute strategy; the index's embedding variables are
+        sharded over its replicas.
+
+    Returns:
+      A KnowledgeIndex (its embeddings not loaded yet: on_train_begin / on_evaluate_begin
+      load a committed version), or None when the task searches no index (ICT: negatives
+      come from the batch).
+    """
     del strategy
     return None
 
   def run_summary(self) -> dict:
-    """What the task adds to the run's summary when training ends (index refresh counts)."""
+    """What the task adds to the run's summary when training ends.
+
+    Returns:
+      A JSON-serialisable dict merged into the driver's result (e.g. index refresh counts
+      and staleness); {} by default.
+    """
     return {}
 
   def train_actions(self, trainer) -> list[Callable[[dict], None]]:
-    """orbit train actions to run after each train loop (host side)."""
+    """orbit train actions to run after each train loop (host side).
+
+    Called when the driver builds its runner, before `on_train_begin`: an action must look
+    up state that on_train_begin creates (e.g. the index refresher) when it runs.
+
+    Args:
+      trainer: the driver's tf-models Trainer (its `global_step` is the step reached).
+
+    Returns:
+      Callables taking the train loop's output logs (dict); [] by default.
+    """
     del trainer
     return []
 
   def host_logs(self, global_step: int) -> dict[str, float]:
-    """Extra per-loop scalars computed on the host (index staleness, ...)."""
+    """Extra scalars for a train loop's logs, computed on the host.
+
+    Args:
+      global_step: the step the loop ended at.
+
+    Returns:
+      Name → float, added to the loop's logs and summaries (e.g. index staleness in
+      steps); {} by default.
+    """
     del global_step
     return {}
 
   def on_train_begin(self, model, global_step: int):
-    """Host work before the first step (e.g. load the first index)."""
+    """Host work before the first train step (e.g. load the first index, start a builder).
+
+    Args:
+      model: the model (its weights restored or initialised).
+      global_step: the step training starts from.
+    """
     del model, global_step
 
   def on_evaluate_begin(self, model, global_step: int):
-    """Host work before an evaluation outside training (e.g. load the index)."""
+    """Host work before an evaluation outside training (e.g. load or follow the index).
+
+    Args:
+      model: the model, its weights restored from the checkpoint evaluated.
+      global_step: that checkpoint's step.
+    """
     del model, global_step
 
   def on_train_end(self, model, global_step: int, reached_train_steps: bool,
                    failed: bool = False):
-    """Host work after the last step (e.g. tell the index builder training is done).
-    failed: training raised (a dead peer, say); the weights may be ahead of the last
-    checkpoint, so nothing should be published from them."""
+    """Host work after the last step (e.g. stop the index builder); runs on failure too.
+
+    Args:
+      model: the model as training left it.
+      global_step: the step reached.
+      reached_train_steps: whether the step reached trainer.train_steps (the schedule is
+        complete, not only this job's slice of it).
+      failed: training raised (a dead peer, say); the weights may be ahead of the last
+        checkpoint, so nothing should be published from them.
+    """
     del model, global_step, reached_train_steps, failed
 
   def on_evaluate_end(self, global_step: int, logs: dict):
-    """After each evaluation: its scalar metrics as one `eval` line of evaluation_log (the
-    curves of held-out metrics over steps; TensorBoard gets them from orbit too)."""
+    """After each evaluation: its scalar metrics as one `eval` line of evaluation_log.
+
+    The lines are the curves of held-out metrics over steps (TensorBoard gets them from
+    orbit too). Only the chief writes.
+
+    Args:
+      global_step: the step of the weights evaluated.
+      logs: the evaluation's logs; entries that are not one number are left out.
+    """
     if not self.evaluation_log or not self.role.is_chief:
       return
     scalars = {}
@@ -349,22 +512,41 @@ class RealmTask(base_task.Task):
         scalars, step=global_step, mode="eval", **self.evaluation_context()))
 
   def evaluation_context(self) -> dict:
-    """What an evaluation line records besides the metrics (the index searched, ...)."""
+    """What an evaluation line records besides the metrics.
+
+    Returns:
+      A JSON-serialisable dict (e.g. the version of the index searched); {} by default.
+    """
     return {}
 
   def steps_per_loop_divisors(self) -> list[int]:
-    """Intervals (in steps) a train loop must not straddle (e.g. the snapshot interval)."""
+    """Intervals (in steps) a train loop must not straddle (e.g. the snapshot interval).
+
+    Returns:
+      Positive step counts; the driver's loop length divides each (`steps_per_loop`).
+    """
     return []
 
 
 def steps_per_loop(trainer: TrainerConfig, *intervals: int) -> int:
-  """The largest loop length that divides every interval the driver acts on."""
+  """The largest loop length that divides every interval the driver acts on.
+
+  Args:
+    trainer: the trainer section (its steps_per_loop, summary_interval and
+      checkpoint_interval).
+    *intervals: further intervals in steps (the task's steps_per_loop_divisors); zero or
+      negative values are ignored.
+
+  Returns:
+    The greatest common divisor of the positive intervals, or 1 if there is none.
+  """
   values = [trainer.steps_per_loop, trainer.summary_interval, trainer.checkpoint_interval,
             *intervals]
   return math.gcd(*[v for v in values if v and v > 0]) or 1
 
 
 def log_restore(what: str, path: str):
+  """Logs that `what` was restored from checkpoint `path`."""
   logging.info("%s restored from %s", what, path)
 
 
@@ -376,8 +558,19 @@ class RetrievalTask(RealmTask):
   refresher: Optional[refresh.IndexRefresher] = None
 
   def start_refresher(self, model, global_step: int, train: bool, **settings):
-    """Starts an IndexRefresher over self.index and the model's retriever. `settings`:
-    the RefreshSettings that differ per task (refresh_every_steps, start_builder, ...)."""
+    """Starts an IndexRefresher over self.index and the model's retriever.
+
+    The refresher loads the newest committed index (waiting up to
+    index.first_index_timeout_seconds for one), and in training hands retriever snapshots
+    to the index builder and swaps in the indexes it commits.
+
+    Args:
+      model: the task's model (its `retriever` is what snapshots export).
+      global_step: the step training or evaluation starts from.
+      train: whether this is a training run (an evaluation never exports snapshots).
+      **settings: the RefreshSettings fields that differ per task (refresh_every_steps,
+        start_builder, max_staleness_steps, builder_args).
+    """
     index = self.experiment.index
     self.refresher = refresh.IndexRefresher(
         self.model_dir, self.index, refresh.RefreshSettings(
