@@ -377,6 +377,15 @@ class RealmTask(base_task.Task):
     `loss_and_outputs(inputs, training)` returns (this replica's share of the global mean
     loss, outputs dict). Mixed float16 scales the loss as tf-models' LossScaleOptimizer
     expects.
+
+    Args:
+      model: the model build_model returned.
+      optimizer: the optimizer of create_task_optimizer.
+      loss_and_outputs: the task's forward pass, (features, training) → (loss, outputs).
+      inputs: one per-replica batch.
+
+    Returns:
+      (loss, outputs) of the forward pass, as `loss_and_outputs` returned them.
     """
     variables = self.trainable_variables(model)
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
