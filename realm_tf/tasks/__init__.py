@@ -15,12 +15,26 @@ _REGISTRY: dict[str, Type[RealmTask]] = {}
 
 
 def register(task_type: str, task_cls: Type[RealmTask]):
+  """Makes `task_cls` the task of task.type = `task_type`.
+
+  Args:
+    task_type: the config's task.type (and the TaskSelection field of its config).
+    task_cls: the RealmTask subclass.
+
+  Raises:
+    ValueError: `task_type` is registered already.
+  """
   if task_type in _REGISTRY:
     raise ValueError(f"task type {task_type!r} is registered already")
   _REGISTRY[task_type] = task_cls
 
 
 def task_class(task_type: str) -> Type[RealmTask]:
+  """The RealmTask subclass registered for `task_type`.
+
+  Raises:
+    ValueError: nothing is registered for it.
+  """
   if task_type not in _REGISTRY:
     raise ValueError(f"unknown task type {task_type!r}; registered: {sorted(_REGISTRY)}")
   return _REGISTRY[task_type]
@@ -28,8 +42,20 @@ def task_class(task_type: str) -> Type[RealmTask]:
 
 def get_task(experiment, model_dir: str = "", start_step: int = 0,
              role: Optional[HostRole] = None) -> RealmTask:
-  """The task object for experiment.task.type, holding the selected task config; `role`:
-  this process's part in a multi-process job (default: the only process)."""
+  """The task object for experiment.task.type, holding the selected task config.
+
+  Args:
+    experiment: the run's ExperimentConfig.
+    model_dir: the run's directory ('' for no run).
+    start_step: the step a resumed run starts from (inputs skip what was consumed).
+    role: this process's part in a multi-process job (default: the only process).
+
+  Returns:
+    An IctTask, PretrainTask or OpenQATask (RealmTask).
+
+  Raises:
+    ValueError: task.type is not registered.
+  """
   cls = task_class(experiment.task.type)
   return cls(experiment.task_config, experiment=experiment, model_dir=model_dir,
              start_step=start_step, name=experiment.task.type, role=role)
