@@ -230,3 +230,52 @@ def test_warm_up_needs_retrieval_off(repo_dir, corpus):
     _config(repo_dir, corpus, task__pretrain__trainable="mlm_head")
   with pytest.raises(ConfigValueError, match="salient_span_fallback"):
     _config(repo_dir, corpus, task__pretrain__salient_span_fallback="drop")
+
+
+def _applied_gradients(optimizer):
+  """Records the (gradient, variable) pairs each apply_gradients call receives: what the
+  optimizer's global clip norm is taken over."""
+  calls = []
+  apply = optimizer.apply_gradients
+
+  def recording(grads_and_vars, *args, **kwargs):
+    grads_and_vars = list(grads_and_vars)
+    calls.append([(None if g is None else tf.convert_to_tensor(g).numpy(), v)
+                  for g, v in grads_and_vars])
+    return apply(grads_and_vars, *args, **kwargs)
+
+  optimizer.apply_gradients = recording
+  return calls
+
+
+def test_held_and_frozen_retriever_gradients_stay_out_of_the_clip_norm(repo_dir, corpus):
+  """While the retriever is held (retriever_frozen_steps) its gradients reach the optimizer
+  as zeros, so the global clip norm is the reader's alone; once released they are real.
+  Frozen for good (multiplier 0), they are not computed at all."""
+  config = _config(repo_dir, corpus, trainer__retriever_frozen_steps=1,
+                   trainer__warmup_steps=1)
+  tf_keras.utils.set_random_seed(0)
+  task, model = tf_.build(config)
+  optimizer = task.create_task_optimizer(model)
+  calls = _applied_gradients(optimizer)
+  retriever = {v.ref() for v in model.retriever.trainable_variables}
+  features = tf_.first_batch(task, config)
+  for _ in range(2):
+    task.train_step(features, model, optimizer, task.build_metrics())
+
+  def norms(call):
+    inside = [float(np.sum(g ** 2)) for g, v in call if v.ref() in retriever]
+    outside = [float(np.sum(g ** 2)) for g, v in call if v.ref() not in retriever]
+    return np.sqrt(sum(inside)), np.sqrt(sum(outside)), len(inside)
+
+  held, released = norms(calls[0]), norms(calls[1])
+  assert held[2] > 0 and held[0] == 0.0 and held[1] > 0  # step 1: held, zeros
+  assert released[0] > 0 and released[1] > 0  # step 2: the retriever's real gradients
+
+  frozen = _config(repo_dir, corpus, trainer__retriever_learning_rate_multiplier=0.0)
+  task, model = tf_.build(frozen)
+  optimizer = task.create_task_optimizer(model)
+  calls = _applied_gradients(optimizer)
+  task.train_step(tf_.first_batch(task, frozen), model, optimizer, task.build_metrics())
+  retriever = {v.ref() for v in model.retriever.trainable_variables}
+  assert calls[0] and not any(v.ref() in retriever for _, v in calls[0])

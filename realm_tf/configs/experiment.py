@@ -154,6 +154,11 @@ class RetrieverConfig(base_config.Config):
   # 'mean' = masked mean (what MiniLM sentence embeddings were trained with).
   pooling: str = "pooled"
   projection_initializer: str = "truncated_normal"  # or 'orthogonal'
+  # A LayerNorm after the projection, as the released REALM embedder has (its epsilon is
+  # that of the code that wrote the checkpoint: 1e-3 for Keras' LayerNormalization in the
+  # authors' ICT module, 1e-12 for BERT's own LayerNorm). Off: the paper's text.
+  projection_layer_norm: bool = False
+  projection_layer_norm_epsilon: float = 1e-3
   query_seq_length: int = 96
   block_seq_length: int = 288
 
@@ -174,6 +179,11 @@ class ReaderConfig(base_config.Config):
   seq_length: int = 384  # query_seq_length + block_seq_length in pre-training
   max_span_width: int = 10
   span_hidden_size: int = 256
+  # The pre-training MLM head's output matrix: True ties it to the word embeddings (BERT's
+  # tying, for readers warm-started from BERT); False gives it its own, started after the
+  # warm start as a copy of the table. Random-init readers need their own: tied, learning
+  # a closed answer set's prior collapses that set's rows, and nothing is left to copy.
+  tie_output_embeddings: bool = True
 
 
 @dataclasses.dataclass
@@ -543,6 +553,9 @@ class ExperimentConfig(cfg.ExperimentConfig):
             "model.retriever.projection_initializer")
     _one_of(m.retriever.projection, PROJECTIONS, "model.retriever.projection")
     _positive(m.retriever.scale, "model.retriever.scale")
+    if m.retriever.projection_layer_norm:
+      _positive(m.retriever.projection_layer_norm_epsilon,
+                "model.retriever.projection_layer_norm_epsilon")
     if m.retriever.projection == "identity" and (
         m.retriever.projection_size != m.encoder.hidden_size):
       raise ConfigValueError(

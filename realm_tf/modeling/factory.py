@@ -47,6 +47,8 @@ def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
                   initializer_range=config.model.encoder.initializer_range,
                   projection=r.projection, normalize=r.normalize, scale=r.scale,
                   learn_scale=r.learn_scale, hidden_size=config.model.encoder.hidden_size,
+                  layer_norm_epsilon=(r.projection_layer_norm_epsilon
+                                      if r.projection_layer_norm else None),
                   name=name)
 
 
@@ -77,6 +79,8 @@ def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugm
       initializer_range=config.model.encoder.initializer_range, name="knowledge_augmented_encoder")
   _build_masked_lm(model, config.model.encoder.hidden_size)
   warm_start(encoder, config.model.warm_start, masked_lm=model.masked_lm)
+  if not config.model.reader.tie_output_embeddings:
+    model.untie_output_embeddings()  # after the warm start: a copy of the warm table
   return model
 
 

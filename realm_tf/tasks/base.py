@@ -116,6 +116,39 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
     return dict(super().get_config(), head_multiplier=self.head_multiplier,
                 head_patterns=list(self.head_patterns))
 
+  def frozen_for_good(self, var) -> bool:
+    """Whether `var` never moves (its group's multiplier is 0): no gradient is needed."""
+    return self.group_multiplier == 0.0 and var.ref() in self._group
+
+  def hold_gradients(self, grads_and_vars):
+    """The gradients with those of held variables (the group, while the step counter is
+    below group_frozen_steps) replaced by zeros.
+
+    Why: the global clip norm is taken over every gradient it is given; a held variable's
+    gradient moves nothing (its learning rate is 0) but would still shrink every other
+    variable's step. Zeros also keep Adam's moments of a held variable at zero, so it
+    starts clean when it is released.
+
+    Args:
+      grads_and_vars: (gradient or None, variable) pairs of one replica.
+
+    Returns:
+      The same pairs, held gradients zeroed (unchanged when nothing is held).
+    """
+    grads_and_vars = list(grads_and_vars)
+    if self.group_frozen_steps <= 0 or not self._group:
+      return grads_and_vars
+    held = self.iterations < self.group_frozen_steps  # a tensor: decided in the step
+
+    def zero_if_held(g):
+      if isinstance(g, tf.IndexedSlices):  # an embedding lookup's gradient
+        return tf.IndexedSlices(tf.where(held, tf.zeros_like(g.values), g.values),
+                                g.indices, g.dense_shape)
+      return tf.where(held, tf.zeros_like(g), g)
+
+    return [(zero_if_held(g) if g is not None and v.ref() in self._group else g, v)
+            for g, v in grads_and_vars]
+
 
 def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: Sequence = ()):
   """AdamW with linear warm-up and linear decay to zero at train_steps (BERT's schedule),
@@ -226,8 +259,26 @@ def per_replica_batch(global_batch_size: int,
   return input_context.get_per_replica_batch_size(global_batch_size)
 
 
+def variable_rates(optimizer) -> Optional[AdamWeightDecayWithVariableRates]:
+  """The AdamWeightDecayWithVariableRates inside `optimizer` (a LossScaleOptimizer wraps
+  it under float16), or None when the run uses no per-variable rates."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)
+  return inner if isinstance(inner, AdamWeightDecayWithVariableRates) else None
+
+
 def apply_gradients(optimizer, grads_and_vars):
-  """Drops variables a step does not use (e.g. BERT's pooler under 'cls' pooling)."""
+  """`optimizer.apply_gradients` without the variables a step does not use, and with held
+  variables' gradients zeroed, so that neither counts in the global clip norm
+  (AdamWeightDecayWithVariableRates.hold_gradients).
+
+  Args:
+    optimizer: a tf_keras optimizer.
+    grads_and_vars: (gradient, variable) pairs; pairs whose gradient is None (e.g. BERT's
+      pooler under 'cls' pooling) are dropped.
+  """
+  rates = variable_rates(optimizer)
+  if rates is not None:
+    grads_and_vars = rates.hold_gradients(grads_and_vars)
   optimizer.apply_gradients([(g, v) for g, v in grads_and_vars if g is not None])
 
 
@@ -388,6 +439,9 @@ class RealmTask(base_task.Task):
       (loss, outputs) of the forward pass, as `loss_and_outputs` returned them.
     """
     variables = self.trainable_variables(model)
+    rates = variable_rates(optimizer)
+    if rates is not None:  # a variable that never moves needs no gradient
+      variables = [v for v in variables if not rates.frozen_for_good(v)]
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def forward_backward(features):

@@ -1,0 +1,163 @@
+"""The pre-training reader's MLM output matrix: tied to the word embeddings (BERT) or its
+own (model.reader.tie_output_embeddings=false), and why a random-init reader needs its own.
+
+The learning test trains the knowledge-augmented encoder of configs/tiny.yaml +
+configs/knowledge.yaml alone, on each training sentence of a small knowledge world packed
+with its entity's own block (`[CLS] x [SEP] own block [SEP]`, retrieval taken out of the
+question), and scores the held-out sentences, whose values only the block states. With its
+own output matrix the reader copies every attribute's value; tied, learning the closed
+sets' priors pulls each set's rows of the shared table together, and at least one
+attribute stays near chance.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.configs import load_config
+from realm_tf.corpus import knowledge_world
+from realm_tf.modeling import factory
+from realm_tf.modeling.spans import pack_reader_inputs
+
+STEPS, BATCH, LEARNING_RATE = 400, 64, 3e-3
+
+
+def _config(repo_dir, *overrides):
+  return load_config([str(repo_dir / "configs" / "tiny.yaml"),
+                      str(repo_dir / "configs" / "knowledge.yaml")],
+                     ["task.type=pretrain", *overrides])
+
+
+def _packed(rows, blocks, tokenizer, config):
+  """Reader inputs [N, 1, Lr] (each sentence with its own block) and labels [N]."""
+  ids, labels = [], []
+  for row in rows:
+    text = row["text"]
+    prefix, value, suffix = text[:row["start"]], text[row["start"]:row["end"]], text[row["end"]:]
+    pieces = tokenizer.tokenize(tf.constant([prefix, value, suffix])).to_list()
+    assert len(pieces[1]) == 1, row  # every value is one wordpiece
+    ids.append([tokenizer.cls_id, *pieces[0], tokenizer.mask_id, *pieces[2], tokenizer.sep_id])
+    labels.append(pieces[1][0])
+  query_length = config.model.retriever.query_seq_length
+  assert max(len(q) for q in ids) <= query_length
+  word_ids = np.zeros([len(ids), query_length], np.int32)
+  for i, q in enumerate(ids):
+    word_ids[i, :len(q)] = q
+  bodies = tokenizer.tokenize(tf.constant([blocks[r["gold_block_id"]] for r in rows]))
+  body_ids = bodies.to_tensor()[:, None, :]  # [N, 1, Lb]
+  reader = pack_reader_inputs(tf.constant(word_ids), tf.constant((word_ids > 0).astype(np.int32)),
+                              body_ids, bodies.row_lengths()[:, None],
+                              config.model.reader.seq_length, tokenizer.sep_id)
+  positions = np.array([q.index(tokenizer.mask_id) for q in ids], np.int32)[:, None]  # [N, 1]
+  inputs = {k: reader[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}
+  return dict(inputs, masked_lm_positions=tf.constant(positions),
+              masked_lm_ids=tf.constant(np.array(labels, np.int32)[:, None])), np.array(labels)
+
+
+def own_block_reader_accuracy(config, world, tokenizer, steps=STEPS, seed=0) -> dict:
+  """Held-out accuracy per attribute of a reader trained on (sentence, own block) pairs."""
+  blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
+  train, _ = _packed(world["x"], blocks, tokenizer, config)
+  heldout, labels = _packed(world["held_out"], blocks, tokenizer, config)
+  tf_keras.utils.set_random_seed(seed)
+  model = factory.build_knowledge_augmented_encoder(config)
+  optimizer = tf_keras.optimizers.Adam(LEARNING_RATE)
+  n = int(train["masked_lm_ids"].shape[0])
+
+  @tf.function(jit_compile=True)
+  def step(batch):
+    with tf.GradientTape() as tape:
+      loss = -tf.reduce_mean(model(batch, training=True)["token_log_probs"])
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    return loss
+
+  rng = np.random.default_rng(seed)
+  for _ in range(steps):
+    rows = rng.choice(n, BATCH, replace=False)
+    step({k: tf.gather(v, rows) for k, v in train.items()})
+  predictions = np.concatenate([
+      np.argmax(model({k: v[i:i + 256] for k, v in heldout.items()})["log_probs"].numpy(),
+                axis=-1)[:, 0, 0]
+      for i in range(0, len(labels), 256)])
+  right = predictions == labels
+  attributes = np.array([r["attribute"] for r in world["held_out"]])
+  return {a: float(right[attributes == a].mean()) for a in knowledge_world.ATTRIBUTES}
+
+
+@pytest.fixture(scope="module")
+def small_world():
+  return knowledge_world.make_world(knowledge_world.WorldConfig(
+      seed=0, entities=600, x_templates=1))
+
+
+@pytest.mark.slow
+def test_a_random_init_reader_with_its_own_output_matrix_reads_every_attribute(
+    repo_dir, tokenizer, small_world):
+  config = _config(repo_dir)
+  assert not config.model.reader.tie_output_embeddings  # knowledge.yaml's choice
+  accuracy = own_block_reader_accuracy(config, small_world, tokenizer)
+  assert min(accuracy.values()) >= 0.9, accuracy
+
+
+@pytest.mark.slow
+def test_the_same_reader_tied_to_its_word_embeddings_does_not(repo_dir, tokenizer, small_world):
+  """The control: the collapse the own matrix fixes (fails if tying stops mattering, in
+  which case the option and knowledge.yaml's choice should be revisited)."""
+  config = _config(repo_dir, "model.reader.tie_output_embeddings=true")
+  accuracy = own_block_reader_accuracy(config, small_world, tokenizer)
+  assert min(accuracy.values()) < 0.5, accuracy
+
+
+def test_an_untied_head_starts_as_a_copy_of_the_table_and_trains_apart(repo_dir):
+  config = _config(repo_dir, "model.reader.tie_output_embeddings=false")
+  tf_keras.utils.set_random_seed(0)
+  model = factory.build_knowledge_augmented_encoder(config)
+  table = model.encoder.get_embedding_table()
+  own = model.output_embeddings
+  assert not model.tied and own is model.masked_lm.embedding_table
+  assert own.ref() != table.ref()
+  np.testing.assert_array_equal(own.numpy(), table.numpy())
+  trained = {v.ref() for v in model.trainable_variables}
+  assert own.ref() in trained and table.ref() in trained
+  with pytest.raises(ValueError, match="already untied"):
+    model.untie_output_embeddings()
+  tied = factory.build_knowledge_augmented_encoder(
+      _config(repo_dir, "model.reader.tie_output_embeddings=true"))
+  assert tied.tied and tied.masked_lm.embedding_table is tied.encoder.get_embedding_table()
+  # One gradient step moves the two matrices apart: each gets its own gradient.
+  inputs = dict(input_word_ids=tf.constant([[[101, 2000, 103, 102, 2001, 102]]], tf.int32),
+                input_mask=tf.ones([1, 1, 6], tf.int32),
+                input_type_ids=tf.constant([[[0, 0, 0, 0, 1, 1]]], tf.int32),
+                masked_lm_positions=tf.constant([[2]]), masked_lm_ids=tf.constant([[2002]]))
+  with tf.GradientTape() as tape:
+    loss = -tf.reduce_sum(model(inputs, training=True)["token_log_probs"])
+  grads = tape.gradient(loss, [own, table])
+  tf_keras.optimizers.SGD(1.0).apply_gradients(zip(grads, [own, table]))
+  assert not np.array_equal(own.numpy(), table.numpy())
+
+
+def test_the_untied_matrix_is_saved_restored_and_copied_from_a_warm_table(repo_dir, tmp_path):
+  """A checkpoint round trip keeps the own matrix apart from the table; the copy is made
+  after the warm start (here: weights restored into the encoder before untying)."""
+  config = _config(repo_dir, "model.reader.tie_output_embeddings=false")
+  tf_keras.utils.set_random_seed(0)
+  model = factory.build_knowledge_augmented_encoder(config)
+  model.output_embeddings.assign(model.output_embeddings + 1.0)
+  path = tf.train.Checkpoint(model=model).write(str(tmp_path / "ckpt"))
+  tf_keras.utils.set_random_seed(1)
+  restored = factory.build_knowledge_augmented_encoder(config)
+  tf.train.Checkpoint(model=restored).read(path).assert_consumed()
+  np.testing.assert_array_equal(restored.output_embeddings.numpy(),
+                                model.output_embeddings.numpy())
+  np.testing.assert_array_equal(restored.encoder.get_embedding_table().numpy(),
+                                model.encoder.get_embedding_table().numpy())
+  assert not np.array_equal(restored.output_embeddings.numpy(),
+                            restored.encoder.get_embedding_table().numpy())
+  # Untying copies the table as it is at that moment (factory: after the warm start).
+  tied = factory.build_knowledge_augmented_encoder(
+      _config(repo_dir, "model.reader.tie_output_embeddings=true"))
+  tied.encoder.get_embedding_table().assign(model.encoder.get_embedding_table() * 2.0)
+  tied.untie_output_embeddings()
+  np.testing.assert_array_equal(tied.output_embeddings.numpy(),
+                                model.encoder.get_embedding_table().numpy() * 2.0)
