@@ -33,7 +33,13 @@ class _Untracked:
 
 
 class _Encoder(tf.Module):
-  """A retriever tower with its tokenizer, saved by signatures only (see _Untracked)."""
+  """A retriever tower with its tokenizer, saved by signatures only (see _Untracked).
+
+  Args:
+    embedder: the tower (a trained Embedder).
+    tokenizer: the run's Tokenizer (saved in the graph).
+    seq_length: the tower's input length (query or block).
+  """
 
   kind = ""
 
@@ -47,9 +53,11 @@ class _Encoder(tf.Module):
 
   @property
   def embedder(self) -> Embedder:
+    """The tower (not tracked by the SavedModel)."""
     return self._held.embedder
 
   def signatures(self) -> dict:
+    """serving_default: the `embed` function."""
     return {"serving_default": self.embed}
 
 
@@ -61,6 +69,7 @@ class BlockEncoder(_Encoder):
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
                                 tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, title, text):
+    """(title [B], text [B]) → {'embeddings': [B, P] float32}."""
     inputs = self.tokenizer.encode(title, self.seq_length, pair_texts=text)
     return {"embeddings": self.embedder(inputs.as_dict(), training=False)}
 
@@ -72,6 +81,7 @@ class QueryEncoder(_Encoder):
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
   def embed(self, text):
+    """text [B] → {'embeddings': [B, P] float32}."""
     inputs = self.tokenizer.encode(text, self.seq_length)
     # query=True: the relevance scale rides on the query side (Embedder's docstring).
     return {"embeddings": self.embedder(inputs.as_dict(), training=False, query=True)}
@@ -87,11 +97,28 @@ class QueryEncoder(_Encoder):
     return {"embeddings": self.embedder(inputs, training=False, query=True)}
 
   def signatures(self) -> dict:
+    """serving_default (`embed`, strings) and embed_tokens (packed inputs)."""
     return {"serving_default": self.embed, "embed_tokens": self.embed_tokens}
 
 
 def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -> str:
-  """Saves `module` as version `step` under `root`; returns the committed path."""
+  """Saves `module` as version `step` under `root` and commits it.
+
+  Two saves of the same weights and graphs are the same version (the SavedModel
+  fingerprint's hashes are the commit's identity), so concurrent exporters agree.
+
+  Args:
+    module: a BlockEncoder or QueryEncoder.
+    root: the versioned encoder directory (layout.block_encoder_dir / query_encoder_dir).
+    step: the training step, the version.
+    extra: further manifest fields (e.g. the retriever config).
+
+  Returns:
+    The committed data directory.
+
+  Raises:
+    versioned.VersionConflictError: a different version `step` is committed there.
+  """
   start = time.time()
   with versioned.VersionWriter(root, step) as writer:
     tf.saved_model.save(module, writer.path, signatures=module.signatures())
@@ -110,6 +137,7 @@ def export_encoder(module, root: str, step: int, extra: Optional[dict] = None) -
 
 
 def latest_encoder_export(root: str) -> Optional[versioned.Version]:
+  """The newest committed encoder export under `root`, or None."""
   return versioned.latest_version(root)
 
 
@@ -120,6 +148,18 @@ def load_encoder(path: str, signature_name: str = "serving_default",
   The files are checked against the manifest's sizes first (and CRC32C with
   `verify_checksums`), so a truncated or corrupted export is refused with the file's
   name rather than failing deep inside SavedModel loading.
+
+  Args:
+    path: the export's data directory, manifest, or `<root>/<version>`.
+    signature_name: 'serving_default' (strings) or 'embed_tokens' (queries only).
+    verify_checksums: also compare CRC32C (sizes are always compared).
+
+  Returns:
+    The concrete function, with `loaded_model` (kept alive) and `version` attached.
+
+  Raises:
+    versioned.VersionError: `path` is not a committed version.
+    versioned.VerificationError: a file is missing, truncated or corrupted.
   """
   version = versioned.verify_version(versioned.read_version(path), checksums=verify_checksums)
   loaded = tf.saved_model.load(version.path)

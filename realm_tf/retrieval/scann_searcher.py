@@ -29,11 +29,21 @@ class ScannParams:
   training_sample_size: int = 100_000
 
   def to_dict(self) -> dict:
+    """The parameters as a JSON-serialisable dict (recorded in shard.json and manifests)."""
     return dataclasses.asdict(self)
 
 
 def scann_params_for(num_points: int, **overrides) -> ScannParams:
-  """ScaNN's recommended configuration for a shard of `num_points` vectors."""
+  """ScaNN's recommended configuration for a shard of `num_points` vectors.
+
+  Args:
+    num_points: the shard's number of vectors.
+    **overrides: ScannParams fields to set instead.
+
+  Returns:
+    brute force for small shards, asymmetric hashing with reordering for mid-sized ones,
+    and a tree (about sqrt(N) leaves, 1/20 searched) above.
+  """
   if num_points < BRUTE_FORCE_BELOW:
     params = ScannParams(mode="brute_force")
   elif num_points < TREE_ABOVE:
@@ -47,7 +57,19 @@ def scann_params_for(num_points: int, **overrides) -> ScannParams:
 
 
 def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int = 10):
-  """A scann_ops searcher over `embeddings` [N, P] float32, by dot product."""
+  """A scann_ops searcher over `embeddings` [N, P] float32, by dot product.
+
+  Args:
+    embeddings: [N, P] vectors.
+    params: how to build it (scann_params_for).
+    num_neighbors: the searcher's default number of neighbours.
+
+  Returns:
+    A scann_ops.ScannSearcher.
+
+  Raises:
+    ValueError: an unknown params.mode.
+  """
   embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
   n = embeddings.shape[0]
   reorder_type = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8}[params.reorder_dtype]
@@ -69,7 +91,17 @@ def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int 
 
 class ScannSearcher(Searcher):
   """One shard: a ScaNN searcher, its block ids, optionally the float embeddings for exact
-  re-scoring of the candidates ScaNN returns."""
+  re-scoring of the candidates ScaNN returns.
+
+  Args:
+    searcher: the scann_ops searcher (build_scann, or one deserialised from an export).
+    block_ids: [N] int64 ids of its rows.
+    dimension: P.
+    rescore_embeddings: [N, P] float32 to re-score candidates exactly; None: ScaNN's
+      scores.
+    num_leaves_to_search: overrides the searcher's leaves per query (tree mode).
+    name: the tf.Module's name.
+  """
 
   def __init__(self, searcher: scann_ops.ScannSearcher, block_ids, dimension: int,
                rescore_embeddings: Optional[np.ndarray] = None,
@@ -89,6 +121,11 @@ class ScannSearcher(Searcher):
   @classmethod
   def build(cls, embeddings: np.ndarray, block_ids=None, params: Optional[ScannParams] = None,
             rescore: bool = False, **kwargs) -> "ScannSearcher":
+    """Builds a ScaNN searcher over `embeddings` [N, P] (block ids default to 0..N-1).
+
+    `params` defaults to scann_params_for(N); `rescore` keeps the embeddings for exact
+    re-scoring; other keyword arguments go to the constructor.
+    """
     embeddings = np.asarray(embeddings, np.float32)
     if block_ids is None:
       block_ids = np.arange(embeddings.shape[0], dtype=np.int64)
@@ -98,10 +135,12 @@ class ScannSearcher(Searcher):
 
   @property
   def num_blocks(self) -> int:
+    """N, the blocks searched."""
     return self._num_blocks
 
   @property
   def dimension(self) -> int:
+    """P, the embedding width."""
     return self._dimension
 
   def serialize_to_module(self) -> tf.Module:
@@ -109,6 +148,10 @@ class ScannSearcher(Searcher):
     return self._searcher.serialize_to_module()
 
   def search(self, queries: tf.Tensor, k: int, overfetch: int = 4) -> SearchResult:
+    """Approximate top-k of `queries` [Q, P]; see Searcher.search.
+
+    With rescore_embeddings, k * overfetch candidates are fetched and re-scored exactly.
+    """
     k = self._check_k(k)
     queries = tf.cast(queries, tf.float32)
     fetch = min(k * overfetch, self.num_blocks) if self.rescore_embeddings is not None else k

@@ -7,7 +7,15 @@ from realm_tf.retrieval.searcher import Searcher, SearchResult
 
 
 class ShardedSearcher(Searcher):
-  """Exact merge: the global top-k is always within the union of per-shard top-ks."""
+  """Exact merge: the global top-k is always within the union of per-shard top-ks.
+
+  Args:
+    shards: the per-shard Searchers (same embedding dimension).
+    name: the tf.Module's name.
+
+  Raises:
+    ValueError: no shards, or shards of different dimensions.
+  """
 
   def __init__(self, shards: Sequence[Searcher], name: str = "sharded_searcher"):
     super().__init__(name=name)
@@ -20,13 +28,16 @@ class ShardedSearcher(Searcher):
 
   @property
   def num_blocks(self) -> int:
+    """N, the blocks of every shard."""
     return sum(s.num_blocks for s in self.shards)
 
   @property
   def dimension(self) -> int:
+    """P, the shards' embedding width."""
     return self.shards[0].dimension
 
   def search(self, queries: tf.Tensor, k: int) -> SearchResult:
+    """Each shard's top-k of `queries` [Q, P], merged; see Searcher.search."""
     k = self._check_k(k)
     results = [shard.search(queries, k) for shard in self.shards]
     if len(results) == 1:

@@ -24,7 +24,21 @@ from realm_tf.io import layout, versioned
 def export_retriever(model_dir: str, step: int, retriever, tokenizer, config,
                      keep: int = 5) -> dict:
   """Exports both towers as version `step` (query encoder first: the index follows the
-  block encoder, and the input pipeline may then pair a new index with its query side)."""
+  block encoder, and the input pipeline may then pair a new index with its query side).
+
+  Older snapshots beyond the newest `keep` are garbage-collected (leased ones stay).
+
+  Args:
+    model_dir: the run's directory (export/query_encoder/, export/block_encoder/).
+    step: the training step, the snapshot's version.
+    retriever: the Retriever whose towers are exported.
+    tokenizer: the run's Tokenizer (saved with each tower).
+    config: the run's ExperimentConfig (its retriever section is recorded).
+    keep: snapshots kept per tower.
+
+  Returns:
+    {'query_encoder': path, 'block_encoder': path} of the committed versions.
+  """
   retriever_config = config.model.retriever
   extra = dict(config=retriever_config.as_dict())
   paths = dict(
@@ -41,12 +55,23 @@ def export_retriever(model_dir: str, step: int, retriever, tokenizer, config,
 
 
 def latest_snapshot_step(model_dir: str) -> Optional[int]:
+  """The step of the run's newest committed block-encoder snapshot, or None."""
   latest = versioned.latest_version(layout.block_encoder_dir(model_dir))
   return None if latest is None else latest.version
 
 
 class SnapshotExporter:
-  """Exports retriever snapshots without blocking training (see module docstring)."""
+  """Exports retriever snapshots without blocking training (see module docstring).
+
+  Args:
+    model_dir: the run's directory.
+    live_retriever: the training model's retriever.
+    build_shadow: builds a retriever of the same architecture; the live weights are copied
+      into it (quickly, between train loops) and it is saved on a thread.
+    tokenizer: the run's Tokenizer.
+    config: the run's ExperimentConfig.
+    keep: snapshots kept per tower.
+  """
 
   def __init__(self, model_dir: str, live_retriever, build_shadow: Callable[[], object],
                tokenizer, config, keep: int = 5):
@@ -63,10 +88,20 @@ class SnapshotExporter:
 
   @property
   def busy(self) -> bool:
+    """Whether an export is still saving."""
     return self._thread is not None and self._thread.is_alive()
 
   def snapshot(self, step: int, wait: bool = False) -> bool:
-    """Starts exporting version `step`; False if the previous export is still running."""
+    """Starts exporting version `step` on a thread.
+
+    Args:
+      step: the training step (the snapshot's version).
+      wait: wait for a running export first, and for this one to finish.
+
+    Returns:
+      True if started; False (recorded in `skipped`) if the previous export is still
+      running and `wait` is False.
+    """
     if self.busy:
       if not wait:
         self.skipped.append(step)
@@ -95,5 +130,6 @@ class SnapshotExporter:
       logging.exception("Snapshot of step %d failed", step)
 
   def wait(self):
+    """Blocks until the running export (if any) has finished."""
     if self._thread is not None:
       self._thread.join()
