@@ -38,12 +38,14 @@ def _stage(task: dict, train_steps: int, learning_rate: float, warmup_steps: int
 
 @exp_factory.register_config_factory(ICT)
 def realm_ict() -> ExperimentConfig:
+  """realm/ict: ICT, 100k steps at lr 1e-4 (10k warm-up), batch 4096 (the task's default)."""
   return _stage(dict(type="ict"), train_steps=100_000, learning_rate=1e-4,
                 warmup_steps=10_000, steps_per_loop=500)
 
 
 @exp_factory.register_config_factory(MLM_WARMUP)
 def realm_mlm_warmup() -> ExperimentConfig:
+  """realm/mlm_warmup: the MLM head alone, no retrieval, 10k steps at lr 1e-4."""
   return _stage(dict(type="pretrain", pretrain=dict(retrieval=False, trainable="mlm_head",
                                                     refresh_every_steps=0)),
                 train_steps=10_000, learning_rate=1e-4, warmup_steps=1000, steps_per_loop=500)
@@ -51,6 +53,8 @@ def realm_mlm_warmup() -> ExperimentConfig:
 
 @exp_factory.register_config_factory(PRETRAIN)
 def realm_pretrain() -> ExperimentConfig:
+  """realm/pretrain: k=8 with the null document, a snapshot every 500 steps, 200k steps
+  at lr 3e-5 (10k warm-up)."""
   return _stage(dict(type="pretrain", pretrain=dict(num_candidates=8,
                                                     include_null_document=True,
                                                     refresh_every_steps=500)),
@@ -60,12 +64,24 @@ def realm_pretrain() -> ExperimentConfig:
 
 @exp_factory.register_config_factory(OPENQA)
 def realm_openqa() -> ExperimentConfig:
+  """realm/openqa: k=5 from a REALM pre-training run (init_from=realm), 10k steps at
+  lr 1e-5 (1k warm-up)."""
   return _stage(dict(type="openqa", openqa=dict(num_candidates=5, init_from="realm")),
                 train_steps=10_000, learning_rate=1e-5, warmup_steps=1000, steps_per_loop=100)
 
 
 def experiment_config(name: str) -> ExperimentConfig:
-  """The registered experiment `name`; ValueError naming the known ones otherwise."""
+  """The registered experiment `name`.
+
+  Args:
+    name: one of EXPERIMENTS (realm/ict, realm/mlm_warmup, realm/pretrain, realm/openqa).
+
+  Returns:
+    A fresh ExperimentConfig with the stage's defaults.
+
+  Raises:
+    ValueError: naming the registered experiments, if `name` is not one.
+  """
   if name not in EXPERIMENTS:
     raise ValueError(f"unknown experiment {name!r}; registered: {', '.join(EXPERIMENTS)}")
   return exp_factory.get_exp_config(name)

@@ -654,19 +654,24 @@ class RetrievalTask(RealmTask):
       self.refresher.poll()
 
   def evaluation_context(self) -> dict:
+    """{'index_version': the version searched} once an index is loaded, else {}."""
     index = getattr(self, "index", None)
     if index is None or index.version is None:
       return {}
     return dict(index_version=int(index.version))
 
   def run_summary(self) -> dict:
+    """The refresher's summary (IndexRefresher.summary), or {} without one."""
     return self.refresher.summary() if self.refresher is not None else {}
 
   def host_logs(self, global_step: int) -> dict[str, float]:
+    """The index's version and staleness (IndexRefresher.logs), or {} without a refresher."""
     return self.refresher.logs(global_step) if self.refresher is not None else {}
 
   def on_train_end(self, model, global_step: int, reached_train_steps: bool,
                    failed: bool = False):
+    """Stops the refresher: TRAINING_DONE and a short wait for the builder child only when
+    the schedule is complete (see IndexRefresher.stop)."""
     del failed  # the builder child is stopped either way
     if self.refresher is not None:
       self.refresher.stop(global_step, reached_train_steps)
