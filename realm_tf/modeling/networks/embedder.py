@@ -5,6 +5,11 @@ Scoring options (model.retriever in the config), and why they exist:
               square Dense initialised to the identity, so a warm start loses nothing at
               step 0 and the retriever may still learn a projection), or 'none' (the
               pooled vector itself, hidden_size wide).
+  layer_norm_epsilon
+              A LayerNorm after the projection (None: none). The released REALM embedder
+              ends with one (BERT pooled [CLS] → Dense → LayerNorm, as in the authors' ICT
+              module): its epsilon depends on which code wrote the checkpoint, so it is
+              a number rather than a switch.
   normalize   L2-normalise the embedding. Mean-pooled sentence encoders (MiniLM) were
               trained on cosine similarity: their vector norms shrink as texts grow, so a
               raw inner product prefers short fragments. BERT/ICT starts keep the paper's
@@ -20,6 +25,7 @@ makes the index stale. relevance = (scale · q̂) · d̂ wherever it is computed
 pre-training, Open-QA fine-tuning, the exported query encoder.
 """
 import math
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +59,7 @@ class Embedder(tf_keras.Model):
                pooling: str = "pooled", projection_initializer: str = "truncated_normal",
                initializer_range: float = 0.02, projection: str = "dense",
                normalize: bool = False, scale: float = 1.0, learn_scale: bool = False,
-               hidden_size: int = 0, **kwargs):
+               hidden_size: int = 0, layer_norm_epsilon: Optional[float] = None, **kwargs):
     super().__init__(**kwargs)
     if pooling not in POOLINGS:
       raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
@@ -85,6 +91,11 @@ class Embedder(tf_keras.Model):
     if projection != "none":
       self.projection = tf_keras.layers.Dense(self.output_size, kernel_initializer=init,
                                               name="projection")
+    # An attribute only when used, so checkpoints of embedders without it are unchanged.
+    self.projection_layer_norm = None
+    if layer_norm_epsilon is not None:
+      self.projection_layer_norm = tf_keras.layers.LayerNormalization(
+          epsilon=layer_norm_epsilon, name="projection_layer_norm")
     # A variable only when learned: a fixed scale is a constant, so configs and checkpoints
     # without one are unchanged.
     self._fixed_log_scale = math.log(scale)
@@ -98,6 +109,8 @@ class Embedder(tf_keras.Model):
     """Creates the projection's variables now (towers copy weights before a first call)."""
     if self.projection is not None and not self.projection.built:
       self.projection.build([None, self.hidden_size])
+    if self.projection_layer_norm is not None and not self.projection_layer_norm.built:
+      self.projection_layer_norm.build([None, self.output_size])
 
   @property
   def scale(self) -> tf.Tensor:
@@ -124,6 +137,8 @@ class Embedder(tf_keras.Model):
     embeddings = self.pool(flat, training=training)  # [N, H]
     if self.projection is not None:
       embeddings = self.projection(embeddings)  # [N, P]
+    if self.projection_layer_norm is not None:
+      embeddings = self.projection_layer_norm(embeddings)
     if self.normalize:
       embeddings = tf.math.l2_normalize(embeddings, axis=-1)
     if query and (self.normalize or self.log_scale is not None
