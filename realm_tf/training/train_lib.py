@@ -49,6 +49,7 @@ def save_params(config: ExperimentConfig, model_dir: str):
 
 
 def set_precision(config: ExperimentConfig):
+  """Sets Keras' global mixed-precision policy from runtime.mixed_precision_dtype."""
   dtype = config.runtime.mixed_precision_dtype or "float32"
   performance.set_mixed_precision_policy(tf.dtypes.as_dtype(dtype))
 
@@ -64,11 +65,13 @@ class RealmTrainer(base_trainer.Trainer):
       raise AttributeError("the experiment config needs trainer and task sections")
 
   def train_loop_end(self):
+    """tf-models' loop logs plus the task's host_logs."""
     logs = super().train_loop_end()
     logs.update(self.task.host_logs(int(self.global_step.numpy())))
     return logs
 
   def eval_end(self, aggregated_logs=None):
+    """tf-models' evaluation logs, handed to the task's on_evaluate_end."""
     logs = super().eval_end(aggregated_logs)
     self.task.on_evaluate_end(int(self.global_step.numpy()), logs)
     return logs
@@ -153,6 +156,15 @@ def distribute(strategy, task: RealmTask, data_config):
 
 
 def check_numeric(element_spec, source: str):
+  """Checks that a dataset sends the devices numbers only (TPUs take no strings).
+
+  Args:
+    element_spec: the dataset's element_spec.
+    source: what to name in the error (the input path).
+
+  Raises:
+    TypeError: a component is neither floating, integer nor bool.
+  """
   for spec in tf.nest.flatten(element_spec, expand_composites=True):
     if not (spec.dtype.is_floating or spec.dtype.is_integer or spec.dtype.is_bool):
       raise TypeError(f"{source}: the input pipeline sends a {spec.dtype.name} tensor to the "
@@ -171,7 +183,22 @@ def check_xla_placement(experiment: ExperimentConfig, strategy: tf.distribute.St
 
 
 class Run:
-  """A built experiment: task, trainer, runner (controller), ready to train or evaluate."""
+  """A built experiment: task, trainer, runner (controller), ready to train or evaluate.
+
+  Building it sets the seed and precision, sets a damaged newest checkpoint aside (the
+  chief, when training), builds the task's model, optimizer, index and datasets under the
+  strategy, and the tf-models Trainer and orbit runner (restoring the newest checkpoint).
+
+  Args:
+    experiment: the run's ExperimentConfig.
+    model_dir: the run's directory.
+    strategy: the distribution strategy (default: the current one).
+    train: build for training (the train dataset, train actions, resumption).
+    evaluate: build the validation dataset (only if validation_data.input_path is set).
+
+  Raises:
+    ValueError: runtime.enable_xla with several CPU replicas.
+  """
 
   def __init__(self, experiment: ExperimentConfig, model_dir: str,
                strategy: Optional[tf.distribute.Strategy] = None, train: bool = True,
@@ -219,15 +246,26 @@ class Run:
 
   @property
   def model(self):
+    """The task's model (the Trainer's)."""
     return self.trainer.model
 
   @property
   def global_step(self) -> int:
+    """The step reached (the Trainer's global_step)."""
     return int(self.trainer.global_step.numpy())
 
   def train(self, stop_at_step: Optional[int] = None) -> dict:
-    """Trains to trainer.train_steps (or only to `stop_at_step` of that schedule: a job
-    slice on a preemptible machine; the next run resumes from the checkpoint)."""
+    """Trains to trainer.train_steps, evaluating every validation_interval if built to.
+
+    Args:
+      stop_at_step: stop at this step of the schedule instead (a job slice on a
+        preemptible machine; the next run resumes from the checkpoint).
+
+    Returns:
+      The run's summary: task, step, start_step, reached_train_steps, checkpoint,
+      train_seconds, last_train_loop (the last metrics.jsonl line) and the task's
+      run_summary.
+    """
     t = self.experiment.trainer
     steps = t.train_steps if stop_at_step is None else min(t.train_steps, stop_at_step)
     start = time.time()
@@ -265,7 +303,14 @@ class Run:
     return result
 
   def evaluate(self, steps: int = -1) -> dict:
-    """One pass of the task's validation (all of it when steps=-1)."""
+    """One pass of the task's validation.
+
+    Args:
+      steps: batches to evaluate; -1: all of validation_data.
+
+    Returns:
+      The evaluation's metrics as Python scalars.
+    """
     self.task.on_evaluate_begin(self.model, self.global_step)
     with self.strategy.scope():
       logs = self.runner.controller.evaluate(steps=steps)
@@ -283,8 +328,22 @@ def evaluate_checkpoint(experiment: ExperimentConfig, model_dir: str, checkpoint
                         strategy: Optional[tf.distribute.Strategy] = None,
                         name: str = "evaluation") -> tuple[dict, Run]:
   """Evaluates a run's checkpoint (its newest, or `checkpoint`) on the task's
-  validation_data; returns the metrics and the Run (its task holds the predictions).
-  Files written are named after `name` (e.g. eval/<name>-<step>.json)."""
+  validation_data.
+
+  Args:
+    experiment: the run's ExperimentConfig (warm starts are switched off).
+    model_dir: the run's directory.
+    checkpoint: a checkpoint path (default: the run's newest).
+    strategy: the distribution strategy (default: the current one).
+    name: names the files written (e.g. eval/<name>-<step>.json).
+
+  Returns:
+    (metrics plus step and checkpoint, the Run: its task holds the predictions).
+
+  Raises:
+    ValueError: validation_data.input_path is empty.
+    FileNotFoundError: the run has no checkpoint.
+  """
   run = Run(evaluation_config(experiment), model_dir, strategy, train=False, evaluate=True)
   if not run.evaluate_enabled:
     raise ValueError("nothing to evaluate: task validation_data.input_path is empty")
@@ -319,7 +378,18 @@ def run_experiment(experiment: ExperimentConfig, model_dir: str,
                    stop_at_step: Optional[int] = None, evaluate: bool = True) -> dict:
   """`python -m realm_tf.train`: saves params.yaml (the chief does), then trains the
   configured task, evaluating it every trainer.validation_interval steps unless `evaluate`
-  is False (--mode train: a side-car evaluator does it, realm_tf.training.continuous_eval)."""
+  is False (--mode train: a side-car evaluator does it, realm_tf.training.continuous_eval).
+
+  Args:
+    experiment: the run's ExperimentConfig.
+    model_dir: the run's directory (params.yaml, checkpoints, metrics.jsonl, ...).
+    strategy: the distribution strategy (default: the current one).
+    stop_at_step: stop at this step of the schedule (see Run.train).
+    evaluate: evaluate in the training loop.
+
+  Returns:
+    Run.train's summary.
+  """
   if HostRole(strategy).is_chief:
     save_params(experiment, model_dir)
   run = Run(experiment, model_dir, strategy, evaluate=evaluate)
