@@ -47,9 +47,12 @@ class HostRole:
 
   @property
   def multi_process(self) -> bool:
+    """Whether the job has more than one process (multi-worker, TPU pod hosts)."""
     return self.num_processes > 1
 
   def describe(self) -> str:
+    """This process's part, for log lines ('the only process', '<task> of N processes,
+    chief ...')."""
     if not self.multi_process:
       return "the only process"
     return (f"{self.task} of {self.num_processes} processes, "

@@ -505,52 +505,64 @@ class GFileStorage(Storage):
   """
 
   def exists(self, path: str) -> bool:
+    """tf.io.gfile.exists (a file, or a local directory)."""
     with _translated_errors(path):
       return tf.io.gfile.exists(path)
 
   def is_dir_like(self, path: str) -> bool:
+    """storage.is_dir_like (a directory or a non-empty prefix)."""
     with _translated_errors(path):
       return is_dir_like(path)
 
   def list_files(self, root: str) -> List[str]:
+    """storage.list_files (sorted relative paths)."""
     with _translated_errors(root):
       return list_files(root)
 
   def listdir(self, root: str) -> List[str]:
+    """tf.io.gfile.listdir, names without a trailing '/', sorted."""
     with _translated_errors(root):
       return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(root))
 
   def size(self, path: str) -> int:
+    """The file's length from tf.io.gfile.stat."""
     with _translated_errors(path):
       return int(tf.io.gfile.stat(path).length)
 
   @contextlib.contextmanager
   def open_read(self, path: str) -> Iterator[BinaryIO]:
+    """A tf.io.gfile.GFile opened 'rb', closed when the block exits."""
     with _translated_errors(path):
       with tf.io.gfile.GFile(path, "rb") as f:
         yield f
 
   def write_bytes_atomic(self, path: str, data: bytes) -> None:
+    """storage.write_bytes_atomic (rename locally, one upload on stores)."""
     with _translated_errors(path):
       write_bytes_atomic(path, data)
 
   def create_if_absent(self, path: str, data: bytes) -> bool:
+    """storage.create_if_absent (link(2) locally, ifGenerationMatch=0 on GCS)."""
     with _translated_errors(path):
       return create_if_absent(path, data)
 
   def makedirs(self, path: str) -> None:
+    """tf.io.gfile.makedirs."""
     with _translated_errors(path):
       tf.io.gfile.makedirs(path)
 
   def delete_prefix(self, path: str) -> int:
+    """storage.delete_prefix (returns the number of files deleted)."""
     with _translated_errors(path):
       return delete_prefix(path)
 
   def newest_mtime(self, path: str) -> float:
+    """storage.newest_mtime (0: unknown)."""
     with _translated_errors(path):
       return newest_mtime(path)
 
   def copy(self, source: str, target: str) -> None:
+    """tf.io.gfile.copy with overwrite (the old target removed first on ram://)."""
     with _translated_errors(target):
       parent = os.path.dirname(target.rstrip("/"))
       if parent:
