@@ -16,7 +16,19 @@ from realm_tf.modeling.networks.encoder import ACTIVATIONS
 from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
 
 def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
-  """Loads pretrained weights into a built encoder (and MLM head, where the source has one)."""
+  """Loads pretrained weights into a built encoder (and MLM head, where the source has one).
+
+  Args:
+    encoder: a built BERT encoder (build_encoder).
+    config: model.warm_start: source '' (nothing loaded), 'minilm' or 'google_bert'.
+    masked_lm: the MLM head to load too ('google_bert' only; MiniLM ships none).
+
+  Returns:
+    The loader's report (what was loaded), or None without a warm start.
+
+  Raises:
+    ValueError: an unknown source, or 'google_bert' without a path.
+  """
   if config.source not in WARM_START_SOURCES:
     raise ValueError(f"warm_start.source must be one of {WARM_START_SOURCES}, "
                      f"got {config.source!r}")
@@ -39,6 +51,15 @@ def retriever_output_size(config: ExperimentConfig) -> int:
 
 
 def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
+  """One retriever tower: a warm-started BERT encoder, pooling and projection (model.retriever).
+
+  Args:
+    config: the run's ExperimentConfig.
+    name: the Keras name ('query_embedder' or 'document_embedder').
+
+  Returns:
+    The Embedder (build_retriever creates its projection variables before copying weights).
+  """
   encoder = build_encoder(config.model.encoder, name=f"{name}_encoder")
   warm_start(encoder, config.model.warm_start)
   r = config.model.retriever
@@ -53,7 +74,14 @@ def build_embedder(config: ExperimentConfig, name: str) -> Embedder:
 
 
 def build_retriever(config: ExperimentConfig) -> Retriever:
-  """Query and document towers, both warm-started (shared when the config says so)."""
+  """Query and document towers, both warm-started (shared when the config says so).
+
+  Args:
+    config: the run's ExperimentConfig (model.encoder, warm_start, retriever).
+
+  Returns:
+    The Retriever; separate towers start with identical weights.
+  """
   query = build_embedder(config, "query_embedder")
   document = None
   if not config.model.retriever.share_towers:
@@ -73,6 +101,15 @@ def _build_embedder_variables(embedder: Embedder, config: ExperimentConfig):
 
 
 def build_knowledge_augmented_encoder(config: ExperimentConfig) -> KnowledgeAugmentedEncoder:
+  """The pre-training reader: a warm-started BERT encoder with its MLM head, built.
+
+  Args:
+    config: the run's ExperimentConfig (model.encoder, warm_start, reader).
+
+  Returns:
+    The KnowledgeAugmentedEncoder; with reader.tie_output_embeddings=false its MLM output
+    matrix is a copy of the (warm-started) word embeddings.
+  """
   encoder = build_encoder(config.model.encoder, name="reader_encoder")
   model = KnowledgeAugmentedEncoder(
       encoder, activation=ACTIVATIONS[config.model.encoder.hidden_activation],
@@ -89,6 +126,14 @@ def _build_masked_lm(model: KnowledgeAugmentedEncoder, hidden_size: int):
 
 
 def build_reader(config: ExperimentConfig) -> Reader:
+  """The Open-QA reader: a warm-started BERT encoder and a fresh span scorer, built.
+
+  Args:
+    config: the run's ExperimentConfig (model.encoder, warm_start, reader).
+
+  Returns:
+    The Reader, every variable created.
+  """
   encoder = build_encoder(config.model.encoder, name="reader_encoder")
   warm_start(encoder, config.model.warm_start)
   reader = Reader(encoder, max_span_width=config.model.reader.max_span_width,
@@ -108,4 +153,5 @@ def build_realm_pretrainer(config: ExperimentConfig,
 
 
 def count_parameters(model: tf_keras.Model) -> int:
+  """The number of trainable parameters of `model`."""
   return int(sum(v.shape.num_elements() for v in model.trainable_variables))
