@@ -73,7 +73,20 @@ def next_checkpoint(directory: str, last: Optional[str], timeout: float,
 
 class SideCarEvaluator:
   """The evaluation Run of a training run, built once; `evaluate(path)` restores a
-  checkpoint into it and runs the task's validation (see the module docstring)."""
+  checkpoint into it and runs the task's validation (see the module docstring).
+
+  It writes only its own files: eval/<name>.jsonl, summaries under eval/<name>/ and the
+  task's eval/<name>-<step> files; it follows the run's committed indexes read-only.
+
+  Args:
+    experiment: the training run's ExperimentConfig.
+    model_dir: the training run's directory.
+    strategy: the distribution strategy (default: the current one).
+    name: the evaluator's name (its files' names).
+
+  Raises:
+    ValueError: validation_data.input_path is empty.
+  """
 
   def __init__(self, experiment: ExperimentConfig, model_dir: str,
                strategy: Optional[tf.distribute.Strategy] = None,
@@ -95,15 +108,27 @@ class SideCarEvaluator:
 
   @property
   def log_path(self) -> str:
+    """<model_dir>/eval/<name>.jsonl: one JSON line per checkpoint evaluated."""
     return self.run.task.evaluation_log
 
   @property
   def summary_dir(self) -> str:
+    """<model_dir>/eval/<name>: the evaluator's TensorBoard summaries."""
     return os.path.join(self.model_dir, layout.evaluator_summary_subdir(self.name))
 
   def evaluate(self, path: str) -> dict:
     """The task's metrics at checkpoint `path` (one line of log_path, summaries at its
-    step)."""
+    step).
+
+    Args:
+      path: a checkpoint of the run.
+
+    Returns:
+      The metrics plus step, checkpoint and eval_seconds.
+
+    Raises:
+      tf.errors.NotFoundError: the checkpoint was deleted before it was read.
+    """
     start = time.time()
     train_lib.restore_model(self.run, path)
     metrics = self.run.evaluate(self.steps)
@@ -120,8 +145,20 @@ def evaluate_continuously(experiment: ExperimentConfig, model_dir: str,
                           poll_seconds: float = POLL_SECONDS) -> dict:
   """`--mode continuous_eval`: evaluates each new checkpoint of the run in `model_dir` until
   the final one (finished) or `timeout` seconds without a new one (default
-  trainer.continuous_eval_timeout, tf-models' field). Returns the steps evaluated, the last
-  metrics, where they were written, and whether it finished or timed out."""
+  trainer.continuous_eval_timeout, tf-models' field).
+
+  Args:
+    experiment: the training run's ExperimentConfig.
+    model_dir: the training run's directory.
+    strategy: the distribution strategy (default: the current one).
+    name: the evaluator's name (see SideCarEvaluator).
+    timeout: seconds to wait for a new checkpoint.
+    poll_seconds: how often to look for one.
+
+  Returns:
+    {log, summaries, evaluated_steps, timed_out (with reason), finished, last (the last
+    metrics)}.
+  """
   evaluator = SideCarEvaluator(experiment, model_dir, strategy, name)
   timeout = experiment.trainer.continuous_eval_timeout if timeout is None else timeout
   train_steps = experiment.trainer.train_steps
@@ -160,7 +197,14 @@ def evaluate_continuously(experiment: ExperimentConfig, model_dir: str,
 def evaluate_latest(experiment: ExperimentConfig, model_dir: str,
                     strategy: Optional[tf.distribute.Strategy] = None,
                     name: str = "eval") -> dict:
-  """`--mode eval`: the run's newest checkpoint, once, written as a side-car writes."""
+  """`--mode eval`: the run's newest checkpoint, once, written as a side-car writes.
+
+  Returns:
+    SideCarEvaluator.evaluate's metrics plus log and summaries.
+
+  Raises:
+    FileNotFoundError: the run has no checkpoint.
+  """
   path = layout.latest_checkpoint(model_dir)
   evaluator = SideCarEvaluator(experiment, model_dir, strategy, name)
   return dict(evaluator.evaluate(path), log=evaluator.log_path,
