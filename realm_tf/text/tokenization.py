@@ -29,6 +29,7 @@ class BertInputs:
   input_type_ids: tf.Tensor
 
   def as_dict(self) -> dict[str, tf.Tensor]:
+    """{'input_word_ids', 'input_mask', 'input_type_ids'}: what tf-models' encoders take."""
     # Not dataclasses.asdict: it deep-copies, which symbolic tensors in a graph refuse.
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
@@ -38,6 +39,17 @@ class Tokenizer(tf.Module):
 
   join_bert(x)      = [CLS] x [SEP]           (segment ids 0)
   join_bert(x1, x2) = [CLS] x1 [SEP] x2 [SEP] (segment ids 0 for x1 and its [SEP], 1 after)
+
+  Args:
+    vocab_file: a vocab.txt on any TF file system; None: the MiniLM package's (BERT's
+      uncased vocabulary).
+    lower_case: lower-case and strip accents first (uncased models).
+    name: the tf.Module's name.
+
+  Raises:
+    FileNotFoundError: the vocabulary file does not exist.
+    OSError: it could not be read.
+    ValueError: it is empty or lacks [PAD], [UNK], [CLS], [SEP] or [MASK].
   """
 
   def __init__(self, vocab_file: Optional[str] = None, lower_case: bool = True,
@@ -95,6 +107,14 @@ class Tokenizer(tf.Module):
         are tokenized first).
       seq_length: the padded length, special tokens included.
       truncation: 'round_robin' or 'waterfall' (see _TRIMMERS).
+
+    Returns:
+      BertInputs, each [batch, seq_length] int32.
+
+    Raises:
+      ValueError: not one or two segments, an unknown truncation, or a seq_length too
+        short for the special tokens.
+      TypeError: a segment is neither strings nor ragged ids.
     """
     if not 1 <= len(segments) <= 2:
       raise ValueError(f"join_bert takes one or two segments, got {len(segments)}")
@@ -115,7 +135,17 @@ class Tokenizer(tf.Module):
 
   def encode(self, texts, seq_length: int, pair_texts=None,
              truncation: str = "round_robin") -> BertInputs:
-    """Strings (and optional second strings) → packed BERT inputs."""
+    """Strings (and optional second strings) → packed BERT inputs.
+
+    Args:
+      texts: [batch] strings.
+      seq_length: the padded length, special tokens included.
+      pair_texts: optional [batch] second strings (`[CLS] texts [SEP] pair_texts [SEP]`).
+      truncation: as join_bert.
+
+    Returns:
+      BertInputs, each [batch, seq_length] int32.
+    """
     segments = [texts] if pair_texts is None else [texts, pair_texts]
     return self.join_bert(segments, seq_length, truncation)
 
@@ -145,6 +175,9 @@ def span_text(texts: tf.Tensor, token_starts: tf.RaggedTensor, token_ends: tf.Ra
     texts: [batch] the texts that were tokenized.
     token_starts, token_ends: [batch, (tokens)] byte offsets.
     span_start, span_end: [batch] wordpiece indices into each row.
+
+  Returns:
+    [batch] strings.
   """
   batch = tf.range(tf.shape(texts, out_type=tf.int64)[0])
   span_start = tf.cast(span_start, tf.int64)
