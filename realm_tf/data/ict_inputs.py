@@ -19,7 +19,25 @@ def ict_dataset(file_pattern: str, tokenizer: Tokenizer, batch_size: int,
                 max_examples: int = 0) -> tf.data.Dataset:
   """Batches of ICT features; the corpus pipeline already removed each query from its block
   with probability 0.9. Records are sharded by input pipeline first, then repeated,
-  shuffled in a fixed order per seed and batched; `skip_batches` resumes that order."""
+  shuffled in a fixed order per seed and batched; `skip_batches` resumes that order.
+
+  Args:
+    file_pattern: ict-* TFRecords (beam.preprocess), several patterns joined by commas.
+    tokenizer: the run's Tokenizer.
+    batch_size: the per-replica batch B (batches are always full).
+    query_seq_length: Lq.
+    block_seq_length: Lb, of `[CLS] title [SEP] text [SEP]`.
+    seed: the shuffle seed.
+    shuffle_buffer: 0: no shuffling.
+    repeat: repeat forever (training).
+    skip_batches: batches to skip (a resumed run's).
+    input_context: the pipeline's InputContext (sharding), or None.
+    max_examples: read at most this many records (0: all).
+
+  Returns:
+    A tf.data.Dataset of {'query': [B, Lq] BERT inputs, 'block': [B, Lb] BERT inputs,
+    'block_id': [B] int64}.
+  """
   dataset = pipeline_records(file_pattern, input_context)
   if max_examples:
     dataset = dataset.take(max_examples)

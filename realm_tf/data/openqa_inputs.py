@@ -52,10 +52,24 @@ MAX_QUESTION_RECORD_BYTES = 1 << 20
 
 def read_questions(path: str, regex: bool = False, limit: int = 0,
                    max_record_bytes: int = MAX_QUESTION_RECORD_BYTES) -> list[QAExample]:
-  """Reads a question file; ValueError naming the file and line for a bad record.
+  """Reads a question file in the NQ-Open JSON lines layout (module docstring).
 
   Lines are read with a byte bound (storage.open_buffered + readers.bounded_lines), so an
   enormous or unterminated line costs at most the bound in memory before it is refused.
+
+  Args:
+    path: the file (any TF file system).
+    regex: answers are regular expressions (CuratedTREC); each is compiled to check it.
+    limit: read at most this many questions (0: all).
+    max_record_bytes: the longest line accepted.
+
+  Returns:
+    One QAExample per non-empty line.
+
+  Raises:
+    ValueError: naming the file and line, for a bad record (too long, not UTF-8 or
+      valid Unicode, not JSON, without a question or answers, or a pattern that does
+      not compile); or a file without questions.
   """
   examples = []
   with storage.open_buffered(path) as f:
@@ -185,8 +199,24 @@ def build_qa_set(examples: list[QAExample], tokenizer: Tokenizer, corpus_texts: 
                  regex: bool, max_answers: int, width: int,
                  bm25: Optional[LexicalSearch] = None, bm25_k: int = 0,
                  corpus_titles: Sequence[str] = ()) -> QASet:
-  """corpus_texts: every block's text (needed for regex sets and for gold blocks);
-  corpus_titles: every block's title, in index row order (gold blocks need both)."""
+  """Everything the batches of `examples` need, computed once on the host.
+
+  Args:
+    examples: the questions (read_questions).
+    tokenizer: the run's Tokenizer.
+    corpus_texts: every block's text, in index row order (needed for regex sets and for
+      gold blocks).
+    regex: answers are patterns (expanded into the strings they match in the corpus).
+    max_answers: A, answer strings kept per question.
+    width: W, the reader's max span width (longer answer strings cannot be located).
+    bm25: a lexical searcher for BM25 retrieval, or None.
+    bm25_k: its top-k per question.
+    corpus_titles: every block's title, in index row order (gold blocks need both).
+
+  Returns:
+    The QASet: answer ids [Q, A, W] and lengths [Q, A], gold rows if questions carry
+    titles, BM25 results if asked.
+  """
   add_targets(examples, regex, corpus_texts, max_answers)
   ids, lengths = tokenize_targets(examples, tokenizer, max_answers, width)
   qa_set = QASet(examples, ids, lengths)

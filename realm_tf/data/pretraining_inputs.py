@@ -89,7 +89,28 @@ def pretraining_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_lengt
                         input_context: Optional[tf.distribute.InputContext] = None,
                         max_examples: int = 0, skip_unsalient: bool = True,
                         drop_remainder: bool = True) -> tf.data.Dataset:
-  """Batches of pre-training features; `skip_batches` resumes the deterministic order."""
+  """Batches of pre-training features; `skip_batches` resumes the deterministic order.
+
+  Args:
+    file_pattern: pretraining-* TFRecords (beam.preprocess), several joined by commas.
+    tokenizer: the run's Tokenizer.
+    query_seq_length: Lq.
+    masking_mode: 'salient_spans', 'random_tokens' or 'random_spans'.
+    max_predictions: M, masked wordpieces per sentence at most.
+    batch_size: the per-replica batch B.
+    seed: the shuffle and masking seed (a record's mask depends on it and the epoch).
+    skip_batches: batches to skip (a resumed run's).
+    repeat: repeat forever (training).
+    shuffle_buffer: 0: no shuffling.
+    input_context: the pipeline's InputContext (sharding), or None.
+    max_examples: read at most this many records per epoch (0: all).
+    skip_unsalient: with salient-span masking, drop sentences that have no salient span.
+    drop_remainder: drop a last partial batch.
+
+  Returns:
+    A tf.data.Dataset of {'query': [B, Lq] BERT inputs (masked), 'masked_lm':
+    {'positions', 'ids' int32, 'weights' float32} [B, M], 'block_id': [B] int64}.
+  """
   dataset = masked_query_dataset(file_pattern, tokenizer, query_seq_length, masking_mode,
                                  max_predictions, seed, repeat, shuffle_buffer, input_context,
                                  max_examples, skip_unsalient)
