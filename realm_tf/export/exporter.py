@@ -40,6 +40,7 @@ from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
 from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher
+from realm_tf.export.served_index import served_index_from
 from realm_tf.io import layout, versioned
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
 from realm_tf.retrieval.index_export import load_shard_array, shard_name
@@ -189,8 +190,9 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
   status = tf.train.Checkpoint(model=run.model, global_step=step_var).read(path)
   status.expect_partial()
   # The networks' variables exist once they have run: one question builds them all.
-  QAModule(run.model, run.index, run.tokenizer, config.task.openqa.query_seq_length,
-           run.num_retrieved, run.num_read).predict(tf.constant(["?"]))
+  QAModule(run.model, served_index_from(run.index, run.tokenizer), run.tokenizer,
+           config.task.openqa.query_seq_length, run.num_retrieved,
+           run.num_read).predict(tf.constant(["?"]))
   status.assert_existing_objects_matched()
   run.step = int(step_var.numpy())
   logging.info("Loaded %s (step %d), index version %s", path, run.step, run.index.version)
@@ -274,7 +276,8 @@ def build_module(run: ServingRun, kind: str,
       searcher, handles = scann_searcher(index_embeddings(run.index),
                                          run.index.store.block_ids, c.index.rescore,
                                          states=_index_scann_states(run))
-    return QAModule(run.model, run.index, run.tokenizer, c.task.openqa.query_seq_length,
+    served = served_index_from(run.index, run.tokenizer, searcher=searcher)
+    return QAModule(run.model, served, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
                     scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,
                     reader_length_step=reader_length_step)
@@ -341,6 +344,7 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
   start = time.time()
   with versioned.VersionWriter(os.path.join(output_dir, STAGING, kind), version) as writer:
     tf.saved_model.save(module, writer.path, signatures=module.signatures())
+    copy_asset_files(module, writer.path)
     extra = os.path.join(writer.path, serving_warmup.WARMUP_DIR)
     tf.io.gfile.makedirs(extra)
     record = dict(provenance, kind=kind, version=int(version), exported_at=time.time(),
@@ -355,6 +359,22 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
   versioned.delete_version(os.path.join(output_dir, STAGING, kind), committed)
   logging.info("Published %s (%.1f s)", published, time.time() - start)
   return published
+
+
+def copy_asset_files(module: tf.Module, saved_model_dir: str) -> int:
+  """Copies the files a module keeps outside its tracked objects (a QA export's text store
+  chunks: `asset_files`) into `<saved_model_dir>/assets/`; returns how many. A hard link
+  where the file system allows it: at Wikipedia scale the chunks are gigabytes."""
+  names = list(getattr(module, "asset_files", ()))
+  assets = os.path.join(saved_model_dir, "assets")
+  tf.io.gfile.makedirs(assets)
+  for source in names:
+    target = os.path.join(assets, os.path.basename(source))
+    try:
+      os.link(source, target)
+    except OSError:  # another device, or an object store: a copy
+      tf.io.gfile.copy(source, target, overwrite=True)
+  return len(names)
 
 
 def read_provenance(export_dir: str) -> dict:

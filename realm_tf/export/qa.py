@@ -2,15 +2,18 @@
 
 In the spirit of tf-models' `official/core/export_base.ExportModule`, one tf.Module holds
 everything a question needs (the tokenizer, the fine-tuned OpenQAModel's retriever and
-reader, the corpus and its KnowledgeIndex tables) and one `tf.function`, `answer`, runs
-the whole path in graph:
+reader, and the corpus as a ServedIndex: embeddings and block ids in variables, titles and
+texts in compressed asset files read for the retrieved blocks only; see
+realm_tf.export.served_index) and one `tf.function`, `answer`, runs the whole path in
+graph:
 
-  tokenize (in graph) → OpenQAModel: query embedding, top-k search, gather, reader
+  tokenize (in graph) → OpenQAModel: query embedding, top-k search, gather (the retrieved
+  blocks' strings read and tokenized), reader
   → openqa_evaluation.choose_answers (best span over all read blocks jointly)
   → openqa_evaluation.answer_strings (the original text under the span)
 
 These are the functions the Open-QA task's evaluation calls, on the same OpenQAModel and
-KnowledgeIndex, so the served answer of a question is exactly the evaluated prediction
+the same embeddings and block tokens, so the served answer of a question is exactly the evaluated prediction
 (tests/test_export_qa.py checks it question by question against evaluate_checkpoint).
 
 Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
@@ -18,9 +21,9 @@ Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
   block_ids int64 [B, K], block_titles string [B, K], block_texts string [B, K],
   retrieval_probs float32 [B, K] (p(z|x): softmax over the K retrieved blocks' scores).
 
-Retrieval is either the KnowledgeIndex's exact search (stock TensorFlow ops: a matmul and
-top_k) or ScaNN's TensorFlow ops (`ScannHandle`: the searcher is deserialised by the first
-call, which the export's warm-up makes at load time, and reused by every later call).
+Retrieval is either exact search (stock TensorFlow ops: exact_top_k's matmuls and top_k)
+or ScaNN's TensorFlow ops (`ScannHandle`: the searcher is deserialised by the first call,
+which the export's warm-up makes at load time, and reused by every later call).
 
 `ReaderModule` exports the reader alone: a question and K (title, text) blocks in, the
 best span's text, its score and each block's best span score out.
@@ -31,8 +34,8 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.modeling import spans
+from realm_tf.export.served_index import ServedIndex
 from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
-from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 # As a module: with a global `ScannSearcher` here, autograph's conversion of
 # _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
 from realm_tf.retrieval import scann_searcher as scann_backend
@@ -53,9 +56,8 @@ class _Untracked:
   """Holds Python objects out of SavedModel's object graph.
 
   Saving a tracked Keras model makes tf.saved_model trace every layer's call functions
-  (tens of seconds for BERT), and the KnowledgeIndex holds a BlockStore, a strategy and a
-  lock that are no SavedModel objects. Only the signatures are needed; they capture the
-  variables, which the modules track directly as lists.
+  (tens of seconds for BERT). Only the signatures are needed; they capture the variables,
+  which the modules track directly as lists.
   """
 
   def __init__(self, **objects):
@@ -161,12 +163,15 @@ def reader_lengths(full: int, query_seq_length: int, step: int) -> list[int]:
 class QAModule(tf.Module):
   """Question → answer and provenance; see the module docstring."""
 
-  def __init__(self, model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
+  def __init__(self, model: OpenQAModel, index: ServedIndex, tokenizer: Tokenizer,
                query_seq_length: int, num_retrieved: int, num_read: int,
                searcher: Optional[Searcher] = None,
                scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa",
                max_blocks_per_pass: int = 0, reader_length_step: int = 0):
-    """max_blocks_per_pass: at most this many blocks (questions x num_read) go through the
+    """index: the corpus as served (served_index.served_index_from a KnowledgeIndex), with
+    the ScaNN variant's searcher attached; scann_handles: that searcher's handles.
+
+    max_blocks_per_pass: at most this many blocks (questions x num_read) go through the
     reader at once; a larger request is answered group by group, in order. 0: the whole
     request in one pass. Why: on a CPU the reader's unfused elementwise work (GELU,
     softmax, layer norms) over a large pass leaves the caches, and a block costs more in a
@@ -187,23 +192,14 @@ class QAModule(tf.Module):
     if not 1 <= num_read <= num_retrieved <= index.num_blocks:
       raise ValueError(f"need 1 <= num_read ({num_read}) <= num_retrieved "
                        f"({num_retrieved}) <= blocks ({index.num_blocks})")
-    if index.backend != "exact":
-      raise ValueError("the QA export searches in graph: build the KnowledgeIndex with "
-                       "backend 'exact' and pass a ScaNN searcher for the ScaNN variant")
-    if index.version is None:
-      raise ValueError("the knowledge index holds no embeddings (set_embeddings / swap)")
+    if searcher is not None and index.searcher is not searcher:
+      raise ValueError("pass the ScaNN searcher to the ServedIndex (served_index_from's "
+                       "searcher) as well")
     self.kind = kind
-    if searcher is not None:
-      index.search_with(searcher)
-    self._held = _Untracked(model=model, index=index)
+    self._held = _Untracked(model=model)
     self.tokenizer = tokenizer
     self.model_variables = list(model.variables)
-    self.index_variables = [index.embeddings, index.valid, index.word_ids, index.type_ids,
-                            index.body_ids, index.body_lengths, index.block_ids]
-    store = index.store
-    self.titles = tf.Variable(store.title_strings, trainable=False, name="titles")
-    self.texts = tf.Variable(store.text_strings, trainable=False, name="texts")
-    self.searcher = searcher  # tracked: its block ids (and rescoring embeddings)
+    self.served = index  # tracked: embeddings, block ids, searcher, the text store's assets
     self.scann_handles = list(scann_handles)  # tracked: the searchers' data
     self.query_seq_length = int(query_seq_length)
     self.num_retrieved = int(num_retrieved)
@@ -222,8 +218,14 @@ class QAModule(tf.Module):
     return self._held.model
 
   @property
-  def index(self) -> KnowledgeIndex:
-    return self._held.index
+  def index(self) -> ServedIndex:
+    return self.served
+
+  @property
+  def asset_files(self) -> list[str]:
+    """Files the saved module needs in its assets/ directory beside the tracked ones (the
+    text store's chunks; exporter.save_export copies them)."""
+    return self.served.texts.asset_files
 
   def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
     """The `answer` computation, callable eagerly or inside another tf.function.
@@ -260,16 +262,16 @@ class QAModule(tf.Module):
       branch = tf.reduce_sum(tf.cast(tf.constant(self.reader_lengths[:-1]) < needed,
                                      tf.int32))
       chosen = tf.switch_case(branch, [read_at(n) for n in self.reader_lengths])
-    chosen_rows = tf.gather(rows, chosen["best_block"], batch_dims=1)  # [B]
-    answer = evaluation.answer_strings(self.tokenizer, tf.gather(self.texts, chosen_rows),
+    chosen_texts = tf.gather(blocks.texts, chosen["best_block"], batch_dims=1)  # [B]
+    answer = evaluation.answer_strings(self.tokenizer, chosen_texts,
                                        chosen["best_start"], chosen["best_end"])
     return dict(
         answer=answer,
         score=tf.cast(chosen["best_score"], tf.float32),
         answer_block=tf.cast(chosen["best_block"], tf.int32),
-        block_ids=tf.gather(self.index.block_ids, rows),
-        block_titles=tf.gather(self.titles, rows),
-        block_texts=tf.gather(self.texts, rows),
+        block_ids=tf.gather(tf.convert_to_tensor(self.index.block_ids), rows),
+        block_titles=blocks.titles,
+        block_texts=blocks.texts,
         retrieval_probs=tf.nn.softmax(tf.cast(logits, tf.float32), axis=-1))
 
   def predict_in_groups(self, question: tf.Tensor) -> dict[str, tf.Tensor]:

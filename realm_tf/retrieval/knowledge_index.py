@@ -13,10 +13,13 @@ then fetched from whichever shard holds them with one all-reduce (each replica c
 the rows it owns, zeros elsewhere). Every op has a static shape, so the step compiles with
 XLA.
 
-Memory: embeddings N x P in index.embedding_dtype plus N x (Lc + Lb) int32 of tokens, split
-over R replicas. At the paper's scale (13M blocks, P = 128, bfloat16) the embeddings take
-13M x 128 x 2 B = 3.3 GB over all cores (e.g. 0.4 GB per core of a v3-8); the token tables
-(Lc = 288, Lb = 286: 30 GB) want a pod slice, or the 'scann' backend with a smaller table.
+Memory: embeddings N x P in index.embedding_dtype plus N x (Lc + Lb) token ids, split over
+R replicas. Token ids are stored as narrow as the vocabulary allows (uint16 below 65,536
+entries: BERT's 30,522 fit), and nothing derivable is stored: the document tower's type
+ids and mask are made from the word ids at gather time ([SEP] positions, padding). At the
+paper's scale (13.35M blocks, P = 128, bfloat16) the embeddings take 3.4 GB over all
+cores and the token tables (Lc = 288, Lb = 286) 15.3 GB, a quarter of the 46 GB that
+three int32 tables (word, type, body ids) took: 1.2 GB per core of a v3-32.
 
 The shards are `SyncOnRead` variables: each replica reads and writes only its own copy, so a
 newer index is swapped in place by one assignment per replica (`swap`), with no retracing.
@@ -60,14 +63,30 @@ class BlockInputs(NamedTuple):
   embeddings: tf.Tensor  # [B, K, P] float32 indexed (stale) embeddings
 
 
+def token_dtype(vocab_size: int) -> type:
+  """The narrowest unsigned type that holds every word id of a vocabulary."""
+  return np.uint16 if vocab_size <= 2**16 else np.int32
+
+
+def type_ids_of(word_ids: tf.Tensor, sep_id: int) -> tf.Tensor:
+  """The type ids of `[CLS] title [SEP] body [SEP]` word ids [..., L], derived instead of
+  stored: 1 after the first [SEP] up to the padding, 0 elsewhere (Tokenizer.join_bert's
+  rule). A title cannot hold the [SEP] id: the tokenizer makes the text "[SEP]" into "[",
+  "sep", "]"."""
+  is_sep = tf.cast(tf.equal(word_ids, sep_id), tf.int32)
+  after_first_sep = tf.cumsum(is_sep, axis=-1, exclusive=True) > 0
+  return tf.cast(after_first_sep & (word_ids > 0), tf.int32)
+
+
 def tokenize_blocks(store: BlockStore, tokenizer: Tokenizer, block_seq_length: int,
                     body_length: int, batch_size: int = 2048) -> dict[str, np.ndarray]:
-  """Host-side, once: the document-tower inputs and reader bodies of every block."""
+  """Host-side, once: the document-tower word ids and the reader bodies of every block, ids
+  in token_dtype (the type ids are type_ids_of the word ids)."""
   n = len(store)
   texts, titles = store.text_strings, store.title_strings
-  tables = dict(word_ids=np.zeros([n, block_seq_length], np.int32),
-                type_ids=np.zeros([n, block_seq_length], np.int32),
-                body_ids=np.zeros([n, body_length], np.int32),
+  ids = token_dtype(tokenizer.vocab_size)
+  tables = dict(word_ids=np.zeros([n, block_seq_length], ids),
+                body_ids=np.zeros([n, body_length], ids),
                 body_lengths=np.zeros([n], np.int32))
   for start in range(0, n, batch_size):
     end = min(n, start + batch_size)
@@ -77,7 +96,6 @@ def tokenize_blocks(store: BlockStore, tokenizer: Tokenizer, block_seq_length: i
     packed = tokenizer.encode(tf.constant(titles[start:end]), block_seq_length,
                               pair_texts=tf.constant(texts[start:end]))
     tables["word_ids"][start:end] = packed.input_word_ids.numpy()
-    tables["type_ids"][start:end] = packed.input_type_ids.numpy()
   return tables
 
 
@@ -161,6 +179,9 @@ class KnowledgeIndex(tf.Module):
     self.rescore = rescore
     self.dimension = dimension
     self.num_blocks = len(store)
+    self.block_seq_length = int(block_seq_length)
+    self.body_length = int(body_length)
+    self.sep_id = tokenizer.sep_id
     self.num_replicas = self.strategy.num_replicas_in_sync
     self.shard_size = -(-self.num_blocks // self.num_replicas)  # S = ceil(N / R)
     self.version: Optional[int] = None
@@ -181,16 +202,15 @@ class KnowledgeIndex(tf.Module):
                            aggregation=tf.VariableAggregation.NONE)
       self.embeddings = sharded([dimension], dtype, "embeddings")  # [S, P] per replica
       self.valid = sharded([], tf.bool, "valid")  # [S]: False on padding rows
-      self.word_ids = sharded([block_seq_length], tf.int32, "word_ids")  # [S, Lc]
-      self.type_ids = sharded([block_seq_length], tf.int32, "type_ids")  # [S, Lc]
-      self.body_ids = sharded([body_length], tf.int32, "body_ids")  # [S, Lb]
+      ids = tf.as_dtype(token_dtype(tokenizer.vocab_size))
+      self.word_ids = sharded([block_seq_length], ids, "word_ids")  # [S, Lc]
+      self.body_ids = sharded([body_length], ids, "body_ids")  # [S, Lb]
       self.body_lengths = sharded([], tf.int32, "body_lengths")  # [S]
       # Row → block id for every row (replicated: 8 bytes a block), and its inverse by
       # searchsorted (block ids are ascending in row order).
       self.block_ids = tf.Variable(store.block_ids, trainable=False, name="block_ids")
     self._assign_sharded(dict(valid=np.ones([self.num_blocks], bool),
-                              word_ids=tables["word_ids"], type_ids=tables["type_ids"],
-                              body_ids=tables["body_ids"],
+                              word_ids=tables["word_ids"], body_ids=tables["body_ids"],
                               body_lengths=tables["body_lengths"]))
 
   # --------------------------------------------------------------------------- host side
@@ -487,11 +507,13 @@ class KnowledgeIndex(tf.Module):
       # Read the shard once as a tensor: gathering from the variable itself would switch
       # it to copy-on-read, and every later read would copy the whole shard.
       values = tf.gather(tf.convert_to_tensor(table), local)  # [B*R, K, ...]
+      if values.dtype in (tf.uint16, tf.int16):  # narrow token ids: the step reads int32
+        values = tf.cast(values, tf.int32)
       mask = tf.reshape(owned, tf.concat([tf.shape(owned),
                                           tf.ones([values.shape.rank - 2], tf.int32)], 0))
       return tf.where(mask, values, tf.zeros_like(values))
 
-    parts = dict(word_ids=take(self.word_ids), type_ids=take(self.type_ids),
+    parts = dict(word_ids=take(self.word_ids),
                  body_ids=take(self.body_ids), body_lengths=take(self.body_lengths),
                  embeddings=tf.cast(take(self.embeddings), tf.float32))
     if num_replicas > 1:
@@ -500,6 +522,6 @@ class KnowledgeIndex(tf.Module):
                for key, value in parts.items()}
     word_ids = parts["word_ids"]
     document = dict(input_word_ids=word_ids, input_mask=tf.cast(word_ids > 0, tf.int32),
-                    input_type_ids=parts["type_ids"])
+                    input_type_ids=type_ids_of(word_ids, self.sep_id))
     return BlockInputs(document, parts["body_ids"], parts["body_lengths"],
                        parts["embeddings"])

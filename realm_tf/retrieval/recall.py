@@ -11,25 +11,26 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.text import answers
-from realm_tf.retrieval.knowledge_index import KnowledgeIndex, tokenize_blocks
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex, tokenize_blocks, type_ids_of
 
 
 def embed_corpus(retriever, index: KnowledgeIndex, tokenizer, block_seq_length: int,
                  batch_size: int = 128) -> np.ndarray:
   """[N, P] document-tower embeddings of the index's blocks, in row order."""
   tables = tokenize_blocks(index.store, tokenizer, block_seq_length, body_length=1)
-  word_ids, type_ids = tables["word_ids"], tables["type_ids"]
+  word_ids = tables["word_ids"]
+  sep_id = tokenizer.sep_id
 
   @tf.function(reduce_retracing=True)
-  def embed(ids, types):
+  def embed(ids):
+    ids = tf.cast(ids, tf.int32)  # the table's ids are narrow (token_dtype)
     return retriever.embed_documents(dict(
-        input_word_ids=ids, input_mask=tf.cast(ids != 0, tf.int32), input_type_ids=types),
-                                      training=False)
+        input_word_ids=ids, input_mask=tf.cast(ids != 0, tf.int32),
+        input_type_ids=type_ids_of(ids, sep_id)), training=False)
 
   out = []
   for start in range(0, len(word_ids), batch_size):
-    out.append(embed(word_ids[start:start + batch_size],
-                     type_ids[start:start + batch_size]).numpy())
+    out.append(embed(word_ids[start:start + batch_size]).numpy())
   return np.concatenate(out).astype(np.float32)
 
 

@@ -1,0 +1,136 @@
+"""The QA export's corpus layout (realm_tf.export.served_index) and the trainer's narrow
+token tables: the same blocks, tokens, embeddings and search results as the training-time
+KnowledgeIndex, with texts read from compressed chunk files that survive a save and load,
+and type ids derived instead of stored."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf.data.block_store import BlockStore
+from realm_tf.export import served_index
+from realm_tf.export.exporter import copy_asset_files
+from realm_tf.retrieval.knowledge_index import KnowledgeIndex, token_dtype, type_ids_of
+
+LC, LB, P = 16, 10, 6
+
+
+def _store(n=23, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = np.sort(rng.choice(10**12, size=n, replace=False)).astype(np.int64)
+  words = ["alpha", "beta", "gamma", "delta", "river", "city", "paris", "tower", "café",
+           "naïve", "[SEP]"]
+  texts = [" ".join(rng.choice(words, size=2 + i % 13)) for i in range(n)]
+  titles = [f"Title {i} {'ü' * (i % 3)}" for i in range(n)]
+  return BlockStore(ids, [f"doc{i}" for i in range(n)], titles, texts)
+
+
+@pytest.fixture(scope="module")
+def index(tokenizer):
+  store = _store()
+  index = KnowledgeIndex(store, tokenizer, block_seq_length=LC, body_length=LB, dimension=P)
+  index.set_embeddings(np.random.default_rng(1).normal(size=[len(store), P]), version=3)
+  return index
+
+
+def test_token_tables_are_narrow_and_type_ids_derive_from_word_ids(tokenizer, index):
+  assert token_dtype(tokenizer.vocab_size) == np.uint16  # 30,522 entries
+  assert token_dtype(70_000) == np.int32
+  assert index.word_ids.dtype == tf.uint16 and index.body_ids.dtype == tf.uint16
+  assert not hasattr(index, "type_ids")
+  store = index.store
+  packed = tokenizer.encode(tf.constant(store.title_strings), LC,
+                            pair_texts=tf.constant(store.text_strings))
+  np.testing.assert_array_equal(
+      type_ids_of(packed.input_word_ids, tokenizer.sep_id).numpy(),
+      packed.input_type_ids.numpy())
+  rows = tf.constant([[0, 5, 22], [7, 7, 1]])
+  blocks = index.gather(rows)
+  np.testing.assert_array_equal(blocks.document["input_word_ids"].numpy(),
+                                tf.gather(packed.input_word_ids, rows).numpy())
+  np.testing.assert_array_equal(blocks.document["input_type_ids"].numpy(),
+                                tf.gather(packed.input_type_ids, rows).numpy())
+  assert blocks.body_ids.dtype == tf.int32
+
+
+def test_served_index_gathers_what_the_knowledge_index_gathers(tokenizer, index):
+  served = served_index.served_index_from(index, tokenizer, blocks_per_chunk=4)
+  assert served.version == 3 and served.texts.num_chunks == 6
+  rows = tf.constant([[0, 3, 4, 22], [21, 9, 9, 1]])
+  want, got = index.gather(rows), served.gather(rows)
+  for key in want.document:
+    np.testing.assert_array_equal(got.document[key].numpy(), want.document[key].numpy(), key)
+  np.testing.assert_array_equal(got.body_ids.numpy(), want.body_ids.numpy())
+  np.testing.assert_array_equal(got.body_lengths.numpy(), want.body_lengths.numpy())
+  np.testing.assert_array_equal(got.embeddings.numpy(), want.embeddings.numpy())
+  store = index.store
+  assert [[t.decode() for t in row] for row in got.titles.numpy()] == [
+      [store.title_strings[r] for r in row] for row in rows.numpy()]
+  assert [[t.decode() for t in row] for row in got.texts.numpy()] == [
+      [store.text_strings[r] for r in row] for row in rows.numpy()]
+  queries = tf.random.stateless_normal([3, P], seed=[2, 3])
+  expected = index.search(queries, 5)
+  found = served.search(queries, 5)
+  np.testing.assert_array_equal(found.rows.numpy(), expected.rows.numpy())
+  np.testing.assert_array_equal(found.block_ids.numpy(), expected.block_ids.numpy())
+  np.testing.assert_allclose(found.scores.numpy(), expected.scores.numpy(), rtol=1e-6)
+  np.testing.assert_array_equal(served.rows(expected.block_ids).numpy(), expected.rows.numpy())
+
+
+def test_texts_are_read_from_the_loaded_copy_of_a_saved_model(tokenizer, index, tmp_path):
+  served = served_index.served_index_from(index, tokenizer, texts_dir=str(tmp_path / "src"),
+                                          blocks_per_chunk=5)
+
+  class Module(tf.Module):
+
+    def __init__(self):
+      super().__init__()
+      self.served = served
+      self.asset_files = served.texts.asset_files
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32)])
+    def lookup(self, rows):
+      return served.texts.lookup(rows)
+
+  module = Module()
+  saved = str(tmp_path / "saved")
+  tf.saved_model.save(module, saved)
+  assert copy_asset_files(module, saved) == 5
+  moved = str(tmp_path / "moved")
+  shutil.move(saved, moved)
+  shutil.rmtree(tmp_path / "src")  # the loaded model must read its own copy
+  loaded = tf.saved_model.load(moved)
+  rows = np.array([[22, 0], [13, 14]])
+  titles, texts = loaded.lookup(tf.constant(rows, tf.int32))
+  store = index.store
+  assert [[t.decode() for t in r] for r in titles.numpy()] == [
+      [store.title_strings[i] for i in r] for r in rows]
+  assert [[t.decode() for t in r] for r in texts.numpy()] == [
+      [store.text_strings[i] for i in r] for r in rows]
+  # Not one string variable holds the texts: the checkpoint holds offsets, not text.
+  dtypes = tf.train.load_checkpoint(os.path.join(moved, "variables", "variables")
+                                    ).get_variable_to_dtype_map()
+  strings = [name for name, dtype in dtypes.items()
+             if dtype == tf.string and name != "_CHECKPOINTABLE_OBJECT_GRAPH"]
+  assert not strings and len(dtypes) > 3, dtypes
+
+
+def test_a_store_of_another_format_or_size_is_refused(tokenizer, index, tmp_path):
+  directory = str(tmp_path / "texts")
+  served_index.write_block_texts(directory, [("t", "x")] * 3, 3)
+  description = os.path.join(directory, served_index.DESCRIPTION_FILE)
+  with open(description) as f:
+    record = json.load(f)
+  with open(description, "w") as f:
+    json.dump(dict(record, format_version=served_index.FORMAT_VERSION + 1), f)
+  with pytest.raises(ValueError, match="format"):
+    served_index.BlockTexts(directory)
+  with pytest.raises(ValueError, match="announced"):
+    served_index.write_block_texts(str(tmp_path / "short"), [("t", "x")] * 2, 3)
+  texts = served_index.write_block_texts(str(tmp_path / "three"), [("t", "x")] * 3, 3)
+  with pytest.raises(ValueError, match="text store holds 3 blocks"):
+    served_index.ServedIndex(np.zeros([4, P], np.float32), np.arange(4), texts, tokenizer,
+                             LC, LB)
