@@ -108,17 +108,17 @@ def prepare_corpus(work_dir: str, articles: int, block_seq_length: int,
 def embed_corpus(run, batch_size: int = 64) -> float:
   """Embeds every block with the document tower into the index (version 1); seconds."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.knowledge_index import type_ids_of  # pylint: disable=g-import-not-at-top
   index = run.index
   start = time.time()
-  word_ids = index.word_ids.read_value()[:index.num_blocks]
-  type_ids = index.type_ids.read_value()[:index.num_blocks]
+  word_ids = tf.cast(index.word_ids.read_value()[:index.num_blocks], tf.int32)
   embed = tf.function(lambda inputs: run.model.retriever.embed_documents(inputs,
                                                                          training=False))
   parts = []
   for i in range(0, index.num_blocks, batch_size):
     ids = word_ids[i:i + batch_size]
     parts.append(embed(dict(input_word_ids=ids, input_mask=tf.cast(ids > 0, tf.int32),
-                            input_type_ids=type_ids[i:i + batch_size])).numpy())
+                            input_type_ids=type_ids_of(ids, index.sep_id))).numpy())
   index.set_embeddings(np.concatenate(parts).astype(np.float32), version=1)
   return time.time() - start
 
