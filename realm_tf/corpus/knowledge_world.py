@@ -59,14 +59,9 @@ LABELS = {"birthplace": "LOC", "occupation": "MISC", "year": "DATE"}
 
 # Z states an entity's facts in two short sentences, X (training and held out alike) in
 # other ways. Two, so ICT has a query and a rest; each names the entity in full, so either
-# finds the block (with the first name alone in the second, the ICT retriever's own-block
-# top-1 on held-out sentences was 0.41; 0.77 with the full name). Short (about 20
-# wordpieces against 50 for the earlier three sentences), so the reader's sequence is 48,
-# not 80, and the one value it must find has fewer wordpieces around it. Measured on the frozen arm at batch 64
-# (2026-11-25): three sentences, still at chance after 250 steps (run stopped); two
-# sentences, at chance until about step 400, then 0.26 held out at step 500 and 0.45 at 750.
-# Not measured apart: whether the shorter block itself, or only the longer run, made the
-# difference.
+# finds the block (with the first name alone in the second, ICT's own-block top-1 on
+# held-out sentences roughly halved). Short (about 20 wordpieces), so the reader's sequence
+# is 48 and the one value it must find has few wordpieces around it.
 _BLOCK_TEXT = ("{name} was born in {birthplace} in {year}.",
                "{name} worked as a {occupation}.")
 _X_TEMPLATES = {
