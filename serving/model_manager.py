@@ -2,8 +2,17 @@
 
 Each model's base path is polled (every --file_system_poll_wait_seconds, on a background
 thread, never on a request's). The version policy picks the versions to serve among those
-on disk. A new version is loaded and warmed up while the old one keeps serving, becomes
-AVAILABLE, and only then is the old one retired: new requests stop reaching it at once,
+on disk. The aspired-version policy (TF Serving's AspiredVersionPolicy) orders a hand-over:
+
+  availability_preserving (TF Serving's default, and the only one tensorflow_model_server
+    offers): the new version is loaded and warmed up while the old one keeps serving, so
+    requests never stop, and resident memory peaks at both versions at once.
+  resource_preserving: the old version is retired (its running requests finish) before the
+    new one loads, so memory peaks at one version, and the model answers NOT_FOUND from
+    the old one's retirement until the new one is AVAILABLE (its load and warm-up time).
+
+With availability_preserving the new version becomes AVAILABLE and only then is the old
+one retired: new requests stop reaching it at once,
 requests already running on it finish, and it is END (and dropped) after the last one.
 A version that fails to load or warm up is END with its error and is left out of the
 policy until its saved_model file changes, so it never displaces a serving version. A
@@ -31,6 +40,8 @@ from serving.config import ModelSpecConfig
 from serving.servable import ServableVersion, State
 
 log = logging.getLogger(__name__)
+
+ASPIRED_VERSION_POLICIES = ("availability_preserving", "resource_preserving")
 
 
 @dataclasses.dataclass
@@ -62,7 +73,12 @@ class ModelManager:
   """Serves the models of a config; thread-safe."""
 
   def __init__(self, max_batch_size: int, max_decoded_bytes: int,
-               on_change: Optional[Callable[[str, bool], None]] = None):
+               on_change: Optional[Callable[[str, bool], None]] = None,
+               aspired_version_policy: str = "availability_preserving"):
+    if aspired_version_policy not in ASPIRED_VERSION_POLICIES:
+      raise ValueError(f"aspired_version_policy must be one of {ASPIRED_VERSION_POLICIES}, "
+                       f"got {aspired_version_policy!r}")
+    self._resource_preserving = aspired_version_policy == "resource_preserving"
     self._max_batch_size = max_batch_size
     self._max_decoded_bytes = max_decoded_bytes
     self._on_change = on_change or (lambda name, serving: None)
@@ -163,6 +179,12 @@ class ModelManager:
       missing = sorted(desired - set(model.available) - attempted, reverse=True)
       if not missing:
         break
+      if self._resource_preserving:
+        # Unload first: only one version's memory is resident at any time.
+        with self._lock:
+          unwanted = [servable for v, servable in model.available.items() if v not in desired]
+        for servable in unwanted:
+          self._retire(model, servable, wait=True)
       for version in missing:
         attempted.add(version)
         self._load(model, listing.versions[version])
@@ -224,8 +246,9 @@ class ModelManager:
              name, version, replayed)
     self._on_change(name, True)
 
-  def _retire(self, model: _Model, servable: ServableVersion) -> None:
-    """Stops new requests reaching `servable`; it is END once the running ones finish."""
+  def _retire(self, model: _Model, servable: ServableVersion, wait: bool = False) -> None:
+    """Stops new requests reaching `servable`; it is END once the running ones finish
+    (wait: returns only then, its memory given back)."""
     with self._lock:
       if model.available.get(servable.version) is servable:
         del model.available[servable.version]
@@ -246,6 +269,8 @@ class ModelManager:
     self._retirements = [t for t in self._retirements if t.is_alive()] + [thread]
     if not still_serving:
       self._on_change(servable.model_name, False)
+    if wait:
+      thread.join()
 
   def wait_for_retirements(self, timeout: Optional[float] = None) -> None:
     for thread in list(self._retirements):

@@ -7,8 +7,9 @@
 Flags carry tensorflow_model_server's names and meanings, so the same command line and
 config files work with a real tensorflow_model_server; the realm_tf safety flags (--host,
 --max_message_bytes, --max_concurrent_requests, --request_timeout_seconds,
---max_batch_size, --model_root) have no counterpart there. The server binds to 127.0.0.1
-unless --host says otherwise.
+--max_batch_size, --model_root) and --aspired_version_policy have no counterpart there
+(tensorflow_model_server always preserves availability: see serving.model_manager for what
+each policy costs). The server binds to 127.0.0.1 unless --host says otherwise.
 
 In-process use (tests, benchmarks):
 
@@ -56,7 +57,7 @@ from serving import paths
 from serving import tensors
 from serving.batching import BatchScheduler
 from serving.grpc_service import ModelServicer, PredictionServicer
-from serving.model_manager import ModelManager
+from serving.model_manager import ASPIRED_VERSION_POLICIES, ModelManager
 from serving.prediction import Predictor
 from serving.rest import RestApi
 
@@ -92,6 +93,7 @@ class ServerOptions:
   max_concurrent_requests: int = 64
   request_timeout_seconds: float = 30.0
   max_batch_size: int = 256
+  aspired_version_policy: str = "availability_preserving"
 
   def __post_init__(self):
     for name in ("grpc_max_threads", "rest_api_num_threads", "rest_api_timeout_in_ms",
@@ -102,6 +104,10 @@ class ServerOptions:
       raise config_lib.ConfigError("--request_timeout_seconds must be > 0")
     if self.model_config_file and self.model_base_path:
       raise config_lib.ConfigError("give --model_config_file or --model_base_path, not both")
+    if self.aspired_version_policy not in ASPIRED_VERSION_POLICIES:
+      raise config_lib.ConfigError(f"--aspired_version_policy must be one of "
+                                   f"{', '.join(ASPIRED_VERSION_POLICIES)}, got "
+                                   f"{self.aspired_version_policy!r}")
 
 
 def _grpc_address(host: str, port: int) -> str:
@@ -118,7 +124,8 @@ class ModelServer:
     self.health = health.HealthServicer()
     self.max_decoded_bytes = options.max_message_bytes * tensors.DECODED_BYTES_PER_MESSAGE_BYTE
     self.manager = ModelManager(options.max_batch_size, self.max_decoded_bytes,
-                                on_change=self._on_model_change)
+                                on_change=self._on_model_change,
+                                aspired_version_policy=options.aspired_version_policy)
     self.batcher: Optional[BatchScheduler] = None
     self.predictor: Optional[Predictor] = None
     self._grpc_server = None
@@ -305,6 +312,12 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                      **define)
   flags.DEFINE_integer("max_batch_size", defaults.max_batch_size,
                        "[realm_tf] Largest dimension 0 a request may send.", **define)
+  flags.DEFINE_string("aspired_version_policy", defaults.aspired_version_policy,
+                      "[realm_tf] How a new version replaces the old: "
+                      "availability_preserving (load the new one first: no gap, both in "
+                      "memory for a moment; tensorflow_model_server's only policy) or "
+                      "resource_preserving (retire the old one first: one version in "
+                      "memory, no answers while the new one loads).", **define)
   flags.DEFINE_string("model_root", "", "[realm_tf] Every model base path (including "
                       "those of HandleReloadConfigRequest) must be inside it; default: the "
                       "parent directories of the models configured at start.", **define)

@@ -436,6 +436,51 @@ def test_retired_version_finishes_requests_in_flight(built, tmp_path):
     assert error.code() == grpc.StatusCode.NOT_FOUND
 
 
+def test_resource_preserving_policy_retires_the_old_version_before_loading(built, tmp_path):
+  """--aspired_version_policy=resource_preserving: the old version is END (its request in
+  flight answered) before the new one loads, so one version is resident at a time; a new
+  version that fails to load hands the model back to the old one."""
+  base = str(tmp_path / "slow")
+  serving_models.publish(built["slower"], base, 1)  # 0.7 s per request
+  with running(_config(slow=base), aspired_version_policy="resource_preserving") as (
+      server, channel):
+    results = []
+    thread = threading.Thread(target=lambda: results.append(_prediction(channel).Predict(
+        _request("slow", x=np.array([3.0], np.float32)), timeout=RPC_TIMEOUT)))
+    thread.start()
+    _wait_for(lambda: _in_flight(server, "slow", 1) == 1, what="the request to start")
+    staged = serving_models.publish(built["slow2"], str(tmp_path / "staging"), 2)
+    loaded_while = []
+    original = type(server.manager)._load  # pylint: disable=protected-access
+
+    def recording_load(manager, model, version_dir):
+      loaded_while.append({v: s.state.name for v, s in model.records.items()})
+      return original(manager, model, version_dir)
+
+    type(server.manager)._load = recording_load  # pylint: disable=protected-access
+    try:
+      serving_models.publish(staged, base, 2)
+      server.manager.poll()
+    finally:
+      type(server.manager)._load = original  # pylint: disable=protected-access
+    thread.join(RPC_TIMEOUT)
+    assert results[0].model_spec.version.value == 1
+    assert loaded_while == [{1: "END"}]
+    assert _status(channel, "slow") == {1: (END, ""), 2: (AVAILABLE, "")}
+    response = _prediction(channel).Predict(_request("slow", x=np.array([1.0], np.float32)),
+                                            timeout=RPC_TIMEOUT)
+    assert response.model_spec.version.value == 2
+    broken = os.path.join(base, "3")
+    os.makedirs(broken)
+    with open(os.path.join(broken, "saved_model.pb"), "wb") as f:
+      f.write(b"not a saved model")
+    server.manager.poll()  # 2 retired, 3 fails, 2 loads again
+    assert _status(channel, "slow")[2][0] == AVAILABLE
+    assert _status(channel, "slow")[3][0] == END
+  with pytest.raises(config_lib.ConfigError, match="aspired_version_policy"):
+    ServerOptions(aspired_version_policy="newest_first")
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc_trim")
 def test_memory_freed_after_a_retirement_goes_back_to_the_os():
   """What release() adds to dropping the model: freed heap pages leave the process.
