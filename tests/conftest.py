@@ -30,7 +30,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 # so that a module's tier is one list to read; a name that no longer exists is warned of.
 SLOW_MODULES = frozenset({
     "test_answer_quality.py", "test_continuous_eval.py", "test_embed_corpus.py",
-    "test_export_qa.py", "test_gcs_protocol.py", "test_openqa_corpus.py",
+    "test_export_qa.py", "test_gcs_protocol.py", "test_import_released.py",
+    "test_openqa_corpus.py",
     "test_openqa_finetune.py", "test_preprocess_pipeline.py", "test_retrieval.py",
     "test_serving_realm.py", "test_serving_rest.py", "test_serving_server.py",
     "test_storage_gcs_emulator.py", "test_storage_publishers.py", "test_tf_gcs.py",

@@ -1,0 +1,456 @@
+"""The released REALM models, imported: realm_tf computes what the authors' code computes.
+
+Scaled-down files in the released layout (tests/released_files.py) go through
+`python -m realm_tf.import_released`; the run it writes is compared with an independent
+NumPy (float64) transcription of the authors' computation, tensor by tensor:
+  query embeddings       the fine-tuned query tower (module/...): BERT pooled [CLS] →
+                         dense → LayerNorm                          atol 1e-4, rtol 1e-4
+  document embeddings    the imported document tower over [CLS] title [SEP] block [SEP]
+                         against the released block_emb rows        atol 1e-4, rtol 1e-4
+  block scores           q · block_emb, realm_tf.evaluate's top-k and scores
+                                                                    atol 1e-4 (same order)
+  span logits            orqa_model.read: reader/dense halves, relu, LayerNorm,
+                         reader/dense_1, over every span inside the block (others
+                         refused)                                   atol 2e-4, rtol 1e-4
+  chosen answer          argmax over blocks x spans of span + retrieval score: the same
+                         block and wordpieces, the logit within 2e-4 (and the reference's
+                         runner-up at least 1e-2 behind, so the comparison can fail)
+then the run is exported (realm_tf.export) and served (serving.server) and the gRPC answer
+over the official stubs is the reference answer. A checkpoint with one tensor renamed or
+reshaped is refused with one line naming the tensor.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from realm_tf import import_released
+from realm_tf.configs import load_config
+from realm_tf.data.block_store import BlockStore, blocks_pattern
+from realm_tf.evaluate import evaluate_run
+from realm_tf.export import exporter
+from realm_tf.io import layout, versioned
+from realm_tf.modeling import spans
+from realm_tf.modeling.layers.span_scorer import INVALID_SPAN_LOGIT
+from realm_tf.pretrained import released
+from realm_tf.pretrained.released import ReleasedFormatError
+from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
+from serving import client
+from serving.server import ModelServer, ServerOptions
+from tests import released_files as rf
+
+HEADS = str(rf.SIZES["num_heads"])
+EVAL_OVERRIDES = ("runtime.enable_xla=false",)
+RPC_TIMEOUT = 60.0
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+  return [int(i) for i in tokenizer.tokenize(tf.constant([text])).merge_dims(1, -1)[0]]
+
+
+def _run_import(files: dict, output_dir: str, *extra: str):
+  return subprocess.run(
+      [sys.executable, "-m", "realm_tf.import_released", f"--output_dir={output_dir}",
+       f"--embedder={files['embedder']}", f"--orqa_model={files['orqa']}",
+       f"--blocks={files['blocks']}", f"--titles={files['titles']}",
+       f"--num_attention_heads={HEADS}", "--index_shards=2", "--records_per_file=4", *extra],
+      capture_output=True, text=True, timeout=600, check=False,
+      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory, tokenizer):
+  root = str(tmp_path_factory.mktemp("released"))
+  files = rf.write_released(root, tokenize=lambda text: _ids(tokenizer, text))
+  run = os.path.join(root, "run")
+  result = _run_import(files, run)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = json.loads(result.stdout[result.stdout.index("{"):])
+  return dict(files, run=run, summary=summary)
+
+
+@pytest.fixture(scope="module")
+def model(imported):
+  """The imported run's model, built from its params.yaml and restored like evaluation."""
+  config = load_config(layout.params_path(imported["run"]))
+  built = import_released.build_model(config, "openqa")
+  path = layout.latest_checkpoint(imported["run"])
+  status = tf.train.Checkpoint(model=built).read(path)
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  return built
+
+
+@pytest.fixture(scope="module")
+def evaluated(imported):
+  return evaluate_run(imported["run"], imported["questions"], overrides=EVAL_OVERRIDES,
+                      output=os.path.join(imported["run"], "eval", "questions.jsonl"))
+
+
+def _predictions(evaluated) -> list[dict]:
+  with open(evaluated["files"]["predictions"], encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _reference_answer(imported, tokenizer, question: str) -> dict:
+  """The authors' prediction: top-5 blocks by q · block_emb, read; argmax of span logit +
+  retrieval score (orqa_model.read and get_predictions)."""
+  ref = imported["reference"]
+  q_ids = _ids(tokenizer, question)
+  scores = imported["block_emb"].astype(np.float64) @ ref.query_embedding(q_ids)
+  order = np.argsort(-scores, kind="stable")
+  candidates = []
+  for rank, block in enumerate(order[:import_released.READER_BEAM]):
+    body = _ids(tokenizer, rf.BLOCKS[block][1])
+    for (s, e), logit in ref.span_logits(q_ids, body).items():
+      candidates.append((logit + scores[block], rank, int(block), s, e))
+  candidates.sort(reverse=True)
+  best = candidates[0]
+  first = len(q_ids) + 2
+  return dict(logit=best[0], rank=best[1], block_id=best[2], start=best[3] - first,
+              end=best[4] - first, margin=best[0] - candidates[1][0], scores=scores,
+              order=order)
+
+
+# --------------------------------------------------------------------- the import itself
+
+
+def test_import_writes_a_whole_run(imported):
+  summary = imported["summary"]
+  assert summary["kind"] == "openqa" and summary["step"] == rf.STEP
+  assert summary["num_blocks"] == len(rf.BLOCKS)
+  counts = summary["tensors"]
+  orqa = counts[imported["orqa_prefix"]]
+  # Every tensor of the Open-QA checkpoint is accounted for: the loaded (the end
+  # projection shares reader/dense's kernel with the start projection) and the skipped
+  # (Adam slots, global_step, the reader module's MLM head).
+  assert orqa["loaded"] + orqa["skipped"] == len(tf.train.list_variables(
+      imported["orqa_prefix"]))
+  assert orqa["skipped"] >= 2 * orqa["loaded"] + 1
+  config = load_config(layout.params_path(imported["run"]))
+  assert config.task.type == "openqa"
+  assert config.model.retriever.projection_layer_norm
+  assert config.model.retriever.projection_layer_norm_epsilon == pytest.approx(1e-3)
+  assert config.model.encoder.hidden_activation == "gelu_approximate"
+  assert config.model.reader.span_hidden_size == rf.SIZES["span_hidden_size"]
+  # Block records: id = record number, title and text as released, in files of 4.
+  records = sorted(tf.io.gfile.glob(os.path.join(config.index.blocks, "blocks-*")))
+  assert [os.path.basename(p) for p in records] == [
+      f"blocks-{i:05d}-of-00003.tfrecord" for i in range(3)]
+  store = BlockStore.from_tfrecords(blocks_pattern(config.index.blocks))
+  assert store.block_ids.tolist() == list(range(len(rf.BLOCKS)))
+  assert [(t, x) for t, x in zip(store.title_strings, store.text_strings)] == list(rf.BLOCKS)
+  assert store.doc_uids[0] == store.doc_uids[1] != store.doc_uids[3]  # one per article
+  # block_emb is the committed index, byte for byte, at the run's step.
+  export = versioned.latest_version(layout.index_dir(imported["run"]))
+  assert export.version == rf.STEP and len(export.manifest["shards"]) == 2
+  np.testing.assert_array_equal(row_ordered_embeddings(export, store.block_ids),
+                                imported["block_emb"])
+
+
+# ------------------------------------------------------------- tensor by tensor vs NumPy
+
+
+def test_query_embeddings_equal_the_reference(imported, model, tokenizer):
+  ref = imported["reference"]
+  for question, _ in rf.QUESTIONS:
+    inputs = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+    got = model.retriever.embed_queries(inputs.as_dict()).numpy()[0]
+    want = ref.query_embedding(_ids(tokenizer, question))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=question)
+
+
+def test_document_tower_reproduces_block_emb(imported, model, tokenizer):
+  titles = tf.constant([t for t, _ in rf.BLOCKS])
+  texts = tf.constant([x for _, x in rf.BLOCKS])
+  inputs = tokenizer.encode(titles, import_released.BLOCK_SEQ_LENGTH, pair_texts=texts)
+  got = model.retriever.embed_documents(inputs.as_dict()).numpy()
+  np.testing.assert_allclose(got, imported["block_emb"], atol=1e-4, rtol=1e-4)
+
+
+def test_span_logits_equal_orqa_read(imported, model, tokenizer):
+  ref = imported["reference"]
+  question = rf.QUESTIONS[0][0]
+  q_ids = _ids(tokenizer, question)
+  query = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+  bodies = [_ids(tokenizer, text) for _, text in rf.BLOCKS[:4]]
+  width = max(len(b) for b in bodies)
+  body_ids = tf.constant([[b + [0] * (width - len(b)) for b in bodies]], tf.int32)
+  body_lengths = tf.constant([[len(b) for b in bodies]], tf.int32)
+  packed = spans.pack_reader_inputs(
+      query.input_word_ids, query.input_mask, body_ids, body_lengths,
+      import_released.READER_SEQ_LENGTH, tokenizer.sep_id)
+  out = model.reader({k: packed[k] for k in ("input_word_ids", "input_mask",
+                                              "input_type_ids")})
+  logits = out["span_logits"].numpy()[0]  # [K, S]
+  positions = list(zip(out["span_starts"].numpy().tolist(), out["span_ends"].numpy().tolist()))
+  for k, body in enumerate(bodies):
+    want = ref.span_logits(q_ids, body)
+    got = {span: logits[k, j] for j, span in enumerate(positions) if span in want}
+    assert sorted(got) == sorted(want)
+    np.testing.assert_allclose([got[s] for s in sorted(want)], [want[s] for s in sorted(want)],
+                               atol=2e-4, rtol=1e-4)
+    # Every span reaching outside the block is refused (orqa's mask_to_score).
+    others = [logits[k, j] for j, span in enumerate(positions) if span not in want]
+    assert max(others) <= INVALID_SPAN_LOGIT / 2
+
+
+def test_evaluation_retrieves_scores_and_answers_as_the_reference(imported, evaluated,
+                                                                   tokenizer):
+  predictions = _predictions(evaluated)
+  assert [p["question"] for p in predictions] == [q for q, _ in rf.QUESTIONS]
+  for record in predictions:
+    want = _reference_answer(imported, tokenizer, record["question"])
+    retrieved = record["retrieved"]
+    assert [r["block_id"] for r in retrieved] == want["order"][:len(retrieved)].tolist()
+    np.testing.assert_allclose([r["score"] for r in retrieved],
+                               want["scores"][want["order"][:len(retrieved)]], atol=1e-4)
+    assert want["margin"] > 1e-2, "reference answer too close to its runner-up to compare"
+    chosen = record["chosen"]
+    assert (chosen["block_id"], chosen["start_wordpiece"], chosen["end_wordpiece"]) == (
+        want["block_id"], want["start"], want["end"]), record["question"]
+    assert chosen["span_logit"] == pytest.approx(want["logit"], abs=2e-4)
+    text = rf.BLOCKS[want["block_id"]][1]
+    assert record["prediction"] and record["prediction"] in text
+
+
+# ------------------------------------------------------------------ export, serve, gRPC
+
+
+def test_exported_and_served_answers_are_the_reference(imported, evaluated, tmp_path):
+  out = str(tmp_path / "models")
+  published = exporter.export_run(imported["run"], out, ["realm_qa"])
+  assert published["realm_qa"].endswith(os.path.join("realm_qa", str(rf.STEP)))
+  server = ModelServer(ServerOptions(
+      model_name="realm_qa", model_base_path=os.path.join(out, "realm_qa"), port=0,
+      file_system_poll_wait_seconds=0)).start()
+  questions = [q for q, _ in rf.QUESTIONS]
+  try:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      answers = client.ask(stub, questions, timeout=RPC_TIMEOUT)
+  finally:
+    server.stop(grace=0.5)
+  predictions = _predictions(evaluated)
+  for answer, record in zip(answers, predictions):
+    assert answer["answer"] == record["prediction"]
+    assert answer["model"]["version"] == rf.STEP
+    chosen = [b for b in answer["blocks"] if b["is_answer_block"]]
+    assert [b["block_id"] for b in chosen] == [record["chosen"]["block_id"]]
+    assert answer["score"] == pytest.approx(record["chosen"]["span_logit"], abs=2e-4)
+
+
+# ------------------------------------------------------------------------------ refusals
+
+
+def _altered_copy(files: dict, root: str, rename=None, reshape=None) -> dict:
+  """The Open-QA checkpoint rewritten with one tensor renamed or reshaped."""
+  tensors = dict(files["orqa_tensors"])
+  if rename:
+    old, new = rename
+    tensors[new] = tensors.pop(old)
+  if reshape:
+    name, shape = reshape
+    tensors[name] = np.zeros(shape, np.float32)
+  prefix = os.path.join(root, "export", "best_default", "checkpoint", f"model.ckpt-{rf.STEP}")
+  rf.save_checkpoint(prefix, tensors, step=rf.STEP, adam_slots=True)
+  return dict(files, orqa=root)
+
+
+def test_renamed_tensor_is_refused_with_one_line_naming_it(imported, tmp_path):
+  name = f"{rf.READER_BERT}bert/encoder/layer_1/output/dense/kernel"
+  renamed = name.replace("layer_1/output", "layer_1/outputs")
+  files = _altered_copy(imported, str(tmp_path / "orqa"), rename=(name, renamed))
+  run = str(tmp_path / "run")
+  result = _run_import(files, run)
+  assert result.returncode == 2
+  # Progress goes to the log; the failure is the one last line.
+  lines = result.stderr.strip().splitlines()
+  errors = [line for line in lines if line.startswith("realm_tf.import_released: error:")]
+  assert errors == lines[-1:]
+  assert f"'{renamed}'" in errors[0]
+  assert not os.path.exists(run)  # refused before anything is written
+
+
+def test_reshaped_tensor_is_refused_with_one_line_naming_it(imported, tmp_path):
+  s = rf.SIZES["span_hidden_size"]
+  files = _altered_copy(imported, str(tmp_path / "orqa"),
+                        reshape=("reader/dense/kernel", (rf.SIZES["hidden_size"], 2 * s + 2)))
+  released = import_released.ReleasedFiles(
+      embedder=files["embedder"], blocks=files["blocks"], titles=files["titles"],
+      orqa_model=files["orqa"])
+  with pytest.raises(ReleasedFormatError) as error:
+    import_released.import_released(released, str(tmp_path / "run"),
+                                    num_attention_heads=rf.SIZES["num_heads"])
+  message = str(error.value)
+  assert "\n" not in message
+  assert "'reader/dense/kernel' has shape [32, 18], expected [32, 16]" in message
+  assert not os.path.exists(layout.params_path(str(tmp_path / "run")))
+
+
+def test_unknown_tensor_is_refused(imported, tmp_path):
+  files = _altered_copy(imported, str(tmp_path / "orqa"),
+                        reshape=("reader/dense_2/kernel", (rf.SIZES["span_hidden_size"], 1)))
+  released = import_released.ReleasedFiles(
+      embedder=files["embedder"], blocks=files["blocks"], titles=files["titles"],
+      orqa_model=files["orqa"])
+  with pytest.raises(ReleasedFormatError, match=r"tensor 'reader/dense_2/kernel' \[8, 1\] "
+                                                r"is not part of the released REALM layout"):
+    import_released.import_released(released, str(tmp_path / "run"),
+                                    num_attention_heads=rf.SIZES["num_heads"])
+
+
+def test_hugging_face_layer_norm_names_give_bert_epsilon(tmp_path, tokenizer):
+  """`LayerNorm/` after the projection (HF's map) is BERT's LayerNorm, epsilon 1e-12."""
+  files = rf.write_released(str(tmp_path), seed=3, norm="LayerNorm",
+                            tokenize=lambda text: _ids(tokenizer, text))
+  ckpt = released.ReleasedCheckpoint.open(os.path.join(files["embedder"], "variables",
+                                                       "variables"))
+  projection, norm = released.find_embedder_head(ckpt)
+  assert (projection, norm) == ("dense/", "LayerNorm/")
+  assert released.layer_norm_epsilon(norm) == 1e-12
+  config = import_released.released_config(
+      "openqa", ckpt.bert_dims(ckpt.one_bert()), rf.SIZES["num_heads"],
+      rf.SIZES["projection_size"], 1e-12, rf.SIZES["span_hidden_size"], str(tmp_path / "run"),
+      2, rf.STEP)
+  built = import_released.build_model(config, "openqa",
+                                      os.path.join(files["embedder"], "assets", "vocab.txt"))
+  dims = ckpt.bert_dims(ckpt.one_bert())
+  plan = released.LoadPlan(ckpt)
+  released.plan_embedder(plan, built.retriever.document_embedder, dims)
+  plan.apply()
+  inputs = tokenizer.encode(tf.constant([t for t, _ in rf.BLOCKS]),
+                            import_released.BLOCK_SEQ_LENGTH,
+                            pair_texts=tf.constant([x for _, x in rf.BLOCKS]))
+  got = built.retriever.embed_documents(inputs.as_dict()).numpy()
+  np.testing.assert_allclose(got, files["block_emb"], atol=1e-4, rtol=1e-4)
+
+
+def test_pretrained_realm_imports_and_starts_open_qa_fine_tuning(imported, tmp_path,
+                                                                  tokenizer):
+  """Without --orqa_model: the pre-trained REALM (both towers from the embedder module, the
+  knowledge-augmented encoder and MLM head from the bert module) as a pre-training run,
+  which Open-QA fine-tuning's init_from=realm reads."""
+  run = str(tmp_path / "realm")
+  summary = import_released.import_released(
+      import_released.ReleasedFiles(embedder=imported["embedder"], bert=imported["bert"],
+                                    blocks=imported["blocks"], titles=imported["titles"]),
+      run, num_attention_heads=rf.SIZES["num_heads"], index_shards=1)
+  assert summary["kind"] == "pretrain" and summary["num_blocks"] == len(rf.BLOCKS)
+  bert_counts = summary["tensors"][os.path.join(imported["bert"], "variables", "variables")]
+  assert bert_counts == dict(loaded=len(imported["bert_tensors"]), skipped=0)
+  config = load_config(layout.params_path(run))
+  assert config.task.type == "pretrain"
+  pretrainer = import_released.build_model(config, "pretrain")
+  status = tf.train.Checkpoint(model=pretrainer).read(layout.latest_checkpoint(run))
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  head = {v.name.split("/", 1)[-1]: v.numpy() for v in
+          pretrainer.knowledge_augmented_encoder.masked_lm.variables}
+  np.testing.assert_array_equal(
+      next(v for k, v in head.items() if "output_bias" in k),
+      imported["bert_tensors"]["cls/predictions/output_bias"])
+  # Open-QA fine-tuning from it (task.openqa.init_from=realm): both towers embed blocks
+  # as the released block_emb, and the reader's BERT is the bert module's.
+  openqa_config = config.replace(task=dict(type="openqa"))
+  openqa = import_released.build_model(openqa_config, "openqa",
+                                       os.path.join(imported["embedder"], "assets",
+                                                    "vocab.txt"))
+  from realm_tf.tasks.openqa import restore_from_pretraining  # noqa: PLC0415  the task layer, for this test only
+  restore_from_pretraining(openqa, run)
+  inputs = tokenizer.encode(tf.constant([t for t, _ in rf.BLOCKS]),
+                            import_released.BLOCK_SEQ_LENGTH,
+                            pair_texts=tf.constant([x for _, x in rf.BLOCKS])).as_dict()
+  for tower in (openqa.retriever.query_embedder, openqa.retriever.document_embedder):
+    np.testing.assert_allclose(tower(inputs).numpy(), imported["block_emb"], atol=1e-4,
+                               rtol=1e-4)
+  word = openqa.reader.encoder.get_embedding_table().numpy()
+  np.testing.assert_array_equal(word, imported["bert_tensors"][
+      "bert/embeddings/word_embeddings"])
+
+
+# ----------------------------------------------- the real release (opt-in, not run here)
+
+RELEASED_DIR = os.environ.get("REALM_RELEASED_DIR", "")
+# HuggingFace's published outputs of its conversion of the same release
+# (tests/models/realm/test_modeling_realm.py, RealmModelIntegrationTest).
+HF_EMBEDDER_SLICE = [-0.0714, -0.0837, -0.1314]  # RealmEmbedder([[0..5]])[0, :3]
+HF_SCORER = [0.7410, 0.7170]  # RealmScorer([[0..5]], candidates [[0..5], [6..11]])
+HF_OPEN_QA = ("Who is the pioneer in modern computer science?", "alan mathison turing")
+
+
+@pytest.fixture(scope="module")
+def real_run():
+  """An import of the real orqa_nq_model_from_realm: REALM_RELEASED_DIR holds the download
+  of docs/released_models.md; REALM_RELEASED_RUN (default <dir>/realm_nq_run) is reused
+  when it already holds an import, else written (about an hour, see the docs)."""
+  if not RELEASED_DIR:
+    pytest.skip("set REALM_RELEASED_DIR to a download of the released REALM files "
+                "(docs/released_models.md) to check the real import")
+  run = os.environ.get("REALM_RELEASED_RUN", os.path.join(RELEASED_DIR, "realm_nq_run"))
+  if not os.path.exists(layout.params_path(run)):
+    import_released.import_released(import_released.ReleasedFiles(
+        embedder=os.path.join(RELEASED_DIR, "cc_news_pretrained", "embedder"),
+        orqa_model=os.path.join(RELEASED_DIR, "orqa_nq_model_from_realm"),
+        blocks=os.path.join(RELEASED_DIR, "enwiki-20181220", "blocks.tfr"),
+        titles=os.path.join(RELEASED_DIR, "enwiki-20181220", "titles.tfr")), run)
+  return run
+
+
+def test_real_release_matches_hugging_face_published_outputs(real_run):
+  config = load_config(layout.params_path(real_run))
+  built = import_released.build_model(config, "openqa")
+  status = tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(real_run))
+  status.expect_partial()
+  status.assert_existing_objects_matched()
+  ones = lambda ids: dict(input_word_ids=tf.constant(ids, tf.int32),  # noqa: E731
+                          input_mask=tf.ones_like(tf.constant(ids, tf.int32)),
+                          input_type_ids=tf.zeros_like(tf.constant(ids, tf.int32)))
+  # The pre-trained embedder (our document tower) on ids 0..5.
+  embedding = built.retriever.embed_documents(ones([[0, 1, 2, 3, 4, 5]])).numpy()
+  np.testing.assert_allclose(embedding[0, :3], HF_EMBEDDER_SLICE, atol=1e-4)
+  # The scorer: the same embedder on both sides.
+  candidates = built.retriever.embed_documents(ones([[0, 1, 2, 3, 4, 5],
+                                                     [6, 7, 8, 9, 10, 11]])).numpy()
+  np.testing.assert_allclose(candidates @ embedding[0], HF_SCORER, atol=1e-4)
+  # The reader: two blocks [CLS]-less ids 0..9, block tokens at positions 2-3, relevance
+  # 0.3 and 0.7; HF expects block 1, span (3, 3).
+  reader_inputs = dict(input_word_ids=tf.reshape(tf.range(10, dtype=tf.int32), [1, 2, 5]),
+                       input_mask=tf.ones([1, 2, 5], tf.int32),
+                       input_type_ids=tf.constant([[[0, 0, 1, 1, 1]] * 2], tf.int32))
+  out = built.reader(reader_inputs)
+  logits = out["span_logits"].numpy()[0] + np.array([[0.3], [0.7]])
+  block, span = np.unravel_index(np.argmax(logits), logits.shape)
+  assert (block, out["span_starts"].numpy()[span], out["span_ends"].numpy()[span]) == (1, 3, 3)
+  # The whole model over the 13M blocks.
+  question, answer = HF_OPEN_QA
+  path = os.path.join(real_run, "hf_question.jsonl")
+  with open(path, "w") as f:
+    f.write(json.dumps(dict(question=question, answer=[answer])) + "\n")
+  result = evaluate_run(real_run, path, output=os.path.join(real_run, "hf_question.out.jsonl"))
+  with open(result["files"]["predictions"], encoding="utf-8") as f:
+    prediction = json.loads(f.readline())["prediction"]
+  assert prediction.lower() == answer
+
+
+def test_benchmark_command_evaluates_an_imported_run(imported):
+  """benchmarks.released_nq over the scaled-down download: the import is reused, the
+  metrics are realm_tf.evaluate's, set beside the paper's figure."""
+  from benchmarks import released_nq  # noqa: PLC0415  benchmarks are imported only here
+  paths = released_nq.released_paths(imported["root"])
+  assert {k: paths[k] for k in ("blocks", "titles", "questions")} == {
+      k: imported[k] for k in ("blocks", "titles", "questions")}
+  assert released_nq.ensure_import(imported["root"], imported["run"]) == {}
+  result = released_nq.evaluate(imported["run"], paths["questions"], overrides=EVAL_OVERRIDES)
+  assert result["num_questions"] == len(rf.QUESTIONS) and not result["whole_test_set"]
+  assert result["exact_match_minus_paper"] == pytest.approx(
+      result["exact_match"] - released_nq.PAPER_EXACT_MATCH)
+  table = released_nq.markdown(dict(run=imported["run"], questions=paths["questions"],
+                                    result=result, machine=dict(when="now")))
+  assert f"| {result['exact_match']:.3f} | 0.404 |" in table
