@@ -1,0 +1,117 @@
+"""The released REALM NQ model evaluated by realm_tf on NQ-Open test: against the paper's 40.4.
+
+    python -m benchmarks.released_nq --released_dir $REALM [--run runs/realm_nq] \\
+        [--questions PATH] [--max_questions N] [--override key=value]
+
+`--released_dir` holds the download of docs/released_models.md (cc_news_pretrained/,
+orqa_nq_model_from_realm/, enwiki-20181220/{blocks,titles}.tfr, resplit/). The run is
+imported first when `--run` holds none (python -m realm_tf.import_released), then
+realm_tf.evaluate scores it on NQ-Open test (the 3,610 questions of the authors' resplit,
+resplit/NaturalQuestions.resplit.test.jsonl). Writes results/<name>.json and .md: exact
+match, recall@k, reader oracle, questions, evaluation time, and the difference from
+REALM's published NQ-Open figure (Guu et al., 2020, Table 1: 40.4).
+
+Not run on this project's machines: the download is about 30 GB and evaluation holds the
+13M blocks' embeddings, texts and token tables in memory (about 60 GB; see
+docs/released_models.md), so no result is committed.
+"""
+import json
+import logging
+import os
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line's flags, defined only when it runs as one (so that importing the
+  module beside other entry points, as tests do, defines none)."""
+  flags.DEFINE_string("released_dir", None, "The download of the released files.",
+                      required=True)
+  flags.DEFINE_string("run", "", "The imported run (default <released_dir>/realm_nq_run); "
+                      "imported first when it holds no params.yaml.")
+  flags.DEFINE_string("questions", "", "NQ-Open test (default <released_dir>/resplit/"
+                      "NaturalQuestions.resplit.test.jsonl).")
+  flags.DEFINE_integer("max_questions", 0, "Evaluate the first N questions (0: all).")
+  flags.DEFINE_multi_string("override", [], "Config overrides for the evaluation, "
+                            "key=value (e.g. runtime.enable_xla=false on CPUs).")
+  flags.DEFINE_string("name", "released_nq", "Results file name under benchmarks/results.")
+
+
+PAPER_EXACT_MATCH = 0.404  # REALM (Wikipedia) on NQ-Open test, Guu et al. 2020, Table 1
+NQ_OPEN_TEST_QUESTIONS = 3610  # the authors' resplit (language/orqa/README.md)
+
+
+def released_paths(released_dir: str) -> dict:
+  """Where docs/released_models.md's download puts each released file."""
+  return dict(embedder=os.path.join(released_dir, "cc_news_pretrained", "embedder"),
+              orqa_model=os.path.join(released_dir, "orqa_nq_model_from_realm"),
+              blocks=os.path.join(released_dir, "enwiki-20181220", "blocks.tfr"),
+              titles=os.path.join(released_dir, "enwiki-20181220", "titles.tfr"),
+              questions=os.path.join(released_dir, "resplit",
+                                     "NaturalQuestions.resplit.test.jsonl"))
+
+
+def ensure_import(released_dir: str, run: str) -> dict:
+  """Imports the released NQ model into `run` unless it already holds a run; returns the
+  import's summary ({} when reused)."""
+  from realm_tf import import_released  # noqa: PLC0415  benchmark entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.io import layout  # noqa: PLC0415  benchmark entry point: flags parse and --help answers before TensorFlow loads
+  if os.path.exists(layout.params_path(run)):
+    return {}
+  paths = released_paths(released_dir)
+  return import_released.import_released(import_released.ReleasedFiles(
+      embedder=paths["embedder"], orqa_model=paths["orqa_model"], blocks=paths["blocks"],
+      titles=paths["titles"]), run)
+
+
+def evaluate(run: str, questions: str, max_questions: int = 0, overrides=()) -> dict:
+  """realm_tf.evaluate's metrics of `run` on `questions`, with the paper's figure beside."""
+  from realm_tf.evaluate import evaluate_run  # noqa: PLC0415  benchmark entry point: flags parse and --help answers before TensorFlow loads
+  result = evaluate_run(run, questions, max_questions=max_questions, overrides=overrides)
+  return dict(result, paper_exact_match=PAPER_EXACT_MATCH,
+              exact_match_minus_paper=result["exact_match"] - PAPER_EXACT_MATCH,
+              whole_test_set=result["num_questions"] == NQ_OPEN_TEST_QUESTIONS)
+
+
+def markdown(payload: dict) -> str:
+  r = payload["result"]
+  lines = [
+      "# The released REALM NQ model through realm_tf.evaluate", "",
+      f"Run `{payload['run']}` on `{payload['questions']}` ({r['num_questions']} questions"
+      f"{'' if r['whole_test_set'] else ', not the whole test set'}), "
+      f"measured {payload['machine']['when']}.", "",
+      "| exact match | paper (Table 1) | difference | recall@5 | recall@20 | reader oracle |"
+      " evaluation |",
+      "|---|---|---|---|---|---|---|",
+      f"| {r['exact_match']:.3f} | {PAPER_EXACT_MATCH:.3f} | "
+      f"{r['exact_match_minus_paper']:+.3f} | {r['recall@5']:.3f} | {r['recall@20']:.3f} | "
+      f"{r['reader_oracle']:.3f} | {r['eval_seconds']:.0f} s |"]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  from benchmarks.common import RESULTS_DIR, machine, write_result  # noqa: PLC0415  benchmark entry point: flags parse and --help answers before TensorFlow loads
+  run = FLAGS.run or os.path.join(FLAGS.released_dir, "realm_nq_run")
+  questions = FLAGS.questions or released_paths(FLAGS.released_dir)["questions"]
+  start = time.time()
+  imported = ensure_import(FLAGS.released_dir, run)
+  result = evaluate(run, questions, FLAGS.max_questions, FLAGS.override)
+  payload = dict(run=run, questions=questions, imported=imported, result=result,
+                 seconds=round(time.time() - start, 1), machine=machine())
+  path = write_result(FLAGS.name, payload)
+  markdown_path = os.path.join(RESULTS_DIR, f"{FLAGS.name}.md")
+  with open(markdown_path + ".tmp", "w") as f:
+    f.write(markdown(payload))
+  os.replace(markdown_path + ".tmp", markdown_path)
+  print(json.dumps(dict(results=path, exact_match=result["exact_match"],
+                        paper=PAPER_EXACT_MATCH), indent=2))
+
+
+if __name__ == "__main__":
+  define_flags()
+  logging.getLogger().setLevel(logging.INFO)
+  app.run(main)
