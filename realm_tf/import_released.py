@@ -17,6 +17,9 @@ with task.openqa.init_from=realm and task.openqa.init_checkpoint=<output_dir>.
 Written under --output_dir:
   params.yaml              the run's config (sizes read from the checkpoints), written last
   checkpoints/ckpt-<step>  tf.train.Checkpoint(model=..., global_step=...)
+  released.yaml            its model and index sections alone, for new runs of any stage:
+                           `realm_tf.train --experiment realm/openqa --config
+                           <output_dir>/released.yaml` (params.yaml names its own task)
   vocab.txt                the modules' WordPiece vocabulary
   blocks/blocks-*          the released blocks and titles as block records, block id =
                            record number (the row of the released block_emb)
@@ -244,6 +247,31 @@ def copy_vocab(files: ReleasedFiles, output_dir: str) -> str:
   return path
 
 
+START_CONFIG = "released.yaml"
+
+
+def write_start_config(config, output_dir: str) -> str:
+  """<output_dir>/released.yaml: the run's model section (the released sizes, the
+  projection's LayerNorm, the vocabulary) and its index (the released blocks and
+  block_emb), without a task, so any stage's experiment takes it as a --config file (a
+  params.yaml names its task, which another experiment refuses). A fine-tuning that keeps
+  the index fixed, as the authors' did, searches the imported block_emb directly."""
+  import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  import yaml  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+
+  from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  path = os.path.join(output_dir, START_CONFIG)
+  tree = dict(model=config.model.as_dict(),
+              index=dict(blocks=config.index.blocks, num_shards=config.index.num_shards,
+                         index_dir=layout.index_dir(output_dir)))
+  with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+    f.write("# The released REALM model and corpus imported by realm_tf.import_released, for\n"
+            "# new runs: --config " + path + "\n")
+    yaml.safe_dump(tree, f, sort_keys=True)
+  tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+  return path
+
+
 def title_uid(title: bytes) -> str:
   """The released blocks carry no document text: blocks of one article share its title,
   which stands in for realm_tf's document uid (what "no trivial retrievals" compares)."""
@@ -400,6 +428,7 @@ def import_released(files: ReleasedFiles, output_dir: str, num_attention_heads: 
                               records_per_file)
   index = publish_block_emb(files.block_emb_checkpoint, tuple(shape),
                             layout.index_dir(output_dir), step, index_shards, build_scann)
+  write_start_config(config, output_dir)
   save_params(config, output_dir)  # last: a directory with params.yaml is a whole run
   return dict(kind=kind, step=step, checkpoint=checkpoint, num_blocks=num_blocks,
               blocks=config.index.blocks, index=index, tensors=counts,

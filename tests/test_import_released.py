@@ -346,16 +346,22 @@ def test_hugging_face_layer_norm_names_give_bert_epsilon(tmp_path, tokenizer):
   np.testing.assert_allclose(got, files["block_emb"], atol=1e-4, rtol=1e-4)
 
 
-def test_pretrained_realm_imports_and_starts_open_qa_fine_tuning(imported, tmp_path,
-                                                                  tokenizer):
+@pytest.fixture(scope="module")
+def pretrained(imported):
   """Without --orqa_model: the pre-trained REALM (both towers from the embedder module, the
-  knowledge-augmented encoder and MLM head from the bert module) as a pre-training run,
-  which Open-QA fine-tuning's init_from=realm reads."""
-  run = str(tmp_path / "realm")
+  knowledge-augmented encoder and MLM head from the bert module) as a pre-training run."""
+  run = os.path.join(imported["root"], "realm_cc_news")
   summary = import_released.import_released(
       import_released.ReleasedFiles(embedder=imported["embedder"], bert=imported["bert"],
                                     blocks=imported["blocks"], titles=imported["titles"]),
       run, num_attention_heads=rf.SIZES["num_heads"], index_shards=1, build_scann=True)
+  return dict(run=run, summary=summary)
+
+
+def test_pretrained_realm_imports_and_open_qa_init_reads_it(imported, pretrained, tokenizer):
+  """The pre-training run's checkpoint, read as Open-QA fine-tuning's init_from=realm
+  reads it."""
+  run, summary = pretrained["run"], pretrained["summary"]
   assert summary["kind"] == "pretrain" and summary["num_blocks"] == len(rf.BLOCKS)
   bert_counts = summary["tensors"][os.path.join(imported["bert"], "variables", "variables")]
   assert bert_counts == dict(loaded=len(imported["bert_tensors"]), skipped=0)
@@ -389,6 +395,30 @@ def test_pretrained_realm_imports_and_starts_open_qa_fine_tuning(imported, tmp_p
   word = openqa.reader.encoder.get_embedding_table().numpy()
   np.testing.assert_array_equal(word, imported["bert_tensors"][
       "bert/embeddings/word_embeddings"])
+
+
+def test_open_qa_fine_tuning_trains_from_the_imported_realm(imported, pretrained, tmp_path):
+  """`realm_tf.train --experiment realm/openqa --config <import>/released.yaml` with
+  init_from=realm: two steps over the imported blocks and block_emb (the fixed index, as
+  the authors fine-tuned), starting from the imported towers."""
+  from realm_tf.training import train_lib  # noqa: PLC0415  only this test trains
+  run = pretrained["run"]
+  config = load_config(os.path.join(run, import_released.START_CONFIG), [
+      "task.openqa.init_from=realm", f"task.openqa.init_checkpoint={run}",
+      f"task.openqa.train_data.input_path={imported['questions']}",
+      "task.openqa.train_data.global_batch_size=2", "task.openqa.retriever_beam=8",
+      "trainer.train_steps=2", "trainer.steps_per_loop=2", "trainer.checkpoint_interval=2",
+      "trainer.summary_interval=2", "trainer.warmup_steps=1", "runtime.enable_xla=false"],
+      experiment="realm/openqa")
+  model_dir = str(tmp_path / "nq")
+  train_lib.run_experiment(config, model_dir, tf.distribute.get_strategy(), evaluate=False)
+  trained = tf.train.load_checkpoint(layout.latest_checkpoint(model_dir))
+  assert int(trained.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE")) == 2
+  # The document tower does not train in fine-tuning: it is still the embedder module's.
+  kernel = next(name for name in trained.get_variable_to_shape_map()
+                if "document_embedder/projection/kernel/.ATTRIBUTES" in name)
+  np.testing.assert_array_equal(trained.get_tensor(kernel),
+                                imported["embedder_tensors"]["dense/kernel"])
 
 
 _GS_IMPORT = """
