@@ -311,6 +311,8 @@ def convert_corpus(blocks: str, titles: str, corpus_dir: str, expected: int,
           final = os.path.join(corpus_dir, name)
           tmp = os.path.join(corpus_dir, f".tmp-{name}")
           writer = tf.io.TFRecordWriter(tmp)
+        # A bad record is refused, not set aside: every block id is a row of block_emb, and
+        # the index must cover exactly the blocks the store holds.
         try:
           record = dict(block_id=count, doc_uid=title_uid(title),
                         title=title.decode("utf-8"), text=text.decode("utf-8"))

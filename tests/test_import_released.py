@@ -307,6 +307,19 @@ def test_unknown_tensor_is_refused(imported, tmp_path):
                                     num_attention_heads=rf.SIZES["num_heads"])
 
 
+def test_blocks_and_titles_of_different_lengths_are_refused(imported, tmp_path):
+  titles = str(tmp_path / "titles.tfr")
+  with tf.io.TFRecordWriter(titles) as writer:
+    for title, _ in rf.BLOCKS[:-1]:
+      writer.write(title.encode("utf-8"))
+  with pytest.raises(ValueError, match="differ in length: 11 and 10 records"):
+    import_released.convert_corpus(imported["blocks"], titles, str(tmp_path / "corpus"),
+                                   len(rf.BLOCKS), 4)
+  with pytest.raises(ValueError, match="11 blocks, but block_emb has 12 rows"):
+    import_released.convert_corpus(imported["blocks"], imported["titles"],
+                                   str(tmp_path / "corpus2"), len(rf.BLOCKS) + 1, 4)
+
+
 def test_skip_rules_cover_optimizer_state_and_unused_heads_only():
   for name in ("global_step", "reader/dense/kernel/adam_m", "module/dense/bias/adam_v",
                "reader/dense/kernel/Adam_1", "beta1_power",
