@@ -129,8 +129,16 @@ class ReleasedFiles:
 
 
 def orqa_checkpoint(path: str) -> str:
-  """The checkpoint prefix of an Open-QA model directory (export/best_default/checkpoint,
-  then the directory itself), or `path` when it already is one."""
+  """The checkpoint of a released Open-QA model.
+
+  Args:
+    path: the model directory (orqa_nq_model_from_realm) or a checkpoint prefix.
+  Returns:
+    `path` if it is a checkpoint prefix, else the newest checkpoint in
+    <path>/export/best_default/checkpoint, else in <path>.
+  Raises:
+    FileNotFoundError: there is none.
+  """
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   if tf.io.gfile.exists(path + ".index"):
     return path
@@ -145,8 +153,22 @@ def orqa_checkpoint(path: str) -> str:
 def released_config(kind: str, dims, num_heads: int, projection_size: int,
                     layer_norm_epsilon: Optional[float], span_hidden: int, output_dir: str,
                     index_shards: int, step: int):
-  """The run's ExperimentConfig: the registered experiment of `kind` with the released
-  models' sizes and the authors' sequence lengths and beams."""
+  """The imported run's config: the registered experiment of `kind` with the released
+  models' sizes and the authors' sequence lengths and beams.
+
+  Args:
+    kind: 'openqa' (realm/openqa) or 'pretrain' (realm/pretrain).
+    dims: the BERTs' sizes (released.BertDims).
+    num_heads: attention heads.
+    projection_size: the retriever's embedding width (128 in the release).
+    layer_norm_epsilon: the projection's LayerNorm epsilon, None for none.
+    span_hidden: the reader's span hidden size.
+    output_dir: the run directory (the vocabulary and blocks are named under it).
+    index_shards: index.num_shards.
+    step: the checkpoint's step (an Open-QA run is complete at it).
+  Returns:
+    A validated ExperimentConfig.
+  """
   from realm_tf.configs import experiments  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   name = experiments.OPENQA if kind == "openqa" else experiments.PRETRAIN
   config = experiments.experiment_config(name)
@@ -181,8 +203,15 @@ def released_config(kind: str, dims, num_heads: int, projection_size: int,
 
 
 def build_model(config, kind: str, vocab_file: str = ""):
-  """The realm_tf model whose variables the released tensors fill (built, random init);
-  `vocab_file` (default the config's) gives the reader's [SEP] id."""
+  """The realm_tf model the released tensors fill, built (random init).
+
+  Args:
+    config: the run's config (released_config or the run's params.yaml).
+    kind: 'openqa' (OpenQAModel) or 'pretrain' (RealmPretrainer).
+    vocab_file: the vocabulary giving the reader's [SEP] id (default the config's).
+  Returns:
+    The model, every variable created.
+  """
   from realm_tf.modeling import factory  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.modeling.models.openqa import OpenQAModel  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.text.tokenization import Tokenizer  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -197,9 +226,22 @@ def build_model(config, kind: str, vocab_file: str = ""):
 
 
 def load_released_weights(model, kind: str, files: ReleasedFiles, dims, orqa_prefix: str):
-  """Fills every variable of `model` from the released checkpoints; returns per-file
-  {loaded, skipped} counts. Each file's plan is checked whole before anything is assigned,
-  and all plans before any assignment."""
+  """Fills every variable of `model` from the released checkpoints.
+
+  Every checkpoint's plan is checked whole (released.LoadPlan.check) before any variable
+  is assigned.
+
+  Args:
+    model: build_model's model of `kind`.
+    kind: 'openqa' or 'pretrain'.
+    files: the released files.
+    dims: the BERTs' sizes.
+    orqa_prefix: the Open-QA checkpoint ('openqa' only).
+  Returns:
+    {checkpoint prefix: {'loaded': n, 'skipped': m}}.
+  Raises:
+    ReleasedFormatError: an unknown, missing or mis-shaped tensor (one line).
+  """
   from realm_tf.pretrained import released  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   retriever = model.retriever
   embedder = released.ReleasedCheckpoint.open(files.embedder_variables)
@@ -223,8 +265,16 @@ def load_released_weights(model, kind: str, files: ReleasedFiles, dims, orqa_pre
 
 
 def save_checkpoint(model, output_dir: str, step: int) -> str:
-  """<output_dir>/checkpoints/ckpt-<step>, laid out as the trainer saves (model and
-  global_step), so restore_model, init_from and resuming read it."""
+  """Saves <output_dir>/checkpoints/ckpt-<step> as the trainer lays it out (model and
+  global_step), so evaluation's restore_model and Open-QA's init_from read it.
+
+  Args:
+    model: the filled model.
+    output_dir: the run directory.
+    step: the global step to record.
+  Returns:
+    The checkpoint prefix.
+  """
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
 
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -237,6 +287,8 @@ def save_checkpoint(model, output_dir: str, step: int) -> str:
 
 
 def copy_vocab(files: ReleasedFiles, output_dir: str) -> str:
+  """Copies the embedder module's assets/vocab.txt to <output_dir>/vocab.txt (through a
+  temporary name); returns the copy's path."""
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   path = os.path.join(output_dir, "vocab.txt")
   if not tf.io.gfile.exists(files.vocab_file):
@@ -255,7 +307,14 @@ def write_start_config(config, output_dir: str) -> str:
   projection's LayerNorm, the vocabulary) and its index (the released blocks and
   block_emb), without a task, so any stage's experiment takes it as a --config file (a
   params.yaml names its task, which another experiment refuses). A fine-tuning that keeps
-  the index fixed, as the authors' did, searches the imported block_emb directly."""
+  the index fixed, as the authors' did, searches the imported block_emb directly.
+
+  Args:
+    config: the run's config.
+    output_dir: the run directory.
+  Returns:
+    The file's path.
+  """
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   import yaml  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
 
@@ -280,9 +339,23 @@ def title_uid(title: bytes) -> str:
 
 def convert_corpus(blocks: str, titles: str, corpus_dir: str, expected: int,
                    records_per_file: int) -> int:
-  """blocks.tfr + titles.tfr → <corpus_dir>/blocks-NNNNN-of-MMMMM.tfrecord block records
-  (block id = record number), read and written a batch at a time; each file is written
-  under a hidden temporary name and renamed when whole. Returns the number of blocks."""
+  """Converts blocks.tfr + titles.tfr into block records (block id = record number).
+
+  Read and written a batch at a time; each <corpus_dir>/blocks-NNNNN-of-MMMMM.tfrecord is
+  written under a hidden temporary name and renamed when whole.
+
+  Args:
+    blocks: blocks.tfr (one UTF-8 block per record).
+    titles: titles.tfr (record i is block i's title).
+    corpus_dir: where the block records go.
+    expected: the number of blocks (block_emb's rows).
+    records_per_file: records per output file.
+  Returns:
+    The number of blocks written.
+  Raises:
+    ValueError: the two files differ in length, a record is not UTF-8, or the count is
+      not `expected`.
+  """
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
 
   from realm_tf.corpus import schema  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -361,8 +434,20 @@ class BlockEmbShards(Sequence):
 
 def publish_block_emb(prefix: str, shape: tuple[int, int], index_dir: str, version: int,
                       num_shards: int, build_scann: bool) -> str:
-  """block_emb as committed index version `version` (its document tower is the run's, at
-  the run's step, so the index is not stale)."""
+  """Publishes block_emb as a committed index version, a shard at a time (write_export,
+  the one commit protocol). Its document tower is the run's, at the run's step, so the
+  index is not stale.
+
+  Args:
+    prefix: the checkpoint holding block_emb.
+    shape: block_emb's shape [N, P].
+    index_dir: the run's index directory.
+    version: the version (the run's step).
+    num_shards: shards of consecutive rows.
+    build_scann: also build a ScaNN searcher per shard.
+  Returns:
+    The committed version's directory.
+  """
   from realm_tf.retrieval.index_export import write_export  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   shards = BlockEmbShards(prefix, shape, min(num_shards, shape[0]))
   return write_export(index_dir, version, shards, build_scann=build_scann,

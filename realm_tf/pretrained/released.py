@@ -61,7 +61,13 @@ class ReleasedFormatError(WeightLoadingError):
 
 
 def skip_reason(name: str) -> Optional[str]:
-  """Why `name` is not loaded, or None when it must be."""
+  """Why a released tensor is not loaded.
+
+  Args:
+    name: a tensor name of a released checkpoint.
+  Returns:
+    The reason of the first SKIP_RULES pattern it matches, or None when it must be loaded.
+  """
   for pattern, reason in SKIP_RULES:
     if pattern.search(name):
       return reason
@@ -79,6 +85,7 @@ class BertDims:
   type_vocab_size: int
 
   def as_map_args(self) -> dict:
+    """The keyword arguments of name_maps.bert_encoder_map."""
     return dataclasses.asdict(self)
 
 
@@ -91,6 +98,15 @@ class ReleasedCheckpoint:
 
   @classmethod
   def open(cls, prefix: str) -> "ReleasedCheckpoint":
+    """Lists a checkpoint's tensors (tf.train.list_variables: names and shapes only).
+
+    Args:
+      prefix: a checkpoint prefix, local or gs:// (a hub module's variables/variables).
+    Returns:
+      The checkpoint, its tensors not read yet.
+    Raises:
+      ReleasedFormatError: `prefix` is not a readable TF checkpoint.
+    """
     try:
       shapes = {name: tuple(shape) for name, shape in tf.train.list_variables(prefix)}
     except (tf.errors.OpError, ValueError) as e:
@@ -99,17 +115,30 @@ class ReleasedCheckpoint:
     return cls(prefix, shapes)
 
   def read(self, name: str) -> np.ndarray:
+    """The value of tensor `name` (read whole: for weights, not block_emb)."""
     if self._reader is None:
       self._reader = tf.train.load_checkpoint(self.prefix)
     return np.asarray(self._reader.get_tensor(name))
 
   def bert_prefixes(self, scope: str = "", exclude: str = "") -> list[str]:
-    """Scopes `p` (starting with `scope`, not with `exclude`) holding a BERT at `p + bert/`."""
+    """Where the checkpoint's BERTs are.
+
+    Args:
+      scope: only names starting with it (e.g. 'reader/').
+      exclude: no names starting with it.
+    Returns:
+      Every prefix `p` such that `p + bert/embeddings/word_embeddings` is a tensor, sorted.
+    """
     return sorted(name[:-len(BERT_ANCHOR)] for name in self.shapes
                   if name.endswith(BERT_ANCHOR) and name.startswith(scope)
                   and not (exclude and name.startswith(exclude)))
 
   def one_bert(self, scope: str = "", exclude: str = "") -> str:
+    """The prefix of the one BERT within `scope` and outside `exclude` (bert_prefixes).
+
+    Raises:
+      ReleasedFormatError: none or several, naming the embedding tensors found there.
+    """
     prefixes = self.bert_prefixes(scope, exclude)
     if len(prefixes) != 1:
       where = f" under '{scope}'" if scope else ""
@@ -122,7 +151,15 @@ class ReleasedCheckpoint:
     return prefixes[0]
 
   def bert_dims(self, prefix: str) -> BertDims:
-    """The sizes of the BERT at `prefix + bert/`, from its tensors' shapes."""
+    """The sizes of the BERT at `prefix + bert/`, read from its tensors' shapes.
+
+    Args:
+      prefix: a prefix of bert_prefixes.
+    Returns:
+      Its BertDims (the number of layers is the highest layer_<i> plus one).
+    Raises:
+      ReleasedFormatError: a tensor the sizes are read from is missing.
+    """
     def shape(suffix):
       name = prefix + suffix
       if name not in self.shapes:
@@ -156,16 +193,23 @@ class LoadPlan:
   skipped: dict[str, str] = dataclasses.field(default_factory=dict)
 
   def add(self, variable: tf.Variable, source: str, source_shape, convert=None):
+    """Plans `variable` = convert(tensor `source`), the tensor expected of `source_shape`."""
     self.assignments.append(Assignment(variable, source, tuple(int(d) for d in source_shape),
                                        convert or (lambda value: value)))
 
   def skip_where(self, predicate: Callable[[str], bool], reason: str):
+    """Skips every tensor whose name satisfies `predicate`, for `reason`."""
     for name in self.checkpoint.shapes:
       if predicate(name):
         self.skipped.setdefault(name, reason)
 
   def check(self):
-    """ReleasedFormatError (one line) for the first unknown, missing or mis-shaped tensor."""
+    """Checks that every tensor is loaded or skipped, and every source exists in its shape.
+
+    Raises:
+      ReleasedFormatError: one line naming the first unknown, missing or mis-shaped tensor
+        (unknown ones first: a renamed tensor is reported by its new name).
+    """
     ckpt = self.checkpoint
     used = {a.source for a in self.assignments}
     unknown = sorted(name for name in ckpt.shapes
@@ -186,7 +230,12 @@ class LoadPlan:
             f"expected {list(a.source_shape)} (for {a.variable.name})")
 
   def apply(self) -> dict:
-    """Checks the plan, then assigns every variable; returns {loaded, skipped} counts."""
+    """Checks the plan (`check`), then assigns every variable.
+
+    Returns:
+      {'loaded': tensors read, 'skipped': tensors skipped by a rule}; together, every
+      tensor of the checkpoint.
+    """
     self.check()
     for a in self.assignments:
       value = a.convert(self.checkpoint.read(a.source))
@@ -210,7 +259,21 @@ def _own_variables(layer) -> dict[str, tf.Variable]:
 
 
 def plan_bert(plan: LoadPlan, encoder, prefix: str, dims: BertDims, masked_lm=None):
-  """BertEncoderV2 `encoder` (and a MaskedLM head) from the BERT at `prefix + bert/`."""
+  """Plans a BertEncoderV2 (and its MaskedLM head) from the BERT at `prefix + bert/`.
+
+  Google's names (name_maps.bert_encoder_map, 'google') under the scope prefix the hub
+  modules' nesting gave them.
+
+  Args:
+    plan: the checkpoint's LoadPlan.
+    encoder: a built BertEncoderV2 of `dims`.
+    prefix: where the BERT is (ReleasedCheckpoint.one_bert).
+    dims: the BERT's sizes.
+    masked_lm: a built MaskedLM to fill from `prefix + cls/predictions/`; None skips
+      those tensors (the retriever and the Open-QA reader use no MLM head).
+  Raises:
+    ReleasedFormatError: the encoder has a variable the map does not fill.
+  """
   variables = _own_variables(encoder)
   mappings = bert_encoder_map("google", **dims.as_map_args())
   missing = sorted(set(variables) - {m.target for m in mappings})
@@ -235,9 +298,17 @@ def _outside_berts(name: str, bert_prefixes: list[str]) -> bool:
 
 
 def find_embedder_head(ckpt: ReleasedCheckpoint, exclude: str = "") -> tuple[str, Optional[str]]:
-  """(projection scope, LayerNorm scope or None) of the one embedder in `ckpt`: the
-  tensors `<s>dense/kernel` and `<s>LayerNorm|layer_normalization/gamma` outside any BERT
-  (and outside `exclude`, the reader's scope in an Open-QA checkpoint)."""
+  """Finds the one embedder's projection and LayerNorm: `<s>dense/kernel` and
+  `<s>LayerNorm/gamma` or `<s>layer_normalization/gamma` outside any BERT.
+
+  Args:
+    ckpt: the checkpoint.
+    exclude: a scope to leave out (the reader's, in an Open-QA checkpoint).
+  Returns:
+    (projection scope, LayerNorm scope or None), each ending in '/'.
+  Raises:
+    ReleasedFormatError: not exactly one projection, or several LayerNorms.
+  """
   berts = ckpt.bert_prefixes()
   candidates = [n for n in ckpt.shapes if _outside_berts(n, berts)
                 and not (exclude and n.startswith(exclude)) and skip_reason(n) is None]
@@ -255,15 +326,32 @@ def find_embedder_head(ckpt: ReleasedCheckpoint, exclude: str = "") -> tuple[str
 
 
 def layer_norm_epsilon(scope: Optional[str]) -> Optional[float]:
-  """The epsilon the code that named LayerNorm scope `scope` used (None: no LayerNorm)."""
+  """The epsilon of the code that names a LayerNorm so.
+
+  Args:
+    scope: a LayerNorm scope of find_embedder_head, or None.
+  Returns:
+    1e-12 for `LayerNorm/` (BERT's), 1e-3 for `layer_normalization/` (Keras'), None for
+    None.
+  """
   if scope is None:
     return None
   return EMBEDDER_LAYER_NORMS[scope.rstrip("/").rsplit("/", 1)[-1]]
 
 
 def plan_embedder(plan: LoadPlan, embedder, dims: BertDims, exclude: str = ""):
-  """A realm_tf Embedder (BERT, projection, optional LayerNorm) from the one embedder of
-  the checkpoint outside `exclude`."""
+  """Plans a realm_tf Embedder (BERT, projection, LayerNorm) from the checkpoint's one
+  embedder outside `exclude`.
+
+  Args:
+    plan: the checkpoint's LoadPlan.
+    embedder: a built Embedder of the released sizes.
+    dims: the BERT's sizes.
+    exclude: a scope to leave out (the reader's, in an Open-QA checkpoint).
+  Raises:
+    ReleasedFormatError: the checkpoint has a LayerNorm after the projection and the
+      embedder none, or the reverse.
+  """
   ckpt = plan.checkpoint
   prefix = ckpt.one_bert(exclude=exclude)
   plan_bert(plan, embedder.encoder, prefix, dims)
@@ -281,7 +369,15 @@ def plan_embedder(plan: LoadPlan, embedder, dims: BertDims, exclude: str = ""):
 
 
 def span_hidden_size(ckpt: ReleasedCheckpoint) -> int:
-  """The reader's span hidden size (orqa_model.read's span_hidden_size)."""
+  """The reader's span hidden size (orqa_model.read's span_hidden_size).
+
+  Args:
+    ckpt: an Open-QA checkpoint.
+  Returns:
+    The width of `reader/layer_normalization/gamma`.
+  Raises:
+    ReleasedFormatError: the checkpoint has no reader span head.
+  """
   name = READER_SCOPE + "layer_normalization/gamma"
   if name not in ckpt.shapes:
     raise ReleasedFormatError(f"{ckpt.prefix}: missing tensor '{name}' (the reader's span "
@@ -297,6 +393,11 @@ def plan_reader(plan: LoadPlan, reader, dims: BertDims):
   the halves as start_projection and end_projection (the latter without a bias: both
   biases are added to every span, so their sum in start_projection's bias is the same
   function with one redundant parameter fewer).
+
+  Args:
+    plan: the Open-QA checkpoint's LoadPlan.
+    reader: a built realm_tf Reader of the released sizes.
+    dims: the BERT's sizes.
   """
   ckpt = plan.checkpoint
   plan_bert(plan, reader.encoder, ckpt.one_bert(scope=READER_SCOPE), dims)
@@ -315,14 +416,30 @@ def plan_reader(plan: LoadPlan, reader, dims: BertDims):
 
 
 def read_step(ckpt: ReleasedCheckpoint) -> int:
-  """The checkpoint's global_step (0 for hub modules, which carry none)."""
+  """The checkpoint's global_step.
+
+  Args:
+    ckpt: a released checkpoint.
+  Returns:
+    Its global_step, or 0 for hub modules, which carry none.
+  """
   return int(ckpt.read("global_step")) if "global_step" in ckpt.shapes else 0
 
 
 def read_rows(prefix: str, name: str, shape: tuple[int, int], start: int,
               count: int) -> np.ndarray:
-  """Rows [start, start + count) of the 2-D float32 tensor `name` [N, P], read as a slice
-  so a 13M-row tensor (6.8 GB) is never held whole (RestoreV2's slice spec)."""
+  """Reads rows of a 2-D float32 tensor as a slice (RestoreV2's slice spec), so a 13M-row
+  tensor (6.8 GB) is never held whole.
+
+  Args:
+    prefix: the checkpoint prefix (local or gs://).
+    name: the tensor, e.g. 'block_emb'.
+    shape: its full shape [N, P].
+    start: the first row.
+    count: how many rows.
+  Returns:
+    float32 [count, P].
+  """
   spec = f"{shape[0]} {shape[1]} {start},{count}:-"
   (rows,) = tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[name], shape_and_slices=[spec],
                                  dtypes=[tf.float32])
