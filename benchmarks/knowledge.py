@@ -2,7 +2,7 @@
 fetch the block that holds the missing fact, and the knowledge then lives in the corpus.
 
     python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 1000]
-        [--batch_size 64] [--entities 6000] [--x_templates 1] [--num_candidates 2]
+        [--batch_size 64] [--entities 3000] [--x_templates 1] [--num_candidates 2]
         [--refresh_every 10] [--ict_steps 300] [--learning_rate 3e-3] [--curve_every 250]
         [--seed 0]
         [--config configs/tiny.yaml --config configs/knowledge.yaml] [--override k=v]
@@ -522,9 +522,9 @@ def plot(payload: dict, path: str):
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--arms", default="realm,frozen,none,cold")
-  p.add_argument("--steps", type=int, default=600)
+  p.add_argument("--steps", type=int, default=1000)
   p.add_argument("--batch_size", type=int, default=64)
-  p.add_argument("--entities", type=int, default=6000)
+  p.add_argument("--entities", type=int, default=3000)
   p.add_argument("--x_templates", type=int, default=1,
                  help="X wordings per trained (entity, attribute) pair (1 to 3)")
   p.add_argument("--num_candidates", type=int, default=2)
