@@ -33,7 +33,7 @@ SLOW_MODULES = frozenset({
     "test_export_qa.py", "test_gcs_protocol.py", "test_import_released.py",
     "test_openqa_corpus.py",
     "test_openqa_finetune.py", "test_preprocess_pipeline.py", "test_retrieval.py",
-    "test_serving_realm.py", "test_serving_rest.py", "test_serving_server.py",
+    "test_scale.py", "test_serving_realm.py", "test_serving_rest.py", "test_serving_server.py",
     "test_storage_gcs_emulator.py", "test_storage_publishers.py", "test_tf_gcs.py",
     "test_train_on_object_store.py", "test_training.py",
 })

