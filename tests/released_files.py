@@ -160,7 +160,7 @@ class Reference:
                         num_layers=SIZES["num_layers"], num_heads=SIZES["num_heads"],
                         convention="google", approximate_gelu=True)[0]  # [L, H]
 
-  def _tower(self, values, bert_prefix, head_scope, ids, types):
+  def tower(self, values, bert_prefix, head_scope, ids, types):
     """BERT pooled [CLS] → dense → LayerNorm (the 'projected' signature)."""
     seq = self._bert(values, bert_prefix, ids, types)
     g = lambda n: values[bert_prefix + n].astype(np.float64)  # noqa: E731
@@ -176,11 +176,26 @@ class Reference:
 
   def document_embedding(self, title_ids, body_ids):
     ids, types = self.block_inputs(title_ids, body_ids)
-    return self._tower(self.embedder, EMBEDDER_BERT, "", ids, types)
+    return self.tower(self.embedder, EMBEDDER_BERT, "", ids, types)
 
   def query_embedding(self, question_ids):
     ids = [self.cls] + question_ids + [self.sep]
-    return self._tower(self.orqa, QUERY_BERT, QUERY_HEAD, ids, [0] * len(ids))
+    return self.tower(self.orqa, QUERY_BERT, QUERY_HEAD, ids, [0] * len(ids))
+
+  def reader_logits(self, ids, types, first: int, length: int) -> dict:
+    """orqa_model.read's span scores over reader inputs `ids`/`types` (all real tokens)
+    whose block occupies positions [first, first + length): {(start, end): logit}."""
+    seq = self._bert(self.orqa, READER_BERT, ids, types)
+    r = lambda n: self.orqa["reader/" + n].astype(np.float64)  # noqa: E731
+    projection = seq @ r("dense/kernel") + r("dense/bias")  # [L, 2S]
+    start, end = np.split(projection, 2, axis=-1)
+    logits = {}
+    for s in range(first, first + length):
+      for e in range(s, min(s + MAX_SPAN_WIDTH, first + length)):
+        hidden = layer_norm(np.maximum(start[s] + end[e], 0.0), r("layer_normalization/gamma"),
+                            r("layer_normalization/beta"), 1e-3)
+        logits[(s, e)] = float(hidden @ r("dense_1/kernel")[:, 0] + r("dense_1/bias")[0])
+    return logits
 
   def span_logits(self, question_ids, body_ids) -> dict:
     """orqa_model.read's span scores (before the retrieval score) of one block:
@@ -188,19 +203,7 @@ class Reference:
     body = body_ids[:READER_SEQ_LENGTH - len(question_ids) - 3]
     ids = [self.cls] + question_ids + [self.sep] + body + [self.sep]
     types = [0] * (len(question_ids) + 2) + [1] * (len(body) + 1)
-    seq = self._bert(self.orqa, READER_BERT, ids, types)
-    r = lambda n: self.orqa["reader/" + n].astype(np.float64)  # noqa: E731
-    projection = seq @ r("dense/kernel") + r("dense/bias")  # [L, 2S]
-    start, end = np.split(projection, 2, axis=-1)
-    first = len(question_ids) + 2
-    block = range(first, first + len(body))
-    logits = {}
-    for s in block:
-      for e in range(s, min(s + MAX_SPAN_WIDTH, first + len(body))):
-        hidden = layer_norm(np.maximum(start[s] + end[e], 0.0), r("layer_normalization/gamma"),
-                            r("layer_normalization/beta"), 1e-3)
-        logits[(s, e)] = float(hidden @ r("dense_1/kernel")[:, 0] + r("dense_1/bias")[0])
-    return logits
+    return self.reader_logits(ids, types, first=len(question_ids) + 2, length=len(body))
 
 
 def write_released(root: str, seed: int = 0, norm: str = "layer_normalization",

@@ -520,40 +520,76 @@ def real_run():
   return run
 
 
-def test_real_release_matches_hugging_face_published_outputs(real_run):
-  config = load_config(layout.params_path(real_run))
+def hugging_face_probes(run: str, question: str, overrides=()) -> dict:
+  """HuggingFace's integration-test inputs through an imported run: the document tower
+  (HF's RealmEmbedder) on ids 0..5, the scorer (that embedder on both sides) against ids
+  0..5 and 6..11, the reader on two 5-token blocks (ids 0..9, block tokens at positions 2
+  and 3, relevance 0.3 and 0.7), and realm_tf.evaluate's answer to `question`."""
+  config = load_config(layout.params_path(run))
   built = import_released.build_model(config, "openqa")
-  status = tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(real_run))
+  status = tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(run))
   status.expect_partial()
   status.assert_existing_objects_matched()
-  ones = lambda ids: dict(input_word_ids=tf.constant(ids, tf.int32),  # noqa: E731
-                          input_mask=tf.ones_like(tf.constant(ids, tf.int32)),
-                          input_type_ids=tf.zeros_like(tf.constant(ids, tf.int32)))
-  # The pre-trained embedder (our document tower) on ids 0..5.
-  embedding = built.retriever.embed_documents(ones([[0, 1, 2, 3, 4, 5]])).numpy()
-  np.testing.assert_allclose(embedding[0, :3], HF_EMBEDDER_SLICE, atol=1e-4)
-  # The scorer: the same embedder on both sides.
+
+  def ones(ids):
+    ids = tf.constant(ids, tf.int32)
+    return dict(input_word_ids=ids, input_mask=tf.ones_like(ids),
+                input_type_ids=tf.zeros_like(ids))
+
+  embedding = built.retriever.embed_documents(ones([[0, 1, 2, 3, 4, 5]])).numpy()[0]
   candidates = built.retriever.embed_documents(ones([[0, 1, 2, 3, 4, 5],
                                                      [6, 7, 8, 9, 10, 11]])).numpy()
-  np.testing.assert_allclose(candidates @ embedding[0], HF_SCORER, atol=1e-4)
-  # The reader: two blocks [CLS]-less ids 0..9, block tokens at positions 2-3, relevance
-  # 0.3 and 0.7; HF expects block 1, span (3, 3).
-  reader_inputs = dict(input_word_ids=tf.reshape(tf.range(10, dtype=tf.int32), [1, 2, 5]),
-                       input_mask=tf.ones([1, 2, 5], tf.int32),
-                       input_type_ids=tf.constant([[[0, 0, 1, 1, 1]] * 2], tf.int32))
-  out = built.reader(reader_inputs)
-  logits = out["span_logits"].numpy()[0] + np.array([[0.3], [0.7]])
+  out = built.reader(dict(input_word_ids=tf.reshape(tf.range(10, dtype=tf.int32), [1, 2, 5]),
+                          input_mask=tf.ones([1, 2, 5], tf.int32),
+                          input_type_ids=tf.constant([[[0, 0, 1, 1, 1]] * 2], tf.int32)))
+  logits = out["span_logits"].numpy()[0] + np.array([[0.3], [0.7]])  # [2 blocks, S]
   block, span = np.unravel_index(np.argmax(logits), logits.shape)
-  assert (block, out["span_starts"].numpy()[span], out["span_ends"].numpy()[span]) == (1, 3, 3)
-  # The whole model over the 13M blocks.
-  question, answer = HF_OPEN_QA
-  path = os.path.join(real_run, "hf_question.jsonl")
+  path = os.path.join(run, "hf_question.jsonl")
   with open(path, "w") as f:
-    f.write(json.dumps(dict(question=question, answer=[answer])) + "\n")
-  result = evaluate_run(real_run, path, output=os.path.join(real_run, "hf_question.out.jsonl"))
+    f.write(json.dumps(dict(question=question, answer=["-"])) + "\n")
+  result = evaluate_run(run, path, output=os.path.join(run, "hf_question.out.jsonl"),
+                        overrides=overrides)
   with open(result["files"]["predictions"], encoding="utf-8") as f:
-    prediction = json.loads(f.readline())["prediction"]
-  assert prediction.lower() == answer
+    prediction = json.loads(f.readline())
+  valid = logits > INVALID_SPAN_LOGIT / 2
+  return dict(embedding=embedding, scores=candidates @ embedding,
+              reader_logits={(b, int(out["span_starts"].numpy()[j]),
+                              int(out["span_ends"].numpy()[j])): float(logits[b, j])
+                             for b, j in zip(*np.nonzero(valid))},
+              reader_choice=(int(block), int(out["span_starts"].numpy()[span]),
+                             int(out["span_ends"].numpy()[span])),
+              prediction=prediction)
+
+
+def test_hugging_face_probes_equal_the_reference_on_the_scaled_down_release(imported):
+  """The opt-in check below, run here against the NumPy reference instead of HF's
+  published numbers (so its code is exercised wherever the suite runs)."""
+  ref = imported["reference"]
+  probes = hugging_face_probes(imported["run"], HF_OPEN_QA[0], overrides=EVAL_OVERRIDES)
+  want = ref.tower(ref.embedder, rf.EMBEDDER_BERT, "", list(range(6)), [0] * 6)
+  np.testing.assert_allclose(probes["embedding"], want, atol=1e-4, rtol=1e-4)
+  others = ref.tower(ref.embedder, rf.EMBEDDER_BERT, "", list(range(6, 12)), [0] * 6)
+  np.testing.assert_allclose(probes["scores"], [want @ want, others @ want], atol=2e-4,
+                             rtol=1e-4)
+  wanted = {}
+  for b in range(2):
+    ids = list(range(5 * b, 5 * b + 5))
+    wanted.update({(b, s, e): logit + (0.3, 0.7)[b] for (s, e), logit in
+                   ref.reader_logits(ids, [0, 0, 1, 1, 1], first=2, length=2).items()})
+  assert sorted(probes["reader_logits"]) == sorted(wanted)
+  np.testing.assert_allclose([probes["reader_logits"][k] for k in sorted(wanted)],
+                             [wanted[k] for k in sorted(wanted)], atol=2e-4, rtol=1e-4)
+  assert probes["reader_choice"] == max(wanted, key=wanted.get)
+  chosen = probes["prediction"]["chosen"]
+  assert probes["prediction"]["prediction"] in rf.BLOCKS[chosen["block_id"]][1]
+
+
+def test_real_release_matches_hugging_face_published_outputs(real_run):
+  probes = hugging_face_probes(real_run, HF_OPEN_QA[0])
+  np.testing.assert_allclose(probes["embedding"][:3], HF_EMBEDDER_SLICE, atol=1e-4)
+  np.testing.assert_allclose(probes["scores"], HF_SCORER, atol=1e-4)
+  assert probes["reader_choice"] == (1, 3, 3)  # HF: block 1, start 3, end 3
+  assert probes["prediction"]["prediction"].lower() == HF_OPEN_QA[1]
 
 
 def test_benchmark_command_evaluates_an_imported_run(imported):
