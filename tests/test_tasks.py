@@ -221,7 +221,10 @@ def _losses(model_dir):
 def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corpus, questions,
                                                        mirrored_strategy):
   """Stopped at step 2 and resumed, the run's steps 3-4 equal an uninterrupted run's: the
-  input skips exactly the 2 x 2 per-replica batches already consumed."""
+  input skips exactly the 2 x 2 per-replica batches already consumed. TRAINING_DONE only
+  once the schedule is complete: not after the slice stopped at step 2, then after the
+  resumed run reaches train_steps (one set of runs checks both: each run costs a model
+  build and a trace)."""
   config = _config(repo_dir, corpus, questions, "pretrain", trainer__train_steps=4,
                    trainer__steps_per_loop=1, trainer__summary_interval=1,
                    trainer__checkpoint_interval=2, task__pretrain__refresh_every_steps=0)
@@ -231,11 +234,14 @@ def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corp
   for name in ("straight", "resumed"):
     runs[name] = str(tmp_path / name)
     tf_.publish_index(layout.index_dir(runs[name]), 0, store.block_ids, vectors)
-  train_lib.run_experiment(config, runs["straight"], mirrored_strategy)
+  straight = train_lib.run_experiment(config, runs["straight"], mirrored_strategy)
+  assert straight["step"] == 4 and layout.training_done(runs["straight"])
   first = train_lib.run_experiment(config, runs["resumed"], mirrored_strategy, stop_at_step=2)
   assert first["step"] == 2 and not first["reached_train_steps"]
+  assert not layout.training_done(runs["resumed"])
   second = train_lib.run_experiment(config, runs["resumed"], mirrored_strategy)
-  assert second["start_step"] == 2 and second["step"] == 4
+  assert second["start_step"] == 2 and second["step"] == 4 and second["reached_train_steps"]
+  assert layout.training_done(runs["resumed"])
   a, b = _losses(runs["straight"]), _losses(runs["resumed"])
   assert sorted(a) == [1, 2, 3, 4] and sorted(b) == [1, 2, 3, 4]
   for step in (3, 4):
@@ -285,20 +291,6 @@ def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, 
   loop = run.trainer._train_loop_fn  # pylint: disable=protected-access
   assert loop.experimental_get_tracing_count() == traces[0]
   assert layout.training_done(model_dir)
-
-
-def test_training_done_only_when_the_schedule_is_complete(tmp_path, repo_dir, corpus,
-                                                         questions):
-  model_dir = str(tmp_path / "realm")
-  config = _config(repo_dir, corpus, questions, "pretrain", trainer__train_steps=10,
-                   task__pretrain__refresh_every_steps=0)
-  store = BlockStore.from_tfrecords(os.path.join(corpus, "blocks-*"))
-  tf_.publish_index(layout.index_dir(model_dir), 0, store.block_ids,
-                    np.ones([len(store), 16], np.float32))
-  result = train_lib.run_experiment(config, model_dir, stop_at_step=5)
-  assert result["step"] == 5 and not layout.training_done(model_dir)
-  result = train_lib.run_experiment(config, model_dir)
-  assert result["step"] == 10 and layout.training_done(model_dir)
 
 
 def test_a_run_without_an_index_marks_training_done_too(tmp_path, repo_dir, corpus,
