@@ -120,34 +120,80 @@ class AdamWeightDecayWithVariableRates(legacy_adamw.AdamWeightDecay):
     """Whether `var` never moves (its group's multiplier is 0): no gradient is needed."""
     return self.group_multiplier == 0.0 and var.ref() in self._group
 
-  def hold_gradients(self, grads_and_vars):
-    """The gradients with those of held variables (the group, while the step counter is
-    below group_frozen_steps) replaced by zeros.
+  @property
+  def holds_group(self) -> bool:
+    """Whether a group is configured to be held for some first steps."""
+    return self.group_frozen_steps > 0 and bool(self._group)
 
-    Why: the global clip norm is taken over every gradient it is given; a held variable's
-    gradient moves nothing (its learning rate is 0) but would still shrink every other
-    variable's step. Zeros also keep Adam's moments of a held variable at zero, so it
-    starts clean when it is released.
+  def clip_by_moving_norm(self, grads_and_vars, clip_norm: float):
+    """Clips every gradient by the global norm of the gradients of the variables that move
+    at this step: a held variable's gradient (the group's, while the step counter is below
+    group_frozen_steps) is left out of the norm, then scaled like the others.
+
+    Why: a held variable moves nothing (its learning rate is 0), but counted in the norm
+    its gradient would shrink every other variable's step. Its gradient still reaches
+    Adam's moments: zeroed instead, the moments would start from zero at its release and,
+    with the bias correction of the global step count, its first steps there would be
+    several times the learning rate.
 
     Args:
-      grads_and_vars: (gradient or None, variable) pairs of one replica.
+      grads_and_vars: (gradient or None, variable) pairs.
+      clip_norm: the global norm the moving gradients are clipped to.
 
     Returns:
-      The same pairs, held gradients zeroed (unchanged when nothing is held).
+      The pairs with every gradient multiplied by clip_norm / max(norm, clip_norm).
     """
     grads_and_vars = list(grads_and_vars)
-    if self.group_frozen_steps <= 0 or not self._group:
-      return grads_and_vars
     held = self.iterations < self.group_frozen_steps  # a tensor: decided in the step
+    squares = []
+    for g, v in grads_and_vars:
+      if g is None:
+        continue
+      values = g.values if isinstance(g, tf.IndexedSlices) else g
+      square = tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
+      squares.append(tf.where(held, 0.0, square) if v.ref() in self._group else square)
+    if not squares:
+      return grads_and_vars
+    norm = tf.sqrt(tf.add_n(squares))
+    scale = clip_norm / tf.maximum(norm, clip_norm)
 
-    def zero_if_held(g):
+    def scaled(g):
       if isinstance(g, tf.IndexedSlices):  # an embedding lookup's gradient
-        return tf.IndexedSlices(tf.where(held, tf.zeros_like(g.values), g.values),
-                                g.indices, g.dense_shape)
-      return tf.where(held, tf.zeros_like(g), g)
+        return tf.IndexedSlices(g.values * tf.cast(scale, g.values.dtype), g.indices,
+                                g.dense_shape)
+      return g * tf.cast(scale, g.dtype)
 
-    return [(zero_if_held(g) if g is not None and v.ref() in self._group else g, v)
-            for g, v in grads_and_vars]
+    return [(None if g is None else scaled(g), v) for g, v in grads_and_vars]
+
+  def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+    """tf-models' AdamWeightDecay.apply_gradients, whose clip by global norm leaves held
+    variables out of the norm while a group is held (clip_by_moving_norm)."""
+    if not self.holds_group:
+      return super().apply_gradients(grads_and_vars, name, experimental_aggregate_gradients)
+    grads_and_vars = list(grads_and_vars)
+    if experimental_aggregate_gradients and self.gradient_clip_norm > 0.0:
+      grads_and_vars = self.clip_by_moving_norm(grads_and_vars, self.gradient_clip_norm)
+    # Past AdamWeightDecay's own clip (done above) to Keras' Adam.
+    return super(legacy_adamw.AdamWeightDecay, self).apply_gradients(
+        grads_and_vars, name=name,
+        experimental_aggregate_gradients=experimental_aggregate_gradients)
+
+  def _transform_gradients(self, grads_and_vars):
+    """Keras' clipping after aggregation, with its global clip norm taken as in
+    clip_by_moving_norm while a group is held (clipvalue, clipnorm and the gradient
+    transformers as Keras applies them)."""
+    # pylint: disable=protected-access
+    if not self.holds_group or self._global_clipnorm is None:
+      return super()._transform_gradients(grads_and_vars)
+    if self._clipvalue is not None:
+      grads_and_vars = self._clipvalue_fn(grads_and_vars)
+    if self._clipnorm is not None:
+      grads_and_vars = self._clipnorm_fn(grads_and_vars)
+    grads_and_vars = self.clip_by_moving_norm(grads_and_vars, self._global_clipnorm)
+    for transform in self.gradient_transformers:
+      grads_and_vars = transform(grads_and_vars)
+    return grads_and_vars
+    # pylint: enable=protected-access
 
 
 def build_optimizer(trainer: TrainerConfig, runtime=None, retriever_variables: Sequence = ()):
@@ -267,18 +313,14 @@ def variable_rates(optimizer) -> Optional[AdamWeightDecayWithVariableRates]:
 
 
 def apply_gradients(optimizer, grads_and_vars):
-  """`optimizer.apply_gradients` without the variables a step does not use, and with held
-  variables' gradients zeroed, so that neither counts in the global clip norm
-  (AdamWeightDecayWithVariableRates.hold_gradients).
+  """`optimizer.apply_gradients` without the variables a step does not use. (Held
+  variables stay out of the clip norm inside the optimizer: clip_by_moving_norm.)
 
   Args:
     optimizer: a tf_keras optimizer.
     grads_and_vars: (gradient, variable) pairs; pairs whose gradient is None (e.g. BERT's
       pooler under 'cls' pooling) are dropped.
   """
-  rates = variable_rates(optimizer)
-  if rates is not None:
-    grads_and_vars = rates.hold_gradients(grads_and_vars)
   optimizer.apply_gradients([(g, v) for g, v in grads_and_vars if g is not None])
 
 
