@@ -110,27 +110,95 @@ def _kill(process) -> None:
   process.stderr.close()
 
 
+# Several checks in one child: each child pays TensorFlow's import (most of its time), so
+# the checks that need no process of their own share one. Each part runs with its own
+# PREFIX (and ROOT), its `say(...)` fields are collected under its name, and an exception
+# is recorded as that part's "error" (the test of that part fails on it, the others still
+# assert theirs).
+_PARTS = """
+import traceback
+results = {}
+for name, prefix, code, extra_env in json.loads(os.environ["PARTS"]):
+  fields = {}
+  os.environ.update(extra_env)
+  scope = dict(globals(), PREFIX=prefix, ROOT=prefix[len("gs://"):].partition("/")[2],
+               say=fields.update)
+  try:
+    exec(code, scope)
+    results[name] = fields
+  except Exception:
+    results[name] = {"error": traceback.format_exc()}
+say(**results)
+"""
+
+
+def _run_parts(gcs, parts) -> dict:
+  """[(name, prefix, code, env)] run one after another in one child: {name: its fields}."""
+  return gcs.run_json(_PRELUDE + _PARTS, env=dict(
+      GS_PREFIX=parts[0][1], PARTS=json.dumps([list(p) for p in parts])))
+
+
+def _part(results: dict, name: str) -> dict:
+  out = results[name]
+  assert "error" not in out, out.get("error")
+  return out
+
+
+def _prefix(name: str) -> str:
+  return f"gs://{BUCKET}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def storage_checks(gcs) -> dict:
+  """The versioned-storage checks of this module on one emulator, in four children instead
+  of ten: a writer SIGKILLed before its manifest and a claim holder (each a process of its
+  own, to be killed); then one child with the claim refused while that holder lives (it
+  must be another process), the killed writer's orphan, leases and GC, the manifest
+  deleted between list and read and the unknown bucket; then, the holder killed, one child
+  taking its claim over and claiming again after the release."""
+  prefixes = {name: _prefix(name) for name in (
+      "orphan", "leases", "claims", "manifest", "bucket")}
+  writer = _popen(gcs, _WRITER, prefixes["orphan"])
+  holder = _popen(gcs, _CLAIMER, prefixes["claims"], HOLDER="builder A", HOLD="1")
+  try:
+    try:
+      orphan = _first_line(writer)["path"]
+    finally:
+      _kill(writer)
+    first = _first_line(holder)
+    held = _run_parts(gcs, [
+        ("refused", prefixes["claims"], _CLAIMER, dict(HOLDER="builder B")),
+        ("orphan", prefixes["orphan"], _ORPHAN_CHECK, dict(ORPHAN=orphan)),
+        ("leases", prefixes["leases"], _LEASES, {}),
+        ("manifest", prefixes["manifest"], _MANIFEST_DELETED, {}),
+        ("bucket", prefixes["bucket"], _UNKNOWN_BUCKET, {})])
+  finally:
+    _kill(holder)
+  # The holder was SIGKILLed: its claim (ttl 600 s) is taken over at once ('holder gone');
+  # C releases it, D claims after the release; then the claims are listed and collected.
+  after = _run_parts(gcs, [
+      ("taken", prefixes["claims"], _CLAIMER, dict(HOLDER="builder C")),
+      ("after_release", prefixes["claims"], _CLAIMER, dict(HOLDER="builder D")),
+      ("claims_listed", prefixes["claims"], _CLAIMS_LISTED, {})])
+  return dict(held, **after, first=first)
+
+
 # ------------------------------------------------------------------ versioned on gs://
 
-def test_a_writer_killed_before_its_manifest_leaves_nothing_listed_and_gc_removes_it(
-    gcs, prefix):
-  writer = _popen(gcs, """
+_WRITER = """
 publish(PREFIX, 4)
 writer = versioned.VersionWriter(PREFIX, 5)
 with tf.io.gfile.GFile(writer.path + "/part-0", "wb") as f:
   f.write(b"half of version 5")
 say(path=writer.path)
 time.sleep(600)
-""", prefix)
-  try:
-    orphan = _first_line(writer)["path"]
-  finally:
-    _kill(writer)
-  out = _run(gcs, """
+"""
+
+_ORPHAN_CHECK = """
 orphan = os.environ["ORPHAN"]
 out = {"listed": [v.version for v in versioned.list_versions(PREFIX)],
        "latest": versioned.latest_version(PREFIX).version,
-       "orphan_files": names_under(orphan)}
+       "orphan_files": names_under(orphan), "orphan": orphan}
 # Younger than stale_seconds: it may still be written, so it stays.
 out["gc_young"] = versioned.garbage_collect(PREFIX, keep=3, stale_seconds=3600)
 time.sleep(2.5)
@@ -139,7 +207,13 @@ out["orphan_after"] = names_under(orphan)
 out["listed_after"] = [v.version for v in versioned.list_versions(PREFIX)]
 versioned.verify_version(versioned.latest_version(PREFIX), checksums=True)
 say(**out)
-""", prefix, ORPHAN=orphan)
+"""
+
+
+def test_a_writer_killed_before_its_manifest_leaves_nothing_listed_and_gc_removes_it(
+    storage_checks):
+  out = _part(storage_checks, "orphan")
+  orphan = out["orphan"]
   assert out["listed"] == [4] and out["latest"] == 4
   assert out["orphan_files"] == ["_WRITER.json", "part-0"]
   assert out["gc_young"] == []
@@ -147,8 +221,7 @@ say(**out)
   assert out["listed_after"] == [4]
 
 
-def test_leases_keep_a_version_from_gc_until_released_or_expired_on_gcs(gcs, prefix):
-  out = _run(gcs, """
+_LEASES = """
 for number in (1, 2, 3, 4):
   publish(PREFIX, number)
 held = versioned.Lease(PREFIX, 1, holder="reader", ttl_seconds=600).acquire()
@@ -170,7 +243,11 @@ try:
 except versioned.VersionError as e:
   out["lease_on_collected"] = str(e)
 say(**out)
-""", prefix)
+"""
+
+
+def test_leases_keep_a_version_from_gc_until_released_or_expired_on_gcs(storage_checks):
+  out = _part(storage_checks, "leases")
   assert out["leased"] == [1]
   # 2 (expired lease) and 3 collected; 1 (held) and 4 (newest) kept.
   assert out["gc"] == ["000000000002", "000000000003"]
@@ -194,23 +271,20 @@ if won:
 """
 
 
-def test_claims_are_created_refused_and_taken_over_on_gcs(gcs, prefix):
-  holder = _popen(gcs, _CLAIMER, prefix, HOLDER="builder A", HOLD="1")
-  try:
-    first = _first_line(holder)
-    refused = _run(gcs, _CLAIMER, prefix, HOLDER="builder B")
-  finally:
-    _kill(holder)
-  taken = _run(gcs, _CLAIMER, prefix, HOLDER="builder C")
-  after_release = _run(gcs, _CLAIMER, prefix, HOLDER="builder D")
-  out = _run(gcs, """
+_CLAIMS_LISTED = """
 publish(PREFIX, 7)
 publish(PREFIX, 8)
 claims = versioned.list_claims(PREFIX)
 say(claims=[[c["generation"], c["holder"], "released_at" in c] for c in claims],
     gc=[os.path.basename(p) for p in versioned.garbage_collect(PREFIX, keep=1)],
     left=names_under(PREFIX + "/_claims"))
-""", prefix)
+"""
+
+
+def test_claims_are_created_refused_and_taken_over_on_gcs(storage_checks):
+  first, refused = storage_checks["first"], _part(storage_checks, "refused")
+  taken, after_release = _part(storage_checks, "taken"), _part(storage_checks, "after_release")
+  out = _part(storage_checks, "claims_listed")
   assert first["won"] and first["generation"] == 0
   assert not refused["won"] and "builder A" in refused["current"]
   assert str(first["pid"]) in refused["current"]
@@ -228,8 +302,7 @@ say(claims=[[c["generation"], c["holder"], "released_at" in c] for c in claims],
 
 # ------------------------------------------------------------------ faults
 
-def test_a_manifest_deleted_between_list_and_read_is_skipped_not_an_error(gcs, prefix):
-  out = _run(gcs, """
+_MANIFEST_DELETED = """
 for number in (1, 2, 3):
   publish(PREFIX, number)
 listdir = storage.GFILE.listdir
@@ -242,14 +315,15 @@ storage.GFILE.listdir = listdir_then_delete
 listed = [v.version for v in versioned.list_versions(PREFIX)]
 storage.GFILE.listdir = listdir
 say(listed=listed, listed_again=[v.version for v in versioned.list_versions(PREFIX)])
-""", prefix)
+"""
+
+
+def test_a_manifest_deleted_between_list_and_read_is_skipped_not_an_error(storage_checks):
+  out = _part(storage_checks, "manifest")
   assert out == {"listed": [1, 3], "listed_again": [1, 3]}
 
 
-def test_an_unknown_bucket_is_an_error_naming_it_not_an_empty_listing(gcs, prefix):
-  """TF's client answers 404 for a listing in a bucket that does not exist, as for a
-  missing object; read as "not found", every poller would wait for versions forever."""
-  out = _run(gcs, """
+_UNKNOWN_BUCKET = """
 out = {}
 root = "gs://no-such-bucket-realm/run/index"
 for name, call in [("list_versions", lambda: versioned.list_versions(root)),
@@ -261,7 +335,13 @@ for name, call in [("list_versions", lambda: versioned.list_versions(root)),
     out[name] = [type(e).__name__, str(e)]
 out["existing_bucket_empty_prefix"] = versioned.list_versions(PREFIX + "/nothing")
 say(**out)
-""", prefix)
+"""
+
+
+def test_an_unknown_bucket_is_an_error_naming_it_not_an_empty_listing(storage_checks):
+  """TF's client answers 404 for a listing in a bucket that does not exist, as for a
+  missing object; read as "not found", every poller would wait for versions forever."""
+  out = _part(storage_checks, "bucket")
   for name in ("list_versions", "garbage_collect", "is_dir_like"):
     kind, message = out[name]
     assert kind == "FileNotFoundError", (name, out[name])
