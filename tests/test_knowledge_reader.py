@@ -181,7 +181,10 @@ def weak_start(tmp_path_factory, repo_dir, tokenizer):
   args = knowledge.parse_args(
       ["--entities", "300", "--batch_size", "32", "--ict_steps", "3", "--steps", "200",
        "--curve_every", "200", "--refresh_every", "200", "--work_dir", str(work),
-       "--no_write", "--override=trainer.retriever_frozen_steps=0"])
+       "--no_write", "--override=trainer.retriever_frozen_steps=0",
+       # The reader reads from step 0 here, and the index is the step-0 one: the query
+       # tower may move at the reader's rate (knowledge.yaml slows it for refreshed runs).
+       "--override=trainer.retriever_learning_rate_multiplier=1.0"])
   world = knowledge_world.write_world(str(work / "world"), knowledge_world.WorldConfig(
       seed=0, entities=300, x_templates=1))
   world["dir"] = str(work / "world")
