@@ -154,10 +154,17 @@ def test_ict_on_two_workers_equals_one_process_and_writes_once(repo_dir, corpus,
   steps = 8
   single_dir, multi_dir = str(tmp_path / "single"), str(tmp_path / "multi")
   settings = [f"trainer.train_steps={steps}"]
+  # The one-process reference and the two-worker job run side by side (independent
+  # directories; the reference only supplies the expected losses), so this test waits for
+  # one start-up and one trace instead of two in a row.
   single = Job(repo_dir, single_dir, "ict", corpus, settings, workers=1)
-  single.check_ok(single.wait())
-  job = Job(repo_dir, multi_dir, "ict", corpus, settings)
-  job.check_ok(job.wait())
+  try:
+    job = Job(repo_dir, multi_dir, "ict", corpus, settings)
+    codes = job.wait()  # kills what is left of its processes in any case
+    single.check_ok(single.wait())
+  finally:
+    single.kill()
+  job.check_ok(codes)
 
   # Every step's loss equals the single process's (same global batch of 4, 2 per worker).
   want, got = _losses(single_dir), _losses(multi_dir)
