@@ -94,6 +94,8 @@ def run(args) -> dict:
       cell = run_cell(world, args, setting, ict_dir, refresh)
       cell.update(ict_steps=ict_steps, step0_gold_top1=step0)
       rows.append(cell)
+      with open(os.path.join(work, "cells.jsonl"), "a") as f:  # kept if the sweep is cut
+        f.write(json.dumps(cell) + "\n")
       log(f"ICT {ict_steps}, refresh {refresh or 'never'}: held-out "
           f"{cell['heldout_span_accuracy']:.3f}, own-block top-1 {cell['gold_top1']:.3f}, "
           f"{cell['wall_seconds']} s")
