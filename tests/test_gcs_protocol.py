@@ -505,6 +505,16 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 from tensorflow_serving.config import model_server_config_pb2
 from serving.server import ModelServer, ServerOptions
 logging.basicConfig(level=logging.INFO)
+failed_polls = []  # the server's "polling <base path> failed" records
+
+
+class PollFailures(logging.Handler):
+  def emit(self, record):
+    if record.getMessage().endswith("query_encoder failed"):
+      failed_polls.append(record.created)
+
+
+logging.getLogger().addHandler(PollFailures())
 config = model_server_config_pb2.ModelServerConfig()
 text_format.Parse(f'name: "query_encoder" base_path: "{PREFIX}/models/query_encoder" '
                   'model_platform: "tensorflow"', config.model_config_list.config.add())
@@ -539,7 +549,10 @@ for stage in ("first", "second", "outage"):
     wait_for(int(sys.stdin.readline()))
   else:
     sys.stdin.readline()  # the emulator is stopped now
-    time.sleep(5)  # several polls fail meanwhile
+    failed_before, deadline = len(failed_polls), time.monotonic() + 120
+    while len(failed_polls) == failed_before:  # until a poll has failed (and logged it)
+      assert time.monotonic() < deadline, "no failed poll was logged"
+      time.sleep(0.1)
   version, shapes = predict()
   say(stage=stage, available=available(), served=version, shapes=shapes)
 server.stop(grace=0.5)
