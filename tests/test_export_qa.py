@@ -374,34 +374,47 @@ def test_scann_searcher_is_built_once_not_per_call(exported):
 
 
 def test_export_command_line(exported, tmp_path):
-  result = subprocess.run(
-      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
-       "--output_dir", str(tmp_path), "--kinds", "query_encoder", "--version", "7"],
-      capture_output=True, text=True, timeout=300, check=False,
-      env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  assert result.returncode == 0, result.stderr[-3000:]
-  published = json.loads(result.stdout[result.stdout.index("{"):])
+  # Four processes, started together: one export, and three that stop before writing
+  # anything (each still loads TensorFlow first, so in a row they would wait for four).
+  export = [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
+            "--output_dir", str(tmp_path)]
+  commands = dict(
+      published=[*export, "--kinds", "query_encoder", "--version", "7"],
+      bad=[*export, "--kinds", "nope"],
+      # The command line's reading defaults are the exporter's (its flags parse before
+      # TensorFlow loads, so they cannot import them).
+      usage=[sys.executable, "-m", "realm_tf.export", "--help"],
+      # Another corpus needs its index (the edited-corpus export runs end to end in
+      # test_demo).
+      alone=[*export, "--kinds", "realm_qa", "--blocks", str(tmp_path)])
+  quiet = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+  running = {name: subprocess.Popen(  # pylint: disable=consider-using-with
+      command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+      env=quiet if name == "published" else None) for name, command in commands.items()}
+  results = {}
+  try:
+    for name, process in running.items():
+      stdout, stderr = process.communicate(timeout=300)
+      results[name] = (process.returncode, stdout, stderr)
+  finally:
+    for process in running.values():
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  code, stdout, stderr = results["published"]
+  assert code == 0, stderr[-3000:]
+  published = json.loads(stdout[stdout.index("{"):])
   assert published == {"query_encoder": str(tmp_path / "query_encoder" / "7")}
   assert exporter.read_provenance(published["query_encoder"])["training_step"] == TRAIN_STEPS
-  bad = subprocess.run(
-      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
-       "--output_dir", str(tmp_path), "--kinds", "nope"],
-      capture_output=True, text=True, timeout=300, check=False)
-  assert bad.returncode != 0 and "unknown export kinds" in bad.stderr
-  # The command line's reading defaults are the exporter's (its flags parse before
-  # TensorFlow loads, so they cannot import them).
-  usage = subprocess.run([sys.executable, "-m", "realm_tf.export", "--help"],
-                         capture_output=True, text=True, timeout=300, check=False)
-  text = re.sub(r"\s+", " ", usage.stdout + usage.stderr)
+  code, _, stderr = results["bad"]
+  assert code != 0 and "unknown export kinds" in stderr
+  _, stdout, stderr = results["usage"]
+  text = re.sub(r"\s+", " ", stdout + stderr)
   for flag, default in (("max_blocks_per_pass", exporter.MAX_BLOCKS_PER_PASS),
                         ("reader_length_step", exporter.READER_LENGTH_STEP)):
     assert re.search(rf"--{flag}: .*?\(default: '{default}'\)", text), flag
-  # Another corpus needs its index (the edited-corpus export runs end to end in test_demo).
-  alone = subprocess.run(
-      [sys.executable, "-m", "realm_tf.export", "--model_dir", exported["model_dir"],
-       "--output_dir", str(tmp_path), "--kinds", "realm_qa", "--blocks", str(tmp_path)],
-      capture_output=True, text=True, timeout=300, check=False)
-  assert alone.returncode != 0 and "--blocks and --index_dir go together" in alone.stderr
+  code, _, stderr = results["alone"]
+  assert code != 0 and "--blocks and --index_dir go together" in stderr
 
 
 def test_answer_strings_return_the_original_text_in_graph(tokenizer):
