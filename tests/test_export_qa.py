@@ -373,6 +373,26 @@ def test_scann_searcher_is_built_once_not_per_call(exported):
   assert any("Scann>ScannSearchBatched" in o for o in ops.values())
 
 
+def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported):
+  """The ScaNN export shares its searcher's dataset as the module's embeddings (one [N, P]
+  float32 variable in the checkpoint, not two); neither export keeps a string variable
+  (titles and texts are compressed asset files, realm_tf.export.served_index)."""
+  for kind, expected in (("realm_qa", 1), ("realm_qa_scann", 1)):
+    path = exported["published"][kind]
+    num_blocks = exporter.read_provenance(path)["num_blocks"]
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+    tables = [k for k, shape in shapes.items()
+              if dtypes[k] == tf.float32 and len(shape) == 2 and shape[0] == num_blocks]
+    assert len(tables) == expected, (kind, tables)
+    # ScaNN's state keeps its configuration and codebook as strings of its own.
+    strings = [k for k, dtype in dtypes.items() if dtype == tf.string
+               and not k.startswith(("scann_handles/", "_CHECKPOINTABLE_OBJECT_GRAPH"))]
+    assert not strings, (kind, strings)
+    assert any(name.startswith("block_texts-") for name in os.listdir(os.path.join(path,
+                                                                                 "assets")))
+
+
 def test_export_command_line(exported, tmp_path):
   # Four processes, started together: one export, and three that stop before writing
   # anything (each still loads TensorFlow first, so in a row they would wait for four).

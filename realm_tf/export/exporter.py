@@ -39,7 +39,7 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher
+from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher, shared_dataset
 from realm_tf.export.served_index import served_index_from
 from realm_tf.io import layout, versioned
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
@@ -244,7 +244,8 @@ class ServingBlockEncoder(BlockEncoder):
 
 def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
-                 reader_length_step: int = READER_LENGTH_STEP) -> tf.Module:
+                 reader_length_step: int = READER_LENGTH_STEP,
+                 embedding_dtype: str = "float32") -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -253,6 +254,9 @@ def build_module(run: ServingRun, kind: str,
       answer, exact search in graph) or 'realm_qa_scann' (the same with ScaNN's TF ops).
     max_blocks_per_pass: QA kinds: blocks read per reader pass at most (0: no limit).
     reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
+    embedding_dtype: QA kinds: the served embeddings, float32 (scores as evaluated) or
+      float16 (half the memory of the largest part of a loaded version). The ScaNN kind
+      shares its searcher's float32 dataset when it holds them (no second copy).
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -271,12 +275,15 @@ def build_module(run: ServingRun, kind: str,
     return ReaderModule(run.model, run.tokenizer, c.task.openqa.query_seq_length,
                         c.task.openqa.reader_seq_length - 3)
   if kind in ("realm_qa", "realm_qa_scann"):
-    searcher, handles = None, ()
+    searcher, handles, shared = None, (), None
     if kind == "realm_qa_scann":
-      searcher, handles = scann_searcher(index_embeddings(run.index),
-                                         run.index.store.block_ids, c.index.rescore,
-                                         states=_index_scann_states(run))
-    served = served_index_from(run.index, run.tokenizer, searcher=searcher)
+      embeddings, ids = index_embeddings(run.index), run.index.store.block_ids
+      states = _index_scann_states(run)
+      searcher, handles = scann_searcher(embeddings, ids, c.index.rescore, states=states)
+      shared = shared_dataset(handles, [s[1] for s in states] if states else [ids],
+                              embeddings, ids)
+    served = served_index_from(run.index, run.tokenizer, searcher=searcher,
+                               embedding_dtype=embedding_dtype, shared_embeddings=shared)
     return QAModule(run.model, served, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
                     scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,
@@ -388,7 +395,8 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                checkpoint: str = "", version: Optional[int] = None, blocks: str = "",
                index_dir: str = "",
                max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
-               reader_length_step: int = READER_LENGTH_STEP) -> dict[str, str]:
+               reader_length_step: int = READER_LENGTH_STEP,
+               embedding_dtype: str = "float32") -> dict[str, str]:
   """`python -m realm_tf.export`: loads a run once and publishes each export kind.
 
   Args:
@@ -401,6 +409,7 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     index_dir: the committed index of `blocks`.
     max_blocks_per_pass: QA kinds: blocks per reader pass at most (QAModule).
     reader_length_step: QA kinds: the reader-length step (QAModule).
+    embedding_dtype: QA kinds: float32 or float16 served embeddings (build_module).
 
   Returns:
     Kind → published directory.
@@ -419,8 +428,10 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     provenance = run.provenance(kind)
     if kind in ("realm_qa", "realm_qa_scann"):
       provenance.update(max_blocks_per_pass=max_blocks_per_pass,
-                        reader_length_step=reader_length_step)
-    module = build_module(run, kind, max_blocks_per_pass, reader_length_step)
+                        reader_length_step=reader_length_step,
+                        embedding_dtype=embedding_dtype)
+    module = build_module(run, kind, max_blocks_per_pass, reader_length_step,
+                          embedding_dtype)
     published[kind] = save_export(module, output_dir, kind, version, provenance,
                                   warmup_requests(kind, run))
   return published

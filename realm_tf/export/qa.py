@@ -138,6 +138,26 @@ def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool 
   return ShardedSearcher(shards), handles
 
 
+def shared_dataset(handles: Sequence[ScannHandle], shard_ids: Sequence[np.ndarray],
+                   embeddings: np.ndarray, block_ids: np.ndarray) -> Optional[tf.Variable]:
+  """The ScaNN state's float32 dataset variable when it holds exactly `embeddings` [N, P]
+  in the rows of `block_ids` (one shard, reordering in float32), else None.
+
+  Why: the QA module needs the embeddings of the retrieved blocks (p(z|x)), and such a
+  state already holds them; sharing the variable saves N x P x 4 bytes per loaded version
+  (6.4 GiB at 13.35M blocks, benchmarks/scale.py)."""
+  if len(handles) != 1 or len(shard_ids) != 1:
+    return None
+  dataset = getattr(handles[0].state, "dataset", None)
+  if (dataset is None or dataset.dtype != tf.float32
+      or tuple(dataset.shape) != tuple(np.shape(embeddings))
+      or not np.array_equal(np.asarray(shard_ids[0], np.int64), block_ids)):
+    return None
+  if not np.array_equal(dataset.numpy(), np.asarray(embeddings, np.float32)):
+    return None
+  return dataset
+
+
 # ------------------------------------------------------------------------------ QA module
 
 

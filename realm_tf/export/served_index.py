@@ -173,15 +173,17 @@ class ServedIndex(tf.Module):
   (ScaNN's ops) covering the same block ids.
   """
 
-  def __init__(self, embeddings: np.ndarray, block_ids: np.ndarray, texts: BlockTexts,
+  def __init__(self, embeddings, block_ids: np.ndarray, texts: BlockTexts,
                tokenizer: Tokenizer, block_seq_length: int, body_length: int,
                version: Optional[int] = None, searcher: Optional[Searcher] = None,
                embedding_dtype: str = "float32", name: str = "served_index"):
     super().__init__(name=name)
     if embedding_dtype not in ("float32", "float16"):
       raise ValueError(f"embedding_dtype must be float32 or float16, got {embedding_dtype!r}")
+    """embeddings: [N, P] in row order, an array, or a float32 tf.Variable to share (the
+    ScaNN variant's searcher state holds the same dataset: one copy serves both)."""
     block_ids = np.asarray(block_ids, np.int64)
-    if embeddings.ndim != 2 or embeddings.shape[0] != len(block_ids):
+    if len(embeddings.shape) != 2 or embeddings.shape[0] != len(block_ids):
       raise ValueError(f"embeddings {embeddings.shape} do not match {len(block_ids)} blocks")
     if texts.num_blocks != len(block_ids):
       raise ValueError(f"the text store holds {texts.num_blocks} blocks, the index "
@@ -195,8 +197,13 @@ class ServedIndex(tf.Module):
     self.version = version
     # Variables, not constants: a SavedModel stores them once, in its checkpoint, and no
     # graph meets protobuf's 2 GB limit.
-    self.embeddings = tf.Variable(np.asarray(embeddings, embedding_dtype), trainable=False,
-                                  name="embeddings")
+    if isinstance(embeddings, tf.Variable):
+      if embeddings.dtype != tf.float32:
+        raise ValueError(f"a shared embedding variable must be float32, got {embeddings.dtype}")
+      self.embeddings = embeddings
+    else:
+      self.embeddings = tf.Variable(np.asarray(embeddings, embedding_dtype), trainable=False,
+                                    name="embeddings")
     self.block_ids = tf.Variable(block_ids, trainable=False, name="block_ids")
     self.texts = texts
     self.tokenizer = tokenizer
@@ -245,7 +252,8 @@ class ServedIndex(tf.Module):
 def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
                       searcher: Optional[Searcher] = None,
                       embedding_dtype: str = "float32",
-                      blocks_per_chunk: int = BLOCKS_PER_CHUNK) -> ServedIndex:
+                      blocks_per_chunk: int = BLOCKS_PER_CHUNK,
+                      shared_embeddings: Optional[tf.Variable] = None) -> ServedIndex:
   """The ServedIndex of a loaded exact-search KnowledgeIndex (its corpus and embeddings).
 
   Args:
@@ -256,6 +264,8 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     searcher: an in-graph Searcher over the same blocks (the ScaNN variant).
     embedding_dtype: float32 (scores as evaluated) or float16 (half the memory).
     blocks_per_chunk: blocks per compressed chunk of the text store.
+    shared_embeddings: a float32 variable holding exactly the index's embeddings in row
+      order (shared_dataset of the ScaNN variant's state), used instead of a copy.
 
   Returns:
     The ServedIndex, with the KnowledgeIndex's version.
@@ -273,7 +283,9 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
   texts = write_block_texts(texts_dir, zip(store.titles, store.texts), len(store),
                             blocks_per_chunk)
   texts._owner = owner  # removes a temporary directory with the store  # pylint: disable=protected-access
-  embeddings = np.asarray(index.embeddings.read_value(), np.float32)[:index.num_blocks]
+  embeddings = shared_embeddings
+  if embeddings is None:
+    embeddings = np.asarray(index.embeddings.read_value(), np.float32)[:index.num_blocks]
   return ServedIndex(embeddings, store.block_ids, texts, tokenizer,
                      index.block_seq_length, index.body_length, index.version, searcher,
                      embedding_dtype)
