@@ -30,8 +30,11 @@ import math
 import os
 import sys
 
+import numpy as np
+
 from benchmarks.common import RESULTS_DIR, encoder_flops, write_result
 from realm_tf.configs import experiments, load_config
+from realm_tf.retrieval.knowledge_index import token_dtype
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = [os.path.join(REPO, "configs", "realm_paper", name)
@@ -55,6 +58,35 @@ def _measured_training_utilisation() -> dict:
               fraction_of_cpu_peak=row["achieved_flops_per_second"]
               / limits["cpu"]["peak_flops"],
               fraction_of_matmul_limit=row["fraction_of_matmul_limit"])
+
+
+def _measured_scale(rows: int) -> dict:
+  """benchmarks/results/scale.json's measurements of the trainer's index, if it has run:
+  bytes per row of a real KnowledgeIndex's replica (its variables, at that benchmark's
+  lengths) scaled to `rows` rows, and the time to load and swap in a version."""
+  path = os.path.join(RESULTS_DIR, "scale.json")
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    scale = json.load(f)
+  local = scale.get("trainer", {}).get("local", {})
+  if "bytes_per_replica" not in local:
+    return {}
+  replica_rows = -(-local["blocks"] // local["replicas"])
+  sharded = {k: v for k, v in local["bytes_per_replica"].items() if "replicated" not in k}
+  swap = max(float(v["seconds"]) for v in local["swaps"].values())
+  out = dict(source=f"benchmarks/results/scale.json ({scale['machine']['when']})",
+             blocks=local["blocks"], replicas=local["replicas"],
+             block_seq_length=scale["block_seq_length"],
+             reader_seq_length=scale["reader_seq_length"],
+             bytes_per_row=sum(sharded.values()) / replica_rows,
+             per_core_bytes_at_paper_rows=sum(sharded.values()) / replica_rows * rows,
+             swap_seconds=swap, swap_seconds_per_million_blocks=swap / local["blocks"] * 1e6)
+  gcs = scale.get("trainer", {}).get("gcs", {})
+  if "swaps" in gcs:
+    out.update(gcs_blocks=gcs["blocks"],
+               gcs_swap_seconds=max(float(v["seconds"]) for v in gcs["swaps"].values()))
+  return out
 
 
 def _measured_embedding_rate(demo_config) -> dict:
@@ -118,14 +150,15 @@ def estimate(args) -> dict:
   reembed_flops = n * bert(1, r.block_seq_length, training=False)
 
   # Device memory of the index per shard (realm_tf.retrieval.knowledge_index: embeddings,
-  # valid, word_ids, type_ids, body_ids, body_lengths sharded; block_ids replicated). The
-  # body length is at most the block length: the upper bound is used.
+  # valid, word_ids, body_ids, body_lengths sharded, token ids in token_dtype and type ids
+  # derived; block_ids replicated). Pre-training's bodies are the reader's length - 3.
   shards = c.index.num_shards
   rows = math.ceil(n / shards)
   embedding_bytes = 2 if c.index.embedding_dtype == "bfloat16" else 4
+  token_bytes = np.dtype(token_dtype(e.vocab_size)).itemsize
   per_row = dict(embeddings=r.projection_size * embedding_bytes, valid=1,
-                 word_ids=4 * r.block_seq_length, type_ids=4 * r.block_seq_length,
-                 body_ids=4 * r.block_seq_length, body_lengths=4)
+                 word_ids=token_bytes * r.block_seq_length,
+                 body_ids=token_bytes * (c.model.reader.seq_length - 3), body_lengths=4)
   memory = {name: rows * b for name, b in per_row.items()}
   memory["block_ids (replicated)"] = 8 * n
   per_core_bytes = sum(memory.values())
@@ -154,6 +187,7 @@ def estimate(args) -> dict:
       step_flops=step, step_flops_total=step_flops,
       training_flops_total=step_flops * steps, reembedding_flops=reembed_flops,
       index_memory_per_core_bytes=memory, index_memory_per_core_total_bytes=per_core_bytes,
+      measured_index=_measured_scale(rows),
       tpu_step_seconds=step_seconds, tpu_training_days=step_seconds * steps / 86400,
       staleness_window_seconds=window,
       embedding_blocks_per_second_per_core_bert_base=per_core_bert_blocks,
@@ -193,7 +227,22 @@ def report(x: dict) -> str:
     lines.append(f"| index memory per core: {name} | {b / GIB:.3f} GiB |")
   lines += [
       f"| index memory per core, total | {x['index_memory_per_core_total_bytes'] / GIB:.2f} GiB "
-      f"of {pub['tpu_hbm_per_core_gib']} |",
+      f"of {pub['tpu_hbm_per_core_gib']} |"]
+  measured = x.get("measured_index") or {}
+  if measured:
+    lines += [
+        f"| index memory per core, total, measured layout: a KnowledgeIndex replica's "
+        f"variables at {measured['blocks']:,} blocks over {measured['replicas']} replicas "
+        f"(block {measured['block_seq_length']}, reader {measured['reader_seq_length']}, "
+        f"float32), {measured['bytes_per_row']:,.0f} bytes per row, times this shard's rows "
+        f"| {measured['per_core_bytes_at_paper_rows'] / GIB:.2f} GiB |",
+        f"| index hand-over (load and swap a version), measured at {measured['blocks']:,} "
+        f"blocks on 2 replicas, local disk | {measured['swap_seconds']:.1f} s "
+        f"({measured['swap_seconds_per_million_blocks']:.1f} s per million blocks) |"]
+    if "gcs_swap_seconds" in measured:
+      lines.append(f"| index hand-over from the gs:// emulator, measured at "
+                   f"{measured['gcs_blocks']:,} blocks | {measured['gcs_swap_seconds']:.1f} s |")
+  lines += [
       f"| step time on {pub['tpu_chips']} TPU v3 chips at the measured utilisation | "
       f"{x['tpu_step_seconds']:.2f} s |",
       f"| {p['steps']:,} steps | {x['tpu_training_days']:.1f} days |",
@@ -206,8 +255,9 @@ def report(x: dict) -> str:
       f"{x['dataflow_cores_for_500_step_staleness']:,.0f} |",
       f"| Dataflow workers of {pub['dataflow_worker_cores']} cores | "
       f"{x['dataflow_workers_for_500_step_staleness']:,} |", "",
-      "The index tables are dominated by the int32 token tables (word, type and body ids), "
-      "not the embeddings. The CPU utilisation is carried over to the TPU as a fraction "
+      "The index tables are dominated by the token tables (word and body ids, 16 bits "
+      "each; type ids are derived), not the embeddings. Measured rows come from "
+      f"{measured.get('source', 'benchmarks/scale.py, once it has run')}. The CPU utilisation is carried over to the TPU as a fraction "
       "of peak; a TPU's matrix units typically reach a higher fraction, so the TPU times "
       "are an upper bound in that respect. The paper ran its index builder on 16 TPUs, "
       "not CPUs: the Dataflow row is what the same refresh rate costs on CPU workers."]
