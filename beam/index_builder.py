@@ -2,7 +2,7 @@
 
     python -m beam.index_builder --model_dir DIR [--blocks PATTERN] [--num_shards N]
         [--poll_seconds 5] [--max_builds N] [--large_model] [--model_copies N]
-        [--claim_ttl_seconds 600]
+        [--claim_ttl_seconds 600] [--parent_pid PID]
         [runner options, passed untouched to every embedding job]
 """
 import argparse
@@ -32,6 +32,9 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--claim_ttl_seconds", type=float, default=600.0,
                       help="several builders may share model_dir: a snapshot claimed by a "
                       "builder that died is taken over after this long")
+  parser.add_argument("--parent_pid", type=int, default=0,
+                      help="stop once this process (the trainer that started the builder) "
+                      "has exited (0: never)")
   args, beam_args = parser.parse_known_args(argv)
   return IndexBuilderConfig(**vars(args)), beam_args
 

@@ -222,6 +222,46 @@ def test_index_builder_killed_mid_export_never_publishes_a_partial_index(
   assert [v.version for v in versioned.list_versions(index_dir)] == [5, 10]
 
 
+def _running(pid: int) -> bool:
+  """Whether `pid` is a live process (not gone, not a zombie awaiting its reaper)."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+  except FileNotFoundError:
+    return False
+
+
+_TRAINER_STANDIN = """
+import sys, time
+from realm_tf.retrieval.refresh import IndexBuilderProcess
+builder = IndexBuilderProcess(sys.argv[1], ["--poll_seconds", "0.2"])
+print("builder pid", builder.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_an_index_builder_stops_when_the_trainer_that_started_it_is_killed(
+    tmp_path, repo_dir, corpus, children):
+  """A trainer SIGKILLed mid-run never writes TRAINING_DONE: its builder child sees its
+  parent gone and exits instead of waiting (and publishing) for ever."""
+  model_dir = str(tmp_path / "run")
+  train_lib.save_params(tf_.tiny_config(repo_dir, corpus, "ict"), model_dir)
+  trainer = children(["-c", _TRAINER_STANDIN, model_dir], str(tmp_path / "trainer.log"),
+                     repo_dir)
+  pid = int(wait_for(lambda: re.search(r"builder pid (\d+)", trainer.log()),
+                     "the builder to start", trainer).group(1))
+  wait_for(lambda: "watching" in storage.read_text(layout.builder_log_path(model_dir))
+           if os.path.exists(layout.builder_log_path(model_dir)) else None,
+           "the builder to watch the run", trainer)
+  os.kill(trainer.process.pid, signal.SIGKILL)  # the trainer alone, not its process group
+  trainer.wait(30)
+  try:
+    wait_for(lambda: not _running(pid), "the orphaned builder to exit", timeout=60)
+  finally:
+    if _running(pid):
+      os.kill(pid, signal.SIGKILL)
+
+
 # ------------------------------------------------------------------------------ trainer
 
 

@@ -41,6 +41,17 @@ class IndexBuilderConfig:
   # A claim on a snapshot lapses this long after its builder stopped refreshing it (died);
   # refreshed every third of it while the build runs. Far above clock skew between hosts.
   claim_ttl_seconds: float = 600.0
+  # The trainer that started this builder as its child (0: a stand-alone builder). Once
+  # that process is gone the builder stops: a builder orphaned by a killed trainer would
+  # otherwise wait for a TRAINING_DONE that never comes, and go on publishing into
+  # model_dir (a re-created one, say) while holding a core.
+  parent_pid: int = 0
+
+
+def parent_gone(parent_pid: int) -> bool:
+  """Whether the process that started this builder has exited (its children are then
+  re-parented, so the parent pid changes)."""
+  return bool(parent_pid) and os.getppid() != parent_pid
 
 
 def builder_name() -> str:
@@ -115,6 +126,10 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   logging.info("%s watching %s (index %s)", builder_name(), config.model_dir, index_dir)
   builds = 0
   while not layout.training_done(config.model_dir):
+    if parent_gone(config.parent_pid):
+      logging.warning("%s: the trainer that started it (pid %d) is gone; stopping",
+                      builder_name(), config.parent_pid)
+      break
     try:
       built = build_once(config.model_dir, blocks, index_dir, num_shards,
                          run_config.index.backend, run_config.index.keep_versions,

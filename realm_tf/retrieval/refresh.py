@@ -19,6 +19,7 @@ so every wait here polls once per round on every process and ends on an agreed c
 """
 import dataclasses
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -49,7 +50,8 @@ class IndexBuilderProcess:
     self.model_dir = model_dir
     self.log_path = layout.builder_log_path(model_dir)
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "beam.index_builder", "--model_dir", model_dir, *extra_args],
+        [sys.executable, "-m", "beam.index_builder", "--model_dir", model_dir,
+         "--parent_pid", str(os.getpid()), *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     self._reader = threading.Thread(target=self._copy_output, daemon=True,
                                     name="index-builder-log")
