@@ -45,8 +45,9 @@ test: lint
 # The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
 # SLOW_MODULES and single tests marked slow: training, Beam pipelines end to end, servers),
 # `fault`, `fuzz` and `demo`. `make test` runs all of them. `--dist load` spreads single
-# tests over the two workers: no fast test shares an expensive module fixture, and
-# test_tasks.py alone is ~3/4 of the fast tier's time (3 min 35 s serially here).
+# tests over the two workers: no fast test shares an expensive module fixture. Most of
+# the tier's time is test_tasks.py's XLA compilations and 2-replica steps; its whole
+# training runs (resume, index swap, TRAINING_DONE) are slow tests.
 FAST_TESTS := not slow and not fault and not fuzz and not demo
 test-fast: lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist load --durations=10 -m "$(FAST_TESTS)" tests
