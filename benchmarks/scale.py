@@ -810,15 +810,31 @@ def extrapolate(result: dict, blocks: int) -> dict:
     fixed = export["disk_bytes"] - sum(grows.values())  # model, graph, warm-up, manifest
     out[kind] = dict(disk_gib=gib(fixed + sum(grows.values()) * factor),
                      component_gib={k: gib(v * factor) for k, v in grows.items()})
+  # The server's resident memory that does not grow with the corpus (runtime, model,
+  # graphs): the exact export's RSS after load less its corpus variables, which is all
+  # of its corpus that is resident (its texts stay on disk). Everything else a kind holds
+  # after load grows with the corpus: for ScaNN that includes the searcher its op builds
+  # from the state (no variable shows it).
+  exact = next((r for r in result.get("serving", []) if r["kind"] == "realm_qa"), None)
+  floor = None
+  if exact is not None:
+    parts = result["exports"]["realm_qa"]["component_bytes"]
+    floor = exact["rss_after_load_bytes"] - sum(v for k, v in parts.items()
+                                                if k in corpus_names)
   for row in result.get("serving", []):
-    # After load: the measured RSS plus the corpus's variables (embeddings, block ids, text
-    # offsets, search structure: their sizes from the checkpoint) grown by the factor. At
-    # a hand-over's peak: as many copies of that growth as versions are resident then (2
-    # preserving availability, 1 preserving resources).
     parts = result["exports"][row["kind"]]["component_bytes"]
-    growth = sum(v for k, v in parts.items() if k in corpus_names) * (factor - 1)
+    corpus = (row["rss_after_load_bytes"] - floor if floor is not None
+              else sum(v for k, v in parts.items() if k in corpus_names))
+    growth = corpus * (factor - 1)
+    # At a hand-over's peak as many copies of that growth as versions are resident then
+    # (2 preserving availability, 1 preserving resources); the load's own transient is
+    # kept at its measured size.
     copies = 2 if row["policy"] == "availability_preserving" else 1
     out[f"{row['kind']}/{row['policy']}"] = dict(
+        resident_corpus_bytes_per_block=round(corpus / result["blocks"], 1),
+        load_transient_gib_measured=gib(max(0, row["handover_peak_rss_bytes"]
+                                            - row["rss_before_handover_bytes"]
+                                            - (copies - 1) * corpus)),
         rss_after_load_gib=gib(row["rss_after_load_bytes"] + growth),
         handover_peak_rss_gib=gib(row["handover_peak_rss_bytes"] + copies * growth))
   return out
@@ -832,9 +848,11 @@ def write_markdown(path: str, result: dict):
            f"Blocks of {result['block_seq_length']} wordpieces (sample: mean "
            f"{c['wordpieces_per_block_sample']['mean']:.1f}), "
            f"{c['text_bytes_per_block']:.0f} text bytes per block; {DIMENSION}-d float32 "
-           f"seeded embeddings. Model: {os.path.basename(result['config'])} with those lengths.",
+           f"seeded embeddings. Model: {os.path.basename(result['config'])} with those lengths."
+           + (f" {result['notes']}" if result.get("notes") else ""),
            "", f"## The previous design, built at {cur['blocks']:,} blocks (measured RSS) "
-           f"and extrapolated to {result['blocks']:,} and to 13,353,718", "",
+           f"and extrapolated to {result['blocks']:,} and to 13,353,718 (GiB here: at "
+           f"--blocks)", "",
            "| component | bytes per block | GiB here | GiB at 13.35M (extrapolated) |",
            "|---|---:|---:|---:|"]
   for name, per_block in cur["bytes_per_block"].items():
