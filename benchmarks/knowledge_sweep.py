@@ -132,7 +132,7 @@ def report(payload: dict) -> str:
   s, w = payload["settings"], payload["world"]
   lines = ["# Where the index refresh matters (benchmarks/knowledge_sweep.py)", "",
            f"World: {w['blocks']} blocks, {w['x']} training sentences, {w['held_out']} "
-           f"held out (chance {w['chance']:.3f}). Each cell: REALM pre-training, "
+           f"held out (chance {w['chance'] if w['chance'] is None else format(w['chance'], '.3f')}). Each cell: REALM pre-training, "
            f"{s['steps']} steps of batch {s['batch_size']}, k={s['num_candidates']}, "
            f"learning rate {s['learning_rate']}, seed {s['seed']}, configs "
            f"{' + '.join(s['config'])} with {' '.join(s['overrides']) or 'no overrides'}; "
