@@ -31,11 +31,9 @@ held-out spans predicted as the new value and as the old); index refreshes and s
 Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless
 --no_write; always in <work_dir>).
 
-What the committed run shows is in README ("The knowledge world"); in short: with the
-retriever held still until the reader reads (trainer.retriever_frozen_steps in
-configs/knowledge.yaml), the MLM loss alone raises the ICT retriever's own-block top-1 on
-held-out sentences, the held-out answers come from the retrieved block (they follow an
-edit of it), and the reader, not the retriever, limits the accuracy.
+What the committed run shows is in README ("The knowledge world") and
+benchmarks/results/knowledge.md; issue 37's targets are read against every run
+(`targets`: a `met` flag each in the JSON, a table in the Markdown).
 """
 import argparse
 import gc

@@ -9,7 +9,7 @@ none raises anything else, and no valid record mixed with the garbage is lost.
   server           serving.tensors (TensorProto decoding and signature checks), Predict over
                    gRPC and REST on a live in-process server (which must keep answering)
 
-Example counts are set per property (EXAMPLES); the README's reliability section states them.
+Example counts are set per property (EXAMPLES); docs/reliability.md states them.
 """
 import gzip
 import io

@@ -152,10 +152,8 @@ def test_ict_on_the_world_finds_each_entitys_own_block(tmp_path):
   """The retriever half of the learning signal, at tiny scale: an ICT warm start on Z's
   blocks alone (no X, no held-out sentence) makes the entity's own block the top-1 for
   held-out sentences in X's wordings, from chance at random init. REALM's own claim (the
-  MLM loss alone raises the own block's top-1, and the reader answers held-out pairs from
-  it) is measured by benchmarks/knowledge.py, not asserted here: the random-init reader
-  first has to learn to read, which took a few hundred steps of batch 64 over thousands of
-  entities (about 18 minutes for the REALM arm on this machine)."""
+  MLM loss alone raises the own block's top-1) is asserted by
+  tests/test_knowledge_reader.py and measured by benchmarks/knowledge.py."""
   args = knowledge.parse_args(
       ["--entities", "24", "--batch_size", "8", "--ict_steps", "300", "--work_dir",
        str(tmp_path), "--no_write",
