@@ -132,6 +132,21 @@ def write_result(name: str, payload: dict, merge: bool = False) -> str:
   return path
 
 
+def render_markdown(json_path: str, markdown) -> str:
+  """Renders a committed result <json_path> with `markdown(result) -> str` into the .md
+  beside it (a result's Markdown can be redrawn without re-running its benchmark).
+
+  Returns:
+    The .md's path.
+  """
+  with open(json_path) as f:
+    result = json.load(f)
+  md_path = json_path[:-len(".json")] + ".md"
+  with open(md_path, "w") as f:
+    f.write(markdown(result))
+  return md_path
+
+
 def plot_arm_curves(arms: dict, panels, path: str, title: str, grid=(1, 4),
                     figsize=(18, 4.5), dpi: int = 80, point_curves=(), decorate=None):
   """One panel per (curve, key, panel title) in `panels`: each arm's points (step, value)

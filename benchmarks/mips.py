@@ -23,7 +23,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
 from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_params_for
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
@@ -222,12 +222,7 @@ def markdown(result: dict) -> str:
 
 def write_markdown(json_path: str) -> str:
   """Renders <json_path> (mips.json) into the .md beside it; returns the .md's path."""
-  with open(json_path) as f:
-    result = json.load(f)
-  md_path = json_path[:-len(".json")] + ".md"
-  with open(md_path, "w") as f:
-    f.write(markdown(result))
-  return md_path
+  return render_markdown(json_path, markdown)
 
 
 def main():

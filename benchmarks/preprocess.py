@@ -15,14 +15,13 @@ writes its own key into the same file), rendered with that key into preprocess.m
 (`--markdown_only` re-renders it from the committed JSON).
 """
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
 import time
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
 from realm_tf.pipelines import preprocess
 from realm_tf.pipelines.preprocess import PreprocessConfig
 
@@ -89,12 +88,7 @@ def markdown(result: dict) -> str:
 
 def write_markdown(json_path: str) -> str:
   """Renders <json_path> (preprocess.json) into the .md beside it; returns the .md's path."""
-  with open(json_path) as f:
-    result = json.load(f)
-  md_path = json_path[:-len(".json")] + ".md"
-  with open(md_path, "w") as f:
-    f.write(markdown(result))
-  return md_path
+  return render_markdown(json_path, markdown)
 
 
 def main(argv=None) -> int:

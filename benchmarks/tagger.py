@@ -13,12 +13,11 @@ preprocess.json (the corpus pipeline's throughput figures). `--markdown_only` re
 tagger.md from the committed tagger.json.
 """
 import argparse
-import json
 import os
 import statistics
 import time
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, write_result
+from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
 from benchmarks.preprocess import write_markdown as write_markdown_preprocess
 from realm_tf.tagger.conll import read_sentences
 from realm_tf.tagger.evaluation import evaluate_sentences
@@ -75,12 +74,7 @@ def markdown(result: dict) -> str:
 
 def write_markdown(json_path: str) -> str:
   """Renders <json_path> (tagger.json) into the .md beside it; returns the .md's path."""
-  with open(json_path) as f:
-    result = json.load(f)
-  md_path = json_path[:-len(".json")] + ".md"
-  with open(md_path, "w") as f:
-    f.write(markdown(result))
-  return md_path
+  return render_markdown(json_path, markdown)
 
 
 def main() -> None:
