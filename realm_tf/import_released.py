@@ -244,18 +244,18 @@ def load_released_weights(model, kind: str, files: ReleasedFiles, dims, orqa_pre
   """
   from realm_tf.pretrained import released  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   retriever = model.retriever
-  embedder = released.ReleasedCheckpoint.open(files.embedder_variables)
+  embedder = released.ReleasedCheckpoint.load(files.embedder_variables)
   plans = {files.embedder_variables: released.LoadPlan(embedder)}
   released.plan_embedder(plans[files.embedder_variables], retriever.document_embedder, dims)
   if kind == "openqa":
-    orqa = released.ReleasedCheckpoint.open(orqa_prefix)
+    orqa = released.ReleasedCheckpoint.load(orqa_prefix)
     plan = plans[orqa_prefix] = released.LoadPlan(orqa)
     released.plan_embedder(plan, retriever.query_embedder, dims, exclude=released.READER_SCOPE)
     released.plan_reader(plan, model.reader, dims)
   else:
     # REALM's pre-training exports one embedder module; both towers start from it.
     released.plan_embedder(plans[files.embedder_variables], retriever.query_embedder, dims)
-    bert = released.ReleasedCheckpoint.open(files.bert_variables)
+    bert = released.ReleasedCheckpoint.load(files.bert_variables)
     plan = plans[files.bert_variables] = released.LoadPlan(bert)
     kae = model.knowledge_augmented_encoder
     released.plan_bert(plan, kae.encoder, bert.one_bert(), dims, masked_lm=kae.masked_lm)
@@ -485,7 +485,7 @@ def import_released(files: ReleasedFiles, output_dir: str, num_attention_heads: 
     raise FileExistsError(f"{output_dir} already holds a run (params.yaml); choose another "
                           f"--output_dir")
   start = time.time()
-  embedder = released.ReleasedCheckpoint.open(files.embedder_variables)
+  embedder = released.ReleasedCheckpoint.load(files.embedder_variables)
   dims = embedder.bert_dims(embedder.one_bert())
   heads = num_attention_heads or max(1, dims.hidden_size // released.BERT_HEAD_SIZE)
   projection, norm = released.find_embedder_head(embedder)
@@ -493,9 +493,9 @@ def import_released(files: ReleasedFiles, output_dir: str, num_attention_heads: 
   orqa_prefix, span_hidden, step = "", 256, 0
   if kind == "openqa":
     orqa_prefix = orqa_checkpoint(files.orqa_model)
-    orqa = released.ReleasedCheckpoint.open(orqa_prefix)
+    orqa = released.ReleasedCheckpoint.load(orqa_prefix)
     span_hidden, step = released.span_hidden_size(orqa), released.read_step(orqa)
-  block_emb = released.ReleasedCheckpoint.open(files.block_emb_checkpoint)
+  block_emb = released.ReleasedCheckpoint.load(files.block_emb_checkpoint)
   shape = block_emb.shapes.get(BLOCK_EMB)
   if shape is None or len(shape) != 2 or shape[1] != projection_size:
     raise released.ReleasedFormatError(

@@ -337,7 +337,7 @@ def test_hugging_face_layer_norm_names_give_bert_epsilon(tmp_path, tokenizer):
   """`LayerNorm/` after the projection (HF's map) is BERT's LayerNorm, epsilon 1e-12."""
   files = rf.write_released(str(tmp_path), seed=3, norm="LayerNorm",
                             tokenize=lambda text: _ids(tokenizer, text))
-  ckpt = released.ReleasedCheckpoint.open(os.path.join(files["embedder"], "variables",
+  ckpt = released.ReleasedCheckpoint.load(os.path.join(files["embedder"], "variables",
                                                        "variables"))
   projection, norm = released.find_embedder_head(ckpt)
   assert (projection, norm) == ("dense/", "LayerNorm/")

@@ -74,7 +74,8 @@ class BlockTexts(tf.Module):
     self.blocks_per_chunk = int(description["blocks_per_chunk"])
     self.num_chunks = int(description["num_chunks"])
     self.description = tf.saved_model.Asset(description_path)
-    tables = np.load(os.path.join(directory, "block_texts_offsets.npy"))  # [N, 3] int32
+    tables = np.load(os.path.join(directory, "block_texts_offsets.npy"),
+                     allow_pickle=False)  # [N, 3] int32
     # Per block: where its title starts in its inflated chunk, the title's and the text's
     # byte lengths (the text follows the title).
     self.starts = tf.Variable(tables[:, 0], trainable=False, name="starts")

@@ -97,7 +97,7 @@ class ReleasedCheckpoint:
   _reader: object = None
 
   @classmethod
-  def open(cls, prefix: str) -> "ReleasedCheckpoint":
+  def load(cls, prefix: str) -> "ReleasedCheckpoint":
     """Lists a checkpoint's tensors (tf.train.list_variables: names and shapes only).
 
     Args:

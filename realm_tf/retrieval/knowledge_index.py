@@ -68,6 +68,21 @@ def token_dtype(vocab_size: int) -> type:
   return np.uint16 if vocab_size <= 2**16 else np.int32
 
 
+# Strategies whose variables take no uint16: multi-worker ones broadcast every variable's
+# initial value with collectives (bool, float, half, double, int32, int64 only), and TPUs
+# hold no uint16 tensors. Their token tables stay int32.
+_WIDE_TOKEN_STRATEGIES = (tf.distribute.MultiWorkerMirroredStrategy,
+                          tf.distribute.experimental.MultiWorkerMirroredStrategy,
+                          tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)
+
+
+def variable_token_dtype(vocab_size: int, strategy: tf.distribute.Strategy) -> type:
+  """token_dtype where `strategy` can hold it in a variable, else int32."""
+  if isinstance(strategy, _WIDE_TOKEN_STRATEGIES):
+    return np.int32
+  return token_dtype(vocab_size)
+
+
 def type_ids_of(word_ids: tf.Tensor, sep_id: int) -> tf.Tensor:
   """The type ids of `[CLS] title [SEP] body [SEP]` word ids [..., L], derived instead of
   stored: 1 after the first [SEP] up to the padding, 0 elsewhere (Tokenizer.join_bert's
@@ -202,7 +217,7 @@ class KnowledgeIndex(tf.Module):
                            aggregation=tf.VariableAggregation.NONE)
       self.embeddings = sharded([dimension], dtype, "embeddings")  # [S, P] per replica
       self.valid = sharded([], tf.bool, "valid")  # [S]: False on padding rows
-      ids = tf.as_dtype(token_dtype(tokenizer.vocab_size))
+      ids = tf.as_dtype(variable_token_dtype(tokenizer.vocab_size, self.strategy))
       self.word_ids = sharded([block_seq_length], ids, "word_ids")  # [S, Lc]
       self.body_ids = sharded([body_length], ids, "body_ids")  # [S, Lb]
       self.body_lengths = sharded([], tf.int32, "body_lengths")  # [S]
@@ -229,8 +244,8 @@ class KnowledgeIndex(tf.Module):
     for key, values in columns.items():
       variable = getattr(self, key)
       distributed = self.strategy.experimental_distribute_values_from_function(
-          lambda context, v=values, var=variable: tf.constant(
-              self._shard(v, context.replica_id_in_sync_group), var.dtype))
+          lambda context, v=values, var=variable: tf.constant(np.asarray(
+              self._shard(v, context.replica_id_in_sync_group), var.dtype.as_numpy_dtype)))
       self.strategy.run(lambda value, var=variable: var.assign(value), args=(distributed,))
 
   def swap(self, export: versioned.Version) -> None:
