@@ -310,13 +310,16 @@ def knowledge_edit(arm: str, config, model_dir: str, edited: dict, documents) ->
   return out
 
 
-def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) -> dict:
-  model_dir = os.path.join(work, arm)
-  config = arm_config(arm, world["dir"], args, ict_dir)
-  if arm == "frozen":
+def train_arm(arm: str, config, model_dir: str):
+  """Trains one arm's run and evaluates it on the held-out sentences.
+
+  Returns:
+    (the run's summary, the final held-out metrics, train seconds, the start retriever,
+    the trained one, the document tower its index was built with).
+  """
+  if arm == "frozen":  # the step-0 index, published once
     publish_index(config, retriever_from(config), model_dir)
   train_lib.save_params(config, model_dir)  # read by the index builder beside the trainer
-  log(f"arm {arm}: {ARMS[arm]}, {args.steps} steps of batch {args.batch_size}")
   start = time.time()
   run = train_lib.Run(config, model_dir)
   result = run.train()
@@ -328,6 +331,14 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) 
   start_retriever = retriever_from(config)
   trained = retriever_from(config, model_dir) if arm != "none" else start_retriever
   documents = start_retriever if arm == "frozen" else trained
+  return result, final, wall, start_retriever, trained, documents
+
+
+def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) -> dict:
+  model_dir = os.path.join(work, arm)
+  config = arm_config(arm, world["dir"], args, ict_dir)
+  log(f"arm {arm}: {ARMS[arm]}, {args.steps} steps of batch {args.batch_size}")
+  result, final, wall, start_retriever, trained, documents = train_arm(arm, config, model_dir)
   kinds = top1_kinds(top1_blocks(config, trained, documents, world), world) \
       if arm != "none" else None
   top1 = kinds["own"] if kinds else None

@@ -45,20 +45,7 @@ def run_cell(world: dict, args, work: str, ict_dir: str, refresh: int) -> dict:
                                         curve_every=args.steps))
   model_dir = os.path.join(work, f"refresh-{refresh}")
   config = knowledge.arm_config(arm, world["dir"], cell_args, ict_dir)
-  if arm == "frozen":
-    knowledge.publish_index(config, knowledge.retriever_from(config), model_dir)
-  train_lib.save_params(config, model_dir)
-  start = time.time()
-  run = train_lib.Run(config, model_dir)
-  result = run.train()
-  wall = time.time() - start
-  final = run.evaluate(-1)
-  del run
-  tf_keras.backend.clear_session()
-  gc.collect()
-  start_retriever = knowledge.retriever_from(config)
-  trained = knowledge.retriever_from(config, model_dir)
-  documents = start_retriever if arm == "frozen" else trained
+  result, final, wall, _, trained, documents = knowledge.train_arm(arm, config, model_dir)
   kinds = knowledge.top1_kinds(knowledge.top1_blocks(config, trained, documents, world), world)
   tf_keras.backend.clear_session()
   gc.collect()
