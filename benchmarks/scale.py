@@ -50,6 +50,8 @@ import time
 
 import numpy as np
 
+from benchmarks.server_process import ServerProcess
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKIPEDIA_BLOCKS = 13_353_718  # the Dec-2018 Wikipedia of REALM's released index
 DIMENSION = 128  # REALM's retrieval projection
@@ -454,77 +456,6 @@ def export_phase(args, work: str) -> dict:
 # ------------------------------------------------------------------------------ serving
 
 
-class Server:
-  """`python -m serving.server` over one model base path, ephemeral port."""
-
-  def __init__(self, base_path: str, model: str, policy: str, log_path: str):
-    self.model = model
-    self._log_path = log_path
-    self._log = open(log_path, "w")  # pylint: disable=consider-using-with
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1")
-    self.started = time.monotonic()
-    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "serving.server", "--port=0", f"--model_name={model}",
-         f"--model_base_path={base_path}", "--file_system_poll_wait_seconds=1",
-         f"--aspired_version_policy={policy}"],
-        cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-    self.address = None
-
-  def log(self) -> str:
-    with open(self._log_path, errors="replace") as f:
-      return f.read()
-
-  def wait_listening(self, timeout: float) -> str:
-    import re  # pylint: disable=g-import-not-at-top
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-      found = re.search(r"serving\.server: gRPC (\S+)", self.log())
-      if found:
-        self.address = found.group(1)
-        return self.address
-      if self.process.poll() is not None:
-        raise RuntimeError(f"the server exited:\n{self.log()[-3000:]}")
-      time.sleep(0.2)
-    raise TimeoutError(f"the server did not listen within {timeout:.0f}s")
-
-  def states(self, channel) -> dict:
-    import grpc  # pylint: disable=g-import-not-at-top
-    from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc  # pylint: disable=g-import-not-at-top
-    request = get_model_status_pb2.GetModelStatusRequest()
-    request.model_spec.name = self.model
-    try:
-      response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(
-          request, timeout=30)
-    except grpc.RpcError:
-      return {}
-    names = get_model_status_pb2.ModelVersionStatus.State.Name
-    return {s.version: names(s.state) for s in response.model_version_status}
-
-  def wait_serving(self, channel, version: int, timeout: float):
-    """Until `version` is AVAILABLE and every older one END."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-      states = self.states(channel)
-      if states.get(version) == "AVAILABLE" and all(
-          s == "END" for v, s in states.items() if v < version):
-        return
-      if self.process.poll() is not None:
-        raise RuntimeError(f"the server exited:\n{self.log()[-3000:]}")
-      time.sleep(0.1)
-    raise TimeoutError(f"version {version} not serving within {timeout:.0f}s:\n"
-                       f"{self.log()[-3000:]}")
-
-  def stop(self):
-    if self.process.poll() is None:
-      self.process.terminate()
-      try:
-        self.process.wait(60)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait()
-    self._log.close()
-
-
 def publish_linked_copy(base: str, version: int) -> str:
   """<base>/<version + 1> as hard links of <base>/<version>, renamed into place at once:
   a new version for the server to load that costs no disk."""
@@ -558,7 +489,8 @@ def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
   shutil.rmtree(base, ignore_errors=True)
   os.makedirs(base)
   shutil.copytree(source, os.path.join(base, "1"), copy_function=os.link)
-  server = Server(base, kind, policy, os.path.join(work, f"server-{kind}-{policy}.log"))
+  server = ServerProcess(base, kind, os.path.join(work, f"server-{kind}-{policy}.log"),
+                         flags=[f"--aspired_version_policy={policy}"])
   result = dict(kind=kind, policy=policy)
   try:
     with PeakSampler(server.process.pid) as load_peak:

@@ -54,36 +54,6 @@ def parse_args(argv=None):
   return args
 
 
-def _states(channel) -> dict:
-  from tensorflow_serving.apis import get_model_status_pb2  # pylint: disable=g-import-not-at-top
-  from tensorflow_serving.apis import model_service_pb2_grpc  # pylint: disable=g-import-not-at-top
-  request = get_model_status_pb2.GetModelStatusRequest()
-  request.model_spec.name = MODEL
-  response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
-  return {s.version: s.state for s in response.model_version_status}
-
-
-def _wait_for(channel, version: int, server, timeout: float):
-  """Until `version` is AVAILABLE and every older one is END."""
-  import grpc  # pylint: disable=g-import-not-at-top
-  from tensorflow_serving.apis import get_model_status_pb2  # pylint: disable=g-import-not-at-top
-  state = get_model_status_pb2.ModelVersionStatus.State
-  end = time.monotonic() + timeout
-  while time.monotonic() < end:
-    try:
-      states = _states(channel)
-    except grpc.RpcError:
-      states = {}
-    if (states.get(version) == state.AVAILABLE
-        and all(s == state.END for v, s in states.items() if v < version)):
-      return
-    if server.process.poll() is not None:
-      raise SystemExit(f"the server exited:\n{server.log()[-3000:]}")
-    time.sleep(0.2)
-  raise SystemExit(f"version {version} was not the only one serving within {timeout:.0f}s:\n"
-                   f"{server.log()[-3000:]}")
-
-
 def _ask(channel, questions, version: int) -> list[float]:
   """Asks `questions` one at a time through serving.client; their latencies in seconds."""
   from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
@@ -105,7 +75,7 @@ def measure(source: str, work: str, onednn: str, args) -> dict:
   os.makedirs(setting_dir, exist_ok=True)
   base = soak.stage_model(source, setting_dir)
   env = {} if onednn == "default" else {"TF_ENABLE_ONEDNN_OPTS": onednn}
-  server = soak.ServerProcess(base, setting_dir, clients=1, env=env)
+  server = soak.server_process(base, setting_dir, clients=1, env=env)
   questions = soak.read_questions(args.requests)
   points = []
   try:
@@ -114,7 +84,7 @@ def measure(source: str, work: str, onednn: str, args) -> dict:
       for version in range(1, args.handovers + 2):
         if version > 1:
           soak.publish_copy(base)
-        _wait_for(channel, version, server, args.timeout)
+        server.wait_serving(channel, version, args.timeout)
         latencies = _ask(channel, questions, version)
         time.sleep(2.0)  # a retirement's release runs on its own thread
         points.append(dict(version=version, rss_mb=round(server.rss_bytes() / 2**20, 1),

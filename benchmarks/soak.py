@@ -33,14 +33,14 @@ import dataclasses
 import json
 import os
 import random
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from typing import Optional
+
+from benchmarks.server_process import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "realm_qa"
@@ -143,56 +143,13 @@ def publish_copy(base: str) -> int:
 # ---------------------------------------------------------------------------------- server
 
 
-class ServerProcess:
-  """`python -m serving.server` on 127.0.0.1 with an ephemeral port."""
-
-  def __init__(self, base_path: str, work: str, clients: int, env: Optional[dict] = None):
-    self.log_path = os.path.join(work, "server.log")
-    self._log = open(self.log_path, "w")  # pylint: disable=consider-using-with
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1",
-               **(env or {}))
-    self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-        [sys.executable, "-m", "serving.server", "--port=0", f"--model_name={MODEL}",
-         f"--model_base_path={base_path}", "--file_system_poll_wait_seconds=1",
-         f"--max_batch_size={MAX_BATCH_SIZE}", f"--max_message_bytes={MAX_MESSAGE_BYTES}",
-         f"--max_concurrent_requests={max(64, 2 * clients)}"],
-        cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
-    self.address = None
-
-  def log(self) -> str:
-    with open(self.log_path, errors="replace") as f:
-      return f.read()
-
-  def wait_listening(self, timeout: float = 600.0) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-      found = re.search(r"serving\.server: gRPC (\S+)", self.log())
-      if found:
-        self.address = found.group(1)
-        return self.address
-      if self.process.poll() is not None:
-        raise SystemExit(f"the server exited ({self.process.returncode}):\n"
-                         f"{self.log()[-3000:]}")
-      time.sleep(0.1)
-    raise SystemExit(f"the server did not listen within {timeout:.0f}s")
-
-  def rss_bytes(self) -> int:
-    with open(f"/proc/{self.process.pid}/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) * 1024
-    return 0
-
-  def stop(self) -> int:
-    if self.process.poll() is None:
-      self.process.terminate()
-      try:
-        self.process.wait(60)
-      except subprocess.TimeoutExpired:
-        self.process.kill()
-        self.process.wait(30)
-    self._log.close()
-    return self.process.returncode
+def server_process(base_path: str, work: str, clients: int,
+                   env: Optional[dict] = None) -> ServerProcess:
+  """serving.server over `base_path` with the soak's limits (what the invalid requests
+  exceed) and room for `clients` concurrent clients."""
+  return ServerProcess(base_path, MODEL, os.path.join(work, "server.log"), flags=[
+      f"--max_batch_size={MAX_BATCH_SIZE}", f"--max_message_bytes={MAX_MESSAGE_BYTES}",
+      f"--max_concurrent_requests={max(64, 2 * clients)}"], env=env)
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -412,7 +369,7 @@ def main(argv=None) -> int:
   os.makedirs(work, exist_ok=True)
   source, model = model_source(args.model_base_path, args.articles, work)
   base = stage_model(source, work)
-  server = ServerProcess(base, work, args.clients)
+  server = server_process(base, work, args.clients)
   # TensorFlow is imported here (common, the requests) while the server starts up.
   from benchmarks import common  # pylint: disable=g-import-not-at-top
   machine = common.machine()
