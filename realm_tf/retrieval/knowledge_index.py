@@ -18,8 +18,8 @@ R replicas. Token ids are stored as narrow as the vocabulary allows (uint16 belo
 entries: BERT's 30,522 fit), and nothing derivable is stored: the document tower's type
 ids and mask are made from the word ids at gather time ([SEP] positions, padding). At the
 paper's scale (13.35M blocks, P = 128, bfloat16) the embeddings take 3.4 GB over all
-cores and the token tables (Lc = 288, Lb = 286) 15.3 GB, a quarter of the 46 GB that
-three int32 tables (word, type, body ids) took: 1.2 GB per core of a v3-32.
+cores and the token tables (Lc = 288, Lb = 286) 15.3 GB, where three int32 tables (word,
+type, body ids) would take 46 GB: 1.2 GB per core of a v3-32.
 
 The shards are `SyncOnRead` variables: each replica reads and writes only its own copy, so a
 newer index is swapped in place by one assignment per replica (`swap`), with no retracing.
