@@ -27,11 +27,19 @@ def test_the_repository_keeps_its_layers():
   assert "0 broken" in result.stdout
 
 
-def _layer_names(config_path: pathlib.Path) -> list[str]:
+def _layered_modules(config_path: pathlib.Path) -> list[str]:
+  """`<container>.<layer>` for every layer of every layers contract."""
   parser = configparser.ConfigParser()
   parser.read(config_path)
-  rows = parser["importlinter:contract:layers"]["layers"].split("\n")
-  return [n.strip() for row in rows for n in row.replace("|", ":").split(":") if n.strip()]
+  modules = []
+  for section in parser.sections():
+    if parser[section].get("type") != "layers":
+      continue
+    rows = parser[section]["layers"].split("\n")
+    names = [n.strip() for row in rows for n in row.replace("|", ":").split(":") if n.strip()]
+    modules += [f"{container}.{name}" for container in parser[section]["containers"].split()
+                for name in names]
+  return modules
 
 
 def test_an_upward_import_breaks_the_contract(tmp_path):
@@ -40,13 +48,19 @@ def test_an_upward_import_breaks_the_contract(tmp_path):
   for package in ("realm_tf", "beam", "serving", "benchmarks", "tests"):
     (tmp_path / package).mkdir()
     (tmp_path / package / "__init__.py").write_text("")
-  for name in _layer_names(tmp_path / ".importlinter"):
-    (tmp_path / "realm_tf" / name).mkdir()
-    (tmp_path / "realm_tf" / name / "__init__.py").write_text("")
+  for module in _layered_modules(tmp_path / ".importlinter"):
+    parts = module.split(".")
+    tmp_path.joinpath(*parts).mkdir(parents=True, exist_ok=True)
+    for depth in range(2, len(parts) + 1):  # realm_tf/__init__.py exists already
+      tmp_path.joinpath(*parts[:depth], "__init__.py").touch()
   assert _lint_imports(tmp_path, tmp_path).returncode == 0  # the skeleton alone is clean
   (tmp_path / "realm_tf" / "training" / "loop.py").write_text("from realm_tf import train\n")
   (tmp_path / "realm_tf" / "io" / "paths.py").write_text("import serving\n")
+  (tmp_path / "realm_tf" / "io" / "versioned" / "manifest" / "names.py").write_text(
+      "from realm_tf.io.versioned import reading\n")
   result = _lint_imports(tmp_path, tmp_path)
   assert result.returncode != 0
   assert "realm_tf.training.loop -> realm_tf.train" in result.stdout, result.stdout
   assert "realm_tf.io.paths -> serving" in result.stdout, result.stdout
+  assert ("realm_tf.io.versioned.manifest.names -> realm_tf.io.versioned.reading"
+          in result.stdout), result.stdout

@@ -250,7 +250,7 @@ def create_if_absent(path: str, data: bytes) -> bool:
     installed with apache-beam[gcp]); GCS refuses it if the object exists.
   - others (ram://, ...): tf.io.gfile has no create-if-absent, so this checks, writes and
     reads back. Two writers that both check before either writes can both believe they
-    won; the last write stays. Callers re-read what was committed (see versioned.py).
+    won; the last write stays. Callers re-read what was committed (see realm_tf.io.versioned).
 
   Args:
     path: the object to create (its parent is created where that means anything).

@@ -1,0 +1,162 @@
+"""Readers and verification: the committed versions of a root (manifests only, never a
+partial version), one version by path, and its files checked against its manifest."""
+import os
+import re
+from typing import List, Optional
+
+from realm_tf.io.storage import GFILE, Storage
+from realm_tf.io.versioned.manifest import (
+  _DATA_DIR_RE,
+  _MANIFEST_RE,
+  MANIFEST,
+  MANIFEST_SUFFIX,
+  VerificationError,
+  Version,
+  VersionError,
+  _read_manifest,
+  crc32c_of_bytes,
+  file_path,
+  manifest_path,
+  read_json,
+  verify_files,
+)
+
+
+def list_versions(root: str, store: Storage = GFILE) -> List[Version]:
+  """Committed versions under `root`, oldest first (manifests only: never a partial one).
+
+  Args:
+    root: the versioned output's root (may not exist yet).
+    store: the Storage to list through.
+
+  Returns:
+    The Versions; unreadable manifests are skipped (and logged).
+
+  Raises:
+    storage.StorageError: the store could not be asked (not "no versions").
+  """
+  if not store.is_dir_like(root):
+    return []
+  versions = []
+  for name in store.listdir(root):
+    if _MANIFEST_RE.match(name):
+      version = _read_manifest(root, os.path.join(root, name), store)
+      if version is not None:
+        versions.append(version)
+  return sorted(versions, key=lambda v: v.version)
+
+
+def latest_version(root: str, store: Storage = GFILE) -> Optional[Version]:
+  """The newest committed version under `root`, or None (see list_versions)."""
+  versions = list_versions(root, store)
+  return versions[-1] if versions else None
+
+
+def read_version(path: str, store: Storage = GFILE) -> Version:
+  """One committed version, from its data directory, its manifest, or `<root>/<version>`.
+
+  Args:
+    path: `<root>/<12-digit version>`, its data directory or its manifest.
+    store: the Storage to read through.
+
+  Returns:
+    The committed Version (its files not verified: see verify_version).
+
+  Raises:
+    VersionError: `path` names no version, or it is not committed (a directory no
+      manifest names), or its manifest is unreadable.
+  """
+  path = path.rstrip("/")
+  root, name = os.path.split(path)
+  if _MANIFEST_RE.match(name):
+    target = path
+  elif _DATA_DIR_RE.match(name) or re.match(r"^\d{12}$", name):
+    target = manifest_path(root, int(name[:12]))
+  else:
+    raise VersionError(f"{path}: not a version (expected <root>/<12-digit version>[.<id>] "
+                       f"or its {MANIFEST_SUFFIX})")
+  if not store.exists(target):
+    raise VersionError(f"{path}: not a committed version (no {target})")
+  version = _read_manifest(root, target, store)
+  if version is None:
+    raise VersionError(f"{target}: unreadable manifest")
+  if _DATA_DIR_RE.match(name) and version.path.rstrip("/") != path:
+    raise VersionError(f"{path}: not committed (version {version.version} of {root} is "
+                       f"{version.path})")
+  return version
+
+
+def verify_published(output_dir: str, checksums: bool = False,
+                     store: Storage = GFILE) -> dict:
+  """A flat output (OutputWriter) checked against its manifest's files.
+
+  Args:
+    output_dir: the flat output's directory.
+    checksums: also compare CRC32C (reads every file); sizes are always compared.
+    store: the Storage to read through.
+
+  Returns:
+    The manifest.
+
+  Raises:
+    VersionError: the output is not published (no manifest.json).
+    VerificationError: a listed file is missing, truncated or corrupted.
+  """
+  path = os.path.join(output_dir, MANIFEST)
+  if not store.exists(path):
+    raise VersionError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
+                       "writing it, or failed)")
+  manifest = read_json(path, store)
+  verify_files(output_dir, manifest.get("files", []), checksums, store)
+  return manifest
+
+
+def read_verified(version: Version, name: str) -> bytes:
+  """One file of a committed version, checked against its manifest entry as it is read.
+
+  Size and CRC32C are compared on the bytes the caller gets, so a reader that loads the
+  file anyway (an index shard's embeddings) pays no second read for the checksum.
+
+  Args:
+    version: the committed Version.
+    name: the file's name in the manifest (relative to the data directory).
+
+  Returns:
+    The file's bytes.
+
+  Raises:
+    VerificationError: naming the file: not in the manifest, missing, truncated or
+      corrupted.
+  """
+  path = file_path(version.path, name)
+  entry = next((e for e in version.manifest.get("files", []) if e["name"] == name), None)
+  if entry is None:
+    raise VerificationError(f"{path}: not listed in the manifest of version "
+                            f"{version.version}")
+  try:
+    data = version.store.read_bytes(path)
+  except FileNotFoundError:
+    raise VerificationError(f"{path}: missing") from None
+  if len(data) != int(entry["size"]):
+    raise VerificationError(f"{path}: {len(data)} bytes, manifest says {entry['size']} "
+                            "(truncated or replaced)")
+  if crc32c_of_bytes(data) != entry["crc32c"]:
+    raise VerificationError(f"{path}: CRC32C does not match the manifest (corrupted)")
+  return data
+
+
+def verify_version(version: Version, checksums: bool = False) -> Version:
+  """Checks every file the manifest lists: size always, CRC32C if `checksums`.
+
+  Args:
+    version: the committed Version.
+    checksums: also compare CRC32C (reads every file).
+
+  Returns:
+    `version`, verified.
+
+  Raises:
+    VerificationError: naming each missing, truncated or corrupted file.
+  """
+  verify_files(version.path, version.manifest.get("files", []), checksums, version.store)
+  return version
