@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from benchmarks import harness
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -92,11 +94,7 @@ class ServerProcess:
                        f"{self.log()[-3000:]}")
 
   def rss_bytes(self) -> int:
-    with open(f"/proc/{self.process.pid}/status") as f:
-      for line in f:
-        if line.startswith("VmRSS:"):
-          return int(line.split()[1]) * 1024
-    return 0
+    return harness.rss_bytes(self.process.pid)
 
   def stop(self) -> int:
     """Terminates the server (killed after 60 s); its exit code."""
