@@ -2,7 +2,8 @@
 
     python -m benchmarks.scale [--blocks 13353718] [--work_dir DIR] [--kinds realm_qa,realm_qa_scann]
         [--policies availability_preserving,resource_preserving] [--requests 200]
-        [--queries 1000] [--current_blocks 1000000] [--trainer_blocks N/4] [--gcs_blocks 0]
+        [--queries 1000] [--variables_layout_blocks 1000000] [--trainer_blocks N/4]
+        [--gcs_blocks 0]
         [--config configs/demo.yaml] [--name scale]
 
 The corpus has real-length blocks: each is `[CLS] title [SEP] text [SEP]` of exactly
@@ -15,10 +16,12 @@ depends on that distribution (a trained tower's differs; the figure says how Sca
 default configuration does on clustered data, not on Wikipedia).
 
 Measured, each step in its own process so one step's memory never inflates the next:
-  current   the design before this benchmark (every text and title in a string
-            tf.Variable, the exact variant's float32 embeddings and int32 word/type/body id
-            tables in variables): resident memory of each component, built at
-            --current_blocks, and per block (to extrapolate to N);
+  variables_layout
+            the layout that holds everything in variables (every text and title in a
+            string tf.Variable, the exact variant's float32 embeddings and int32
+            word/type/body id tables in variables), against which the served layout's
+            memory is read: resident memory of each component, built at
+            --variables_layout_blocks, and per block (to extrapolate to N);
   export    per kind (realm_qa: exact search; realm_qa_scann: ScaNN's ops): build/export
             time, peak memory of the exporting process, size on disk, the size of each
             component in the SavedModel (embeddings, search structure, texts, titles,
@@ -34,22 +37,23 @@ Measured, each step in its own process so one step's memory never inflates the n
             token tables are fixed-width, so their memory does not depend on the texts:
             the blocks there are short, which spares tokenizing N real texts (not part of
             a hand-over).
-Results: benchmarks/results/<name>.json and .md (benchmarks.common.write_result).
+Results: benchmarks/results/<name>.json and .md (benchmarks.harness.Output).
 """
 import argparse
 import gc
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 
+from benchmarks import harness
+from benchmarks.harness import (  # noqa: F401  scale.<name> is imported elsewhere too
+    PeakSampler, _status_field, peak_rss_bytes, rss_bytes)
 from benchmarks.server_process import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +62,7 @@ DIMENSION = 128  # REALM's retrieval projection
 KINDS = ("realm_qa", "realm_qa_scann")
 POLICIES = ("availability_preserving", "resource_preserving")
 SEED = 40
+log = harness.logger("scale")
 
 
 def parse_args(argv=None):
@@ -71,8 +76,8 @@ def parse_args(argv=None):
   parser.add_argument("--requests", type=int, default=200,
                       help="questions asked one at a time per served export")
   parser.add_argument("--queries", type=int, default=1000, help="for ScaNN's recall@5")
-  parser.add_argument("--current_blocks", type=int, default=1_000_000,
-                      help="size at which the previous design's components are built")
+  parser.add_argument("--variables_layout_blocks", type=int, default=1_000_000,
+                      help="size at which the variables layout's components are built")
   parser.add_argument("--trainer_blocks", type=int, default=0,
                       help="blocks of the trainer's index (default: a quarter of --blocks, "
                       "the share of one host of a v3-32 slice)")
@@ -89,7 +94,7 @@ def parse_args(argv=None):
                       help="seconds a version may take to load")
   parser.add_argument("--name", default="scale", help="results file stem")
   parser.add_argument("--reuse_corpus", action="store_true",
-                      help="reuse the corpus and previous-design measurements a run left "
+                      help="reuse the corpus and variables-layout measurements a run left "
                       "in --work_dir (same --blocks) instead of building them again")
   parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
   parser.add_argument("--kind", default="", help=argparse.SUPPRESS)
@@ -107,24 +112,6 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------- measuring
 
 
-def rss_bytes(pid: int = 0) -> int:
-  """VmRSS of a process (default: this one)."""
-  return _status_field(pid, "VmRSS")
-
-
-def peak_rss_bytes(pid: int = 0) -> int:
-  """VmHWM: the process's peak resident memory so far."""
-  return _status_field(pid, "VmHWM")
-
-
-def _status_field(pid: int, field: str) -> int:
-  with open(f"/proc/{pid or 'self'}/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) * 1024
-  return 0
-
-
 def trimmed_rss() -> int:
   """RSS after a collection and glibc's malloc_trim (freed pages given back), so a
   before/after difference is what is still held."""
@@ -132,31 +119,6 @@ def trimmed_rss() -> int:
   gc.collect()
   release_free_memory()
   return rss_bytes()
-
-
-class PeakSampler:
-  """Samples a process's RSS on a thread; `peak` is the largest sample."""
-
-  def __init__(self, pid: int, every: float = 0.05):
-    self.pid, self.every, self.peak = pid, every, 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
-
-  def _run(self):
-    while not self._stop.is_set():
-      try:
-        self.peak = max(self.peak, rss_bytes(self.pid))
-      except OSError:
-        return
-      self._stop.wait(self.every)
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
 
 
 def du_bytes(path: str) -> int:
@@ -296,15 +258,16 @@ def corpus_phase(args, work: str) -> dict:
               embeddings_file_bytes=os.path.getsize(path))
 
 
-# ----------------------------------------------------------------- the previous design
+# ------------------------------------------------------------- the variables layout
 
 
-def current_phase(args, work: str) -> dict:
-  """Resident memory of each component of the previous QA export design, built at
-  --current_blocks: its resident size and bytes per block."""
+def variables_layout_phase(args, work: str) -> dict:
+  """Resident memory of each component of a QA export that holds everything in variables,
+  built at --variables_layout_blocks: its resident size and bytes per block. What the
+  served layout (texts on disk, no token tables) is measured against."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
-  n = args.current_blocks
+  n = args.variables_layout_blocks
   leads = LeadWords(Tokenizer(), os.path.join(work, "leads.npz"))
   body_length = max(args.reader_seq_length - 3, args.block_seq_length)
   out = {}
@@ -317,7 +280,7 @@ def current_phase(args, work: str) -> dict:
 
   # Each component is held only while it is measured (measure's `held`), then freed.
   pairs = measure("python_strings", lambda: list(leads.blocks(n, args.block_seq_length)))
-  # The previous design: tf.Variable(store.text_strings) / (store.title_strings).
+  # Texts and titles as string variables: tf.Variable(store.text_strings) / (title_strings).
   measure("texts", lambda: tf.Variable([x for _, x in pairs], trainable=False))
   measure("titles", lambda: tf.Variable([t for t, _ in pairs], trainable=False))
   pairs.clear()
@@ -326,7 +289,7 @@ def current_phase(args, work: str) -> dict:
                       ("type_ids_int32", args.block_seq_length),
                       ("body_ids_int32", body_length)):
     measure(name, lambda w=width: tf.Variable(tf.ones([n, w], tf.int32)))
-  # This layout's trainer tables: 16-bit word and body ids, no type ids.
+  # The trainer's tables (KnowledgeIndex): 16-bit word and body ids, no type ids.
   for name, width in (("word_ids_uint16", args.block_seq_length),
                       ("body_ids_uint16", body_length)):
     measure(name, lambda w=width: tf.Variable(tf.ones([n, w], tf.uint16)))
@@ -457,14 +420,10 @@ def export_phase(args, work: str) -> dict:
 
 
 def publish_linked_copy(base: str, version: int) -> str:
-  """<base>/<version + 1> as hard links of <base>/<version>, renamed into place at once:
-  a new version for the server to load that costs no disk."""
-  source = os.path.join(base, str(version))
-  tmp = os.path.join(base, f".tmp-{version + 1}")
-  shutil.copytree(source, tmp, copy_function=os.link)
-  target = os.path.join(base, str(version + 1))
-  os.rename(tmp, target)
-  return target
+  """<base>/<version + 1> (`version` the newest) as hard links of <base>/<version>, renamed
+  into place at once: a new version for the server to load that costs no disk. Its
+  directory."""
+  return os.path.join(base, str(harness.publish_copy(base, version, hard_links=True)))
 
 
 def _questions(count: int) -> list[str]:
@@ -511,11 +470,7 @@ def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
           begin = time.monotonic()
           client.ask(service, [question], model=kind, timeout=120)
           latencies.append(time.monotonic() - begin)
-        ordered = sorted(latencies)
-        result.update(requests=len(latencies),
-                      p50_ms=round(1000 * statistics.median(ordered), 1),
-                      p99_ms=round(1000 * ordered[min(len(ordered) - 1,
-                                                      int(0.99 * len(ordered)))], 1))
+        result.update(harness.percentiles(latencies))
         answer = client.ask(service, ["what is the capital of france?"], model=kind,
                             timeout=120)[0]
         result["sample_answer"] = _describe_answer(answer)
@@ -633,7 +588,8 @@ def trainer_gcs(args, work: str) -> dict:
 def _child_argv(args) -> list[str]:
   return [f"--blocks={args.blocks}", f"--kinds={','.join(args.kinds)}",
           f"--requests={args.requests}", f"--queries={args.queries}",
-          f"--current_blocks={args.current_blocks}", f"--trainer_blocks={args.trainer_blocks}",
+          f"--variables_layout_blocks={args.variables_layout_blocks}",
+          f"--trainer_blocks={args.trainer_blocks}",
           f"--gcs_blocks={args.gcs_blocks}", f"--config={args.config}",
           f"--block_seq_length={args.block_seq_length}",
           f"--embedding_dtype={args.embedding_dtype}",
@@ -650,7 +606,7 @@ def run_child(args, work: str, phase: str, kind: str = "") -> dict:
   # that never shrinks, so resident memory would not say what a component holds.
   env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
              TF_ENABLE_ONEDNN_OPTS="0")
-  if phase == "current":
+  if phase == "variables_layout":
     # glibc serves buffers below its (self-raising, up to 32 MB) mmap threshold from heap
     # arenas, where a freed temporary is reused by the next component and spoils the
     # RSS differences; a fixed threshold maps every large buffer on its own.
@@ -662,8 +618,7 @@ def run_child(args, work: str, phase: str, kind: str = "") -> dict:
                        f"{done.stderr[-4000:]}")
   with open(out) as f:
     result = json.load(f)
-  print(f"[{time.strftime('%H:%M:%S')}] {phase} {kind} done in {time.time() - begin:.0f}s",
-        flush=True)
+  log(f"{phase} {kind} done in {time.time() - begin:.0f}s")
   return result
 
 
@@ -671,8 +626,8 @@ def child_main(args) -> int:
   work = args.work_dir
   if args.phase == "corpus":
     result = corpus_phase(args, work)
-  elif args.phase == "current":
-    result = current_phase(args, work)
+  elif args.phase == "variables_layout":
+    result = variables_layout_phase(args, work)
   elif args.phase == "export":
     result = export_phase(args, work)
   elif args.phase == "trainer":
@@ -680,23 +635,15 @@ def child_main(args) -> int:
   else:
     raise SystemExit(f"unknown phase {args.phase!r}")
   path = os.path.join(work, f"{args.phase}{'-' + args.kind if args.kind else ''}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f, indent=2, default=str)
-  os.replace(path + ".tmp", path)
+  harness.write_text(path, json.dumps(result, indent=2, default=str))
   return 0
 
 
-def _read_json(path: str) -> dict:
-  with open(path) as f:
-    return json.load(f)
-
-
 def run(args) -> dict:
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
   owned = not args.work_dir
   work = args.work_dir or tempfile.mkdtemp(prefix="realm-scale-")
   os.makedirs(work, exist_ok=True)
-  result = dict(machine=common.machine(), blocks=args.blocks, dimension=DIMENSION,
+  result = dict(machine=harness.machine(), blocks=args.blocks, dimension=DIMENSION,
                 embedding_dtype=args.embedding_dtype,
                 block_seq_length=args.block_seq_length,
                 reader_seq_length=args.reader_seq_length, config=args.config,
@@ -707,17 +654,17 @@ def run(args) -> dict:
     if args.reuse_corpus and os.path.exists(done):
       with open(done) as f:
         reusable = json.load(f).get("blocks") == args.blocks
-    result["corpus"] = (_read_json(done) if reusable else run_child(args, work, "corpus"))
-    current = os.path.join(work, "current.json")
-    result["current_design"] = (_read_json(current) if args.reuse_corpus
-                                and os.path.exists(current)
-                                else run_child(args, work, "current"))
+    result["corpus"] = (harness.read_json(done) if reusable else run_child(args, work, "corpus"))
+    layout = os.path.join(work, "variables_layout.json")
+    result["variables_layout"] = (harness.read_json(layout) if args.reuse_corpus
+                                  and os.path.exists(layout)
+                                  else run_child(args, work, "variables_layout"))
     result["exports"], result["serving"] = {}, []
     for kind in args.kinds:
       result["exports"][kind] = run_child(args, work, "export", kind)
       for i, policy in enumerate(args.policies):
         result["serving"].append(serve_phase(args, work, kind, policy, latency=i == 0))
-        print(f"[{time.strftime('%H:%M:%S')}] serve {kind} {policy} done", flush=True)
+        log(f"serve {kind} {policy} done")
     result["trainer"] = {"local": run_child(args, work, "trainer")}
     if args.gcs_blocks > 0:
       result["trainer"]["gcs"] = trainer_gcs(args, work)
@@ -772,8 +719,8 @@ def extrapolate(result: dict, blocks: int) -> dict:
   return out
 
 
-def write_markdown(path: str, result: dict):
-  c, cur = result["corpus"], result["current_design"]
+def markdown(result: dict) -> str:
+  c, cur = result["corpus"], result["variables_layout"]
   lines = [f"# Wikipedia scale on one machine (benchmarks/scale.py), {result['blocks']:,} blocks",
            "", f"Machine: {result['machine']['cpu_count']} cores, load average "
            f"{result['machine']['load_average_1_5_15']}, {result['machine']['when']}. "
@@ -828,19 +775,20 @@ def write_markdown(path: str, result: dict):
   x = result["extrapolated_to"]
   lines += ["", f"## Extrapolated linearly to {x['blocks']:,} blocks (x{x['factor']}; not "
             "measured)", "", "```", json.dumps(x, indent=1), "```", ""]
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(lines))
-  os.replace(path + ".tmp", path)
+  return "\n".join(lines)
+
+
+def write_markdown(path: str, result: dict) -> str:
+  """markdown(result) into `path`."""
+  return harness.write_text(path, markdown(result))
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.phase:
     return child_main(args)
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
   result = run(args)
-  path = common.write_result(args.name, result)
-  write_markdown(os.path.splitext(path)[0] + ".md", result)
+  path = harness.Output(args.name, markdown).write(result)
   print(f"wrote {path}")
   return 0
 

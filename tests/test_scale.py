@@ -18,7 +18,7 @@ def result(tmp_path_factory, repo_dir):
       f"--blocks={BLOCKS}", f"--work_dir={work}", "--kinds=realm_qa",
       "--policies=resource_preserving", "--requests=5", "--queries=20",
       f"--config={os.path.join(repo_dir, 'configs', 'tiny.yaml')}", "--block_seq_length=48",
-      "--reader_seq_length=64", "--current_blocks=20000", "--trainer_blocks=400",
+      "--reader_seq_length=64", "--variables_layout_blocks=20000", "--trainer_blocks=400",
       "--timeout=300"])
   out = scale.run(args)
   with open(os.path.join(work, "result.json"), "w") as f:  # for a look after a failure
@@ -35,9 +35,8 @@ def test_the_corpus_has_real_length_blocks(result):
   assert 0 < corpus["text_store_bytes"] < corpus["text_bytes"] + corpus["title_bytes"]
 
 
-def test_the_previous_design_is_measured_per_component(result):
-  current = result["current_design"]
-  per_block = current["bytes_per_block"]
+def test_the_variables_layout_is_measured_per_component(result):
+  per_block = result["variables_layout"]["bytes_per_block"]
   assert set(per_block) >= {"texts", "titles", "embeddings_float32", "word_ids_int32",
                             "type_ids_int32", "body_ids_int32", "word_ids_uint16"}
   # Measured, not computed: an int32 table of 48 ids is about 192 bytes a block.
