@@ -60,7 +60,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks import common, serving
+from benchmarks import common, harness, serving
 from benchmarks.paper_scale import PAPER_CONFIGS
 from realm_tf.configs import experiments, load_config
 from realm_tf.data.block_store import BlockStore
@@ -301,7 +301,7 @@ def _num(value, fmt: str) -> str:
   return "-" if value is None else format(value, fmt)
 
 
-def write_markdown(path: str, result: dict):
+def markdown(result: dict) -> str:
   m, a = result["machine"], result["account"]
   lim = a["matmul_limit"]
   t = a["target"]
@@ -360,16 +360,14 @@ def write_markdown(path: str, result: dict):
                  f"{x['blocks_per_second_per_core']:.3f} | {x['core_hours']:,.0f} | "
                  f"{x['hours_with_workers']:.2f} | {x['workers_for_hours']:,} |")
   lines += ["", f"BERT-base: {z['bert_base']['scaling']}.", ""]
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(lines))
-  os.replace(path + ".tmp", path)
+  return "\n".join(lines)
 
 
 # --- main -------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
-  args = parse_args(sys.argv[1:] if argv is None else argv)
-  machine = common.machine()
+def run(args) -> dict:
+  """Both paths over the same blocks and export, and the account of them."""
+  machine = harness.machine()
   limits = dict(start=common.compute_limits(args.matmul_n))
   work = args.work_dir or tempfile.mkdtemp(prefix="embedding_bench_")
   os.makedirs(work, exist_ok=True)
@@ -420,7 +418,7 @@ def main(argv=None) -> int:
     print(json.dumps({"plain": {k: round(v, 2) for k, v in plain.items()
                                 if k.endswith("seconds")}}), flush=True)
     limits["end"] = common.compute_limits(args.matmul_n)
-    after = common.machine()
+    after = harness.machine()
     cores = limits["start"]["cpu"]["cores"]
     result = dict(
         machine=machine, machine_after=after, args=vars(args), corpus=corpus,
@@ -440,8 +438,13 @@ def main(argv=None) -> int:
   finally:
     if not args.work_dir:
       shutil.rmtree(work, ignore_errors=True)
-  path = common.write_result(args.name, result)
-  write_markdown(path[:-len(".json")] + ".md", result)
+  return result
+
+
+def main(argv=None) -> int:
+  args = parse_args(sys.argv[1:] if argv is None else argv)
+  result = run(args)
+  path = harness.Output(args.name, markdown).write(result)
   a = result["account"]
   print(json.dumps(dict(ratios=a["ratios"], target=a["target"],
                         embeddings_agree=a["embeddings_agree"]), indent=2))

@@ -28,14 +28,12 @@ import time
 
 import tf_keras
 
-from benchmarks import knowledge
-from benchmarks.common import machine, write_result
+from benchmarks import harness, knowledge
 from realm_tf.corpus import knowledge_world
 from realm_tf.training import train_lib
 
 
-def log(message: str):
-  print(f"[knowledge_sweep {time.strftime('%H:%M:%S')}] {message}", flush=True)
+log = harness.logger("knowledge_sweep")
 
 
 def run_cell(world: dict, args, work: str, ict_dir: str, refresh: int) -> dict:
@@ -94,7 +92,7 @@ def run(args) -> dict:
                             config=[os.path.relpath(c, knowledge.REPO) for c in args.config]),
               world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
                          held_out=len(world["held_out"]), chance=knowledge.chance(world)),
-              cells=rows, refresh_gains=refresh_gains(rows), machine=machine(),
+              cells=rows, refresh_gains=refresh_gains(rows), machine=harness.machine(),
               work_dir=work)
 
 
@@ -115,7 +113,7 @@ def refresh_gains(rows: list[dict]) -> list[dict]:
   return out
 
 
-def report(payload: dict) -> str:
+def markdown(payload: dict) -> str:
   s, w = payload["settings"], payload["world"]
   lines = ["# Where the index refresh matters (benchmarks/knowledge_sweep.py)", "",
            f"World: {w['blocks']} blocks, {w['x']} training sentences, {w['held_out']} "
@@ -141,6 +139,8 @@ def report(payload: dict) -> str:
   m = payload["machine"]
   lines += ["", f"Measured {m['when']} on {m['cpu_count']} CPUs (load average "
             f"{m['load_average_1_5_15']}), {payload['wall_seconds']} s in all.", ""]
+  if payload.get("notes"):  # what the figures alone do not say, e.g. why a sweep was cut
+    lines += [payload["notes"], ""]
   return "\n".join(lines)
 
 
@@ -178,17 +178,13 @@ def main(argv=None):
   payload = run(args)
   payload["wall_seconds"] = round(time.time() - start, 1)
   payload["name"] = args.name
-  with open(os.path.join(payload["work_dir"], f"{args.name}.json"), "w") as f:
-    json.dump(payload, f, indent=1)
-  markdown = report(payload)
-  with open(os.path.join(payload["work_dir"], f"{args.name}.md"), "w") as f:
-    f.write(markdown)
-  print(markdown)
+  # Kept with the run, written or not.
+  work_output = harness.Output(args.name, markdown, directory=payload["work_dir"])
+  work_output.write(payload)
+  with open(work_output.markdown_path) as f:
+    print(f.read())
   if not args.no_write:
-    path = write_result(args.name, payload)
-    with open(path[:-len(".json")] + ".md", "w") as f:
-      f.write(markdown)
-    log(f"wrote {path}")
+    log(f"wrote {harness.Output(args.name, markdown).write(payload)}")
 
 
 if __name__ == "__main__":

@@ -23,16 +23,13 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
+from benchmarks import harness
+from benchmarks.harness import SHARED_DATA, machine
 from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_params_for
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
 K = 10
 BATCH = 256
-
-
-def _recall(got: np.ndarray, want: np.ndarray) -> float:
-  return float(np.mean([len(set(g) & set(w)) / len(w) for g, w in zip(got, want)]))
 
 
 def _qps(search, queries: np.ndarray, batch: int, min_seconds: float = 3.0) -> float:
@@ -83,7 +80,7 @@ def measure(vectors: np.ndarray, queries: np.ndarray, settings: list[dict]) -> d
     search = tf.function(lambda q, s=searcher: s.search(q, K))
     got = np.concatenate([search(tf.constant(queries[i:i + BATCH])).block_ids.numpy()
                           for i in range(0, len(queries), BATCH)])
-    row = dict(name=_name(params), params=params.to_dict(), recall_at_10=_recall(got, truth),
+    row = dict(name=_name(params), params=params.to_dict(), recall_at_10=harness.recall(got, truth),
                build_seconds=build,
                bytes_per_vector=_scann_bytes_per_vector(searcher, n),
                qps_batched=_qps(search, queries, BATCH),
@@ -220,22 +217,18 @@ def markdown(result: dict) -> str:
   return "\n".join(lines)
 
 
-def write_markdown(json_path: str) -> str:
-  """Renders <json_path> (mips.json) into the .md beside it; returns the .md's path."""
-  return render_markdown(json_path, markdown)
-
-
-def main():
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--num_vectors", type=int, default=1_000_000)
   parser.add_argument("--only", choices=["synthetic", "real"], default=None,
                       help="measure one corpus and merge it into the existing results")
   parser.add_argument("--markdown_only", action="store_true",
                       help="only re-render mips.md from the committed mips.json")
-  args = parser.parse_args()
-  if args.markdown_only:
-    print(write_markdown(os.path.join(RESULTS_DIR, "mips.json")))
-    return
+  return parser.parse_args(argv)
+
+
+def run(args) -> dict:
+  """The corpora of args.only (default: both), each with the machine that measured it."""
   result = {}
   if args.only in (None, "synthetic"):
     result["synthetic"] = dict(machine=machine(), **synthetic(args.num_vectors))
@@ -245,9 +238,18 @@ def main():
       result["real"] = dict(machine=machine(), **real(work_dir))
     finally:
       shutil.rmtree(work_dir, ignore_errors=True)
-  path = write_result("mips", result, merge=args.only is not None)
-  print(path)
-  print(write_markdown(path))
+  return result
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  output = harness.Output("mips", markdown)
+  if args.markdown_only:
+    print(output.render())
+    return
+  # One corpus measured alone is merged into the other's committed figures.
+  print(output.write(run(args), merge=args.only is not None))
+  print(output.markdown_path)
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ import time
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine
+from benchmarks import harness
+from benchmarks.harness import SHARED_DATA, machine
 from realm_tf.configs import load_config
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
@@ -130,7 +131,8 @@ PRETRAIN_OVERRIDES = {
 
 
 def _setting(values: dict, key: str, old_key: str):
-  """A setting of results written with the current keys or (merged, older) config keys."""
+  """A setting by its config key, else by `old_key`: the name a kept result may record it
+  under (rows of several invocations share one result)."""
   return values[key] if key in values else values[old_key]
 
 
@@ -444,7 +446,7 @@ def markdown(payload: dict) -> str:
 
 
 def targets(payload: dict) -> list[str]:
-  """The issue's quality targets, each marked met or missed from the measured rows."""
+  """The quality targets the rows are read against, each marked met or missed."""
   rows = {(r["key"], r["row"]): r for r in payload["rows"]}
   out = []
 
@@ -473,17 +475,16 @@ def targets(payload: dict) -> list[str]:
   return out
 
 
-def _previous_results() -> dict:
-  path = os.path.join(RESULTS_DIR, "openqa.json")
-  if not os.path.exists(path):
-    raise SystemExit(f"--merge: {path} does not exist")
-  with open(path) as f:
-    return json.load(f)
+def _previous_results(output: harness.Output) -> dict:
+  previous = output.read()
+  if not previous:
+    raise SystemExit(f"--merge: {output.json_path} does not exist")
+  return previous
 
 
 def _with_sizes(row: dict, payload: dict) -> dict:
-  """`row` with the fine-tuning sizes it ran with (rows written before rows kept their own
-  sizes take their invocation's settings)."""
+  """`row` with the fine-tuning sizes it ran with: its own, else (a row that records none)
+  its invocation's settings."""
   s, data = payload["settings"], payload["datasets"][row["key"]]
   return dict(dict(train_steps=s["train_steps"], batch_size=s["batch_size"],
                    train_questions=data["num_train"]), **row)
@@ -513,7 +514,7 @@ def _merged(previous: dict, new: dict) -> dict:
                                   1))
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--datasets", default=",".join(DATASETS))
@@ -548,6 +549,23 @@ def main(argv=None) -> int:
                       help="add these rows to benchmarks/results/openqa.json (rows of the "
                            "same dataset and row are replaced)")
   args = parser.parse_args(argv)
+  if args.quick and args.work_dir == WORK_DIR:
+    args.work_dir = WORK_DIR + "_quick"
+  return args
+
+
+def _expected_seconds(arm: tuple, seconds: dict) -> float:
+  """What a (dataset, row) should take: as long as the same row took on the last dataset of
+  the same corpus, else of any corpus (0 for a row not run yet)."""
+  key, row = arm
+  same_row = [(k, s) for (k, r), s in seconds.items() if r == row]
+  same_corpus = [s for k, s in same_row if DATASETS[k]["corpus"] == DATASETS[key]["corpus"]]
+  return (same_corpus or [s for _, s in same_row] or [0.0])[-1]
+
+
+def run(args, output: harness.Output) -> str:
+  """Every (dataset, row) of args in schedule() order, `output` rewritten after each;
+  returns the result's path."""
   sizes = dict(TRAIN_STEPS=args.train_steps, BATCH=args.batch_size,
                EVAL_QUESTIONS=args.eval_questions, HELDOUT_QUESTIONS=args.heldout_questions,
                PRETRAIN_STEPS=args.pretrain_steps, CORPUS_DOCS=0, GOLD_STEPS=args.gold_steps,
@@ -555,8 +573,6 @@ def main(argv=None) -> int:
                TRAIN_QUESTIONS=args.train_questions)
   if args.quick:
     sizes.update(QUICK)
-    if args.work_dir == WORK_DIR:
-      args.work_dir = WORK_DIR + "_quick"
   num_train = sizes["TRAIN_QUESTIONS"] or sizes["TRAIN_STEPS"] * sizes["BATCH"]
   work = args.work_dir
   os.makedirs(work, exist_ok=True)
@@ -572,8 +588,8 @@ def main(argv=None) -> int:
     with open(corpora_path, "w") as f:
       json.dump(corpora, f)
   print(f"corpora: {json.dumps(corpora)}", flush=True)
-  rows = args.rows.split(",")
-  previous = _previous_results() if args.merge else None
+  row_names = args.rows.split(",")
+  previous = _previous_results(output) if args.merge else None
   settings = dict(config="configs/demo.yaml", finetune=FINETUNE_OVERRIDES,
                   train_steps=sizes["TRAIN_STEPS"], batch_size=sizes["BATCH"],
                   eval_questions=sizes["EVAL_QUESTIONS"],
@@ -581,26 +597,18 @@ def main(argv=None) -> int:
                   gold_steps=sizes["GOLD_STEPS"], retriever_beam=sizes["RETRIEVER_BEAM"],
                   pretrain_steps=sizes["PRETRAIN_STEPS"],
                   block_length=demo.model.retriever.block_seq_length)
-  # A smoke (--quick) writes into its work directory, never over the committed results.
-  results_path = (os.path.join(work, "openqa.quick.json") if args.quick
-                  else os.path.join(RESULTS_DIR, "openqa.json"))
-  done, earlier_datasets, earlier_pretrain, earlier_invocations = [], {}, {}, []
-  if not args.fresh and not args.merge and os.path.exists(results_path):
-    with open(results_path) as f:
-      earlier = json.load(f)
-    if earlier.get("settings") == settings:
-      done, earlier_datasets = earlier["rows"], earlier.get("datasets", {})
-      earlier_invocations = earlier.get("invocations", [])
-      earlier_pretrain = earlier.get("pretrain") or {}
-      print(f"resuming: {len(done)} finished rows in {results_path} are kept", flush=True)
-    else:
-      print(f"{results_path} holds other settings: starting over", flush=True)
+  # Rows of an earlier run with the same settings are kept (--merge keeps them its own way).
+  earlier = harness.kept_result(output, settings, fresh=args.fresh or args.merge)
+  done = earlier.get("rows", [])
+  earlier_datasets, earlier_invocations = earlier.get("datasets", {}), earlier.get(
+      "invocations", [])
+  earlier_pretrain = earlier.get("pretrain") or {}
   pretrained = None
   if args.pretrained_dir:
     if previous is None or not previous.get("pretrain"):
       raise SystemExit("--pretrained_dir needs --merge into results that describe it")
     pretrained = dict(previous["pretrain"], model_dir=args.pretrained_dir)
-  elif any(r.startswith("realm") for r in rows):
+  elif any(r.startswith("realm") for r in row_names):
     pretrained = pretrain(work, corpora["squad"]["dir"], sizes["PRETRAIN_STEPS"])
     print(f"pretrain: {json.dumps(pretrained)}", flush=True)
   elif earlier_pretrain:
@@ -613,11 +621,10 @@ def main(argv=None) -> int:
     datasets[key] = dict(name=DATASETS[key]["name"], corpus_file=corpus["file"],
                          corpus_blocks=corpus["blocks"], regex=DATASETS[key]["regex"],
                          **{k: v for k, v in files[key].items() if k not in ("train", "eval")})
-  results, skipped, last_seconds = list(done), [], {}
-  finished = {(r["key"], r["row"]) for r in done}
+  results = list(done)
 
-  def payload_now(partial: bool) -> dict:
-    payload = dict(
+  def payload(partial: bool) -> dict:
+    out = dict(
         machine=machine(), partial=partial,
         total_minutes=round((time.time() - start) / 60 + sum(
             r.get("total_s", 0) for r in done) / 60, 1),
@@ -625,54 +632,42 @@ def main(argv=None) -> int:
         corpora={k: {kk: vv for kk, vv in v.items() if kk != "dir"}
                  for k, v in corpora.items()},
         pretrain={k: v for k, v in (pretrained or {}).items() if k != "model_dir"},
-        datasets=datasets, rows=results, skipped=skipped,
+        datasets=datasets, rows=results, skipped=rows.skipped,
         invocations=earlier_invocations + [dict(
             datasets=args.datasets, rows=args.rows,
             minutes=round((time.time() - start) / 60, 1))])
-    if previous is not None:
-      payload = _merged(previous, payload)
-    return payload
+    return out if previous is None else _merged(previous, out)
 
-  def save(partial: bool):
-    payload = payload_now(partial)
-    os.makedirs(os.path.dirname(results_path), exist_ok=True)
-    tmp = f"{results_path}.tmp"
-    with open(tmp, "w") as f:
-      json.dump(payload, f, indent=2, sort_keys=True)
-    os.replace(tmp, results_path)
-    md_path = results_path[:-len(".json")] + ".md"
-    with open(md_path + ".tmp", "w") as f:
-      f.write(markdown(payload))
-    os.replace(md_path + ".tmp", md_path)
-    return results_path, md_path
-
-  for key, row in schedule(args.datasets.split(","), rows):
-    if (key, row) in finished:
-      continue
-    # A row starts only if it should end within the budget, judged by the time the same
-    # row took on the previous dataset of the same corpus (else of any corpus).
-    expected = last_seconds.get((DATASETS[key]["corpus"], row), last_seconds.get(row, 0.0))
-    if (time.time() - start + expected) / 60 > args.budget_minutes:
-      skipped.append(f"{DATASETS[key]['name']} / {ROWS[row]} (time budget)")
-      continue
-    row_start = time.time()
+  rows = harness.Arms(lambda partial: output.write(payload(partial)), args.budget_minutes,
+                     started=start)
+  for key, row in rows.due(
+      schedule(args.datasets.split(","), row_names),
+      kept={(r["key"], r["row"]) for r in done}, expected=_expected_seconds,
+      label=lambda arm: f"{DATASETS[arm[0]]['name']} / {ROWS[arm[1]]} (time budget)"):
     result = finetune_row(work, row, key, files[key], corpora[DATASETS[key]["corpus"]],
                           (pretrained or {}).get("model_dir", ""),
                           sizes["TRAIN_STEPS"], sizes["BATCH"], sizes["GOLD_STEPS"],
                           sizes["RETRIEVER_BEAM"])
     result["key"] = key
-    last_seconds[(DATASETS[key]["corpus"], row)] = last_seconds[row] = time.time() - row_start
-    results.append(result)
-    save(partial=True)  # the row is kept even if the run is cut after it
+    results.append(result)  # written when the body returns: kept even if the run is cut
     print(json.dumps({k: v for k, v in result.items() if k != "train_history"}), flush=True)
     tf_keras.backend.clear_session()
     gc.collect()
-  path, md_path = save(partial=bool(skipped))
+  path = rows.finish()
   if args.quick:
-    print(markdown(payload_now(False)))
-  if not args.keep_work and not args.quick and not skipped:
+    print(markdown(payload(False)))
+  if not args.keep_work and not args.quick and not rows.skipped:
     shutil.rmtree(work, ignore_errors=True)
-  print(f"wrote {path} and {md_path}")
+  return path
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  # A smoke (--quick) writes into its work directory, never over the committed results.
+  output = (harness.Output("openqa.quick", markdown, directory=args.work_dir) if args.quick
+            else harness.Output("openqa", markdown))
+  path = run(args, output)
+  print(f"wrote {path} and {output.markdown_path}")
   return 0
 
 

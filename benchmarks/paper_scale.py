@@ -32,7 +32,8 @@ import sys
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, encoder_flops, write_result
+from benchmarks import harness
+from benchmarks.common import RESULTS_DIR, encoder_flops
 from realm_tf.configs import experiments, load_config
 from realm_tf.retrieval.knowledge_index import token_dtype
 
@@ -40,6 +41,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = [os.path.join(REPO, "configs", "realm_paper", name)
                  for name in ("bert_base.yaml", "pretrain.yaml")]
 GIB = 2.0 ** 30
+# The table's order (a result's JSON keeps its keys sorted): a step's parts in the order
+# they run, the index's tables as KnowledgeIndex holds them.
+STEP_PARTS = ("query_tower", "document_tower", "reader", "mlm_head", "mips")
+INDEX_TABLES = ("embeddings", "valid", "word_ids", "body_ids", "body_lengths",
+                "block_ids (replicated)")
+
+
+def _in_order(values: dict, order) -> list:
+  """values' items, those named in `order` first and in that order."""
+  return sorted(values.items(), key=lambda item: (
+      order.index(item[0]) if item[0] in order else len(order), item[0]))
 
 
 def _measured_training_utilisation() -> dict:
@@ -196,7 +208,7 @@ def estimate(args) -> dict:
       reembedding_core_hours=n / per_core_bert_blocks / 3600)
 
 
-def report(x: dict) -> str:
+def markdown(x: dict) -> str:
   p, pub, m = x["paper"], x["published"], x["measured"]
   t, emb = m["training"], m["embedding"]
   lines = [
@@ -217,13 +229,13 @@ def report(x: dict) -> str:
       f"GFLOP/s per core ({emb['blocks_per_second']:.1f} {emb['model']} blocks/s on "
       f"{emb['cores']} cores), from {emb['source']}.", "",
       "| quantity | value |", "|---|---:|"]
-  for name, flops in x["step_flops"].items():
+  for name, flops in _in_order(x["step_flops"], STEP_PARTS):
     lines.append(f"| FLOPs per step: {name.replace('_', ' ')} | {flops / 1e12:.1f} TFLOP |")
   lines += [
       f"| FLOPs per step, total | {x['step_flops_total'] / 1e12:.1f} TFLOP |",
       f"| FLOPs of {p['steps']:,} steps | {x['training_flops_total'] / 1e18:.0f} EFLOP |",
       f"| FLOPs of one re-embedding of the corpus | {x['reembedding_flops'] / 1e15:.0f} PFLOP |"]
-  for name, b in x["index_memory_per_core_bytes"].items():
+  for name, b in _in_order(x["index_memory_per_core_bytes"], INDEX_TABLES):
     lines.append(f"| index memory per core: {name} | {b / GIB:.3f} GiB |")
   lines += [
       f"| index memory per core, total | {x['index_memory_per_core_total_bytes'] / GIB:.2f} GiB "
@@ -275,12 +287,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
   result = estimate(parse_args(sys.argv[1:] if argv is None else argv))
-  path = write_result("paper_scale", result)
-  with open(os.path.join(RESULTS_DIR, "paper_scale.md.tmp"), "w") as f:
-    f.write(report(result))
-  os.replace(os.path.join(RESULTS_DIR, "paper_scale.md.tmp"),
-             os.path.join(RESULTS_DIR, "paper_scale.md"))
-  print(report(result))
+  path = harness.Output("paper_scale", markdown).write(result)
+  print(markdown(result))
   print(path)
   return 0
 

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
+from benchmarks import harness
+from benchmarks.harness import SHARED_DATA, machine
 from realm_tf.pipelines import preprocess
 from realm_tf.pipelines.preprocess import PreprocessConfig
 
@@ -86,31 +87,37 @@ def markdown(result: dict) -> str:
   return "\n".join(lines)
 
 
-def write_markdown(json_path: str) -> str:
-  """Renders <json_path> (preprocess.json) into the .md beside it; returns the .md's path."""
-  return render_markdown(json_path, markdown)
-
-
-def main(argv=None) -> int:
+def parse_args(argv=None):
+  """The flags, and the Beam arguments passed through to every pipeline."""
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--corpora", default=",".join(CORPORA))
   parser.add_argument("--markdown_only", action="store_true",
                       help="only re-render preprocess.md from the committed preprocess.json")
-  args, beam_args = parser.parse_known_args(argv)
-  if args.markdown_only:
-    print(f"wrote {write_markdown(os.path.join(RESULTS_DIR, 'preprocess.json'))}")
-    return 0
+  return parser.parse_known_args(argv)
+
+
+def run(args, beam_args) -> dict:
+  """Each corpus of --corpora through the whole pipeline."""
   results = {}
   for name in args.corpora.split(","):
     input_format, relative = CORPORA[name]
     results[name] = measure(input_format, os.path.join(SHARED_DATA, relative), beam_args)
     print(f"{name}: {results[name]['pages_per_s']} pages/s, "
           f"{results[name]['blocks_per_s']} blocks/s ({results[name]['seconds']} s)")
-  path = write_result("preprocess", {"pipelines": {
-      "runner": "DirectRunner", "beam_args": beam_args, "machine": machine(),
-      "corpora": results}}, merge=True)
-  print(f"wrote {path} and {write_markdown(path)}")
+  return {"runner": "DirectRunner", "beam_args": beam_args, "machine": machine(),
+          "corpora": results}
+
+
+def main(argv=None) -> int:
+  args, beam_args = parse_args(argv)
+  output = harness.Output("preprocess", markdown)
+  if args.markdown_only:
+    print(f"wrote {output.render()}")
+    return 0
+  # Merged: the tagger's throughput (benchmarks/tagger.py) stays beside these.
+  path = output.write({"pipelines": run(args, beam_args)}, merge=True)
+  print(f"wrote {path} and {output.markdown_path}")
   return 0
 
 

@@ -61,7 +61,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, plot_arm_curves
+from benchmarks import harness
+from benchmarks.harness import SHARED_DATA, machine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "demo.yaml")
@@ -84,8 +85,7 @@ QUICK = dict(steps=4, batch_size=2, refresh_every=2, stale_factor=2, warmup_step
              recall_questions=10, z_records=200, tagger_epochs=0)
 
 
-def log(message: str):
-  print(f"[pretrain-bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+log = harness.logger("pretrain-bench")
 
 
 # ------------------------------------------------------------------------------ data
@@ -226,7 +226,8 @@ def trained_retriever(config, model_dir: str):
   return retriever
 
 
-def build_index(config):
+def index_and_tokenizer(config):
+  """The task's KnowledgeIndex over Z (no embeddings yet) and its tokenizer."""
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
   task = tasks.get_task(config)
   return task.build_index(tf.distribute.get_strategy()), task.tokenizer
@@ -239,7 +240,7 @@ def zero_shot_recall(config, retriever, questions: dict) -> tuple[dict, np.ndarr
   from realm_tf.data import openqa_inputs as inputs  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import recall  # pylint: disable=g-import-not-at-top
   start = time.time()
-  index, tokenizer = build_index(config)
+  index, tokenizer = index_and_tokenizer(config)
   embeddings = recall.embed_corpus(retriever, index, tokenizer, BLOCK_LENGTH)
   index.set_embeddings(embeddings, version=0)
   out = {}
@@ -525,7 +526,7 @@ def markdown(payload: dict) -> str:
 
 
 def plot(payload: dict, path: str):
-  plot_arm_curves(
+  harness.plot_arm_curves(
       dict(sorted(payload["arms"].items())),
       [("eval_curve", "span_accuracy", "held-out span accuracy"),
        ("eval_curve", "loss", "held-out −log p(y|x) per wordpiece"),
@@ -542,28 +543,15 @@ def plot(payload: dict, path: str):
 
 def render(results_path: str) -> int:
   """Redraws the table and the curves from a result (after a change to the report code).
-  A rebuilt start recorded before `same_as_kept` existed is compared here."""
-  with open(results_path) as f:
-    payload = json.load(f)
+  A rebuilt start that records no `same_as_kept` is compared with the kept one here."""
+  output = harness.output_at(results_path, markdown, plot)
+  payload = output.read()
   for rebuilt in payload.get("rebuilt_starts", []):
     rebuilt.setdefault("same_as_kept", same_start(payload["warmup"], payload["start"]["recall"],
                                                   rebuilt["warmup"], rebuilt["recall"]))
-  write_results(payload, results_path)
-  log(f"redrew {results_path[:-len('.json')]}.md and the curves")
+  output.write(payload)
+  log(f"redrew {output.markdown_path} and the curves")
   return 0
-
-
-def write_results(payload: dict, results_path: str):
-  """The JSON, the Markdown table beside it and the curves, each replaced whole."""
-  os.makedirs(os.path.dirname(results_path), exist_ok=True)
-  with open(results_path + ".tmp", "w") as f:
-    json.dump(payload, f, indent=2, sort_keys=True)
-  os.replace(results_path + ".tmp", results_path)
-  md = results_path[:-len(".json")] + ".md"
-  with open(md + ".tmp", "w") as f:
-    f.write(markdown(payload))
-  os.replace(md + ".tmp", md)
-  plot(payload, os.path.join(os.path.dirname(results_path), "pretrain_curves.png"))
 
 
 # Flags that say how or where to run, not what is measured: arms of invocations that differ
@@ -610,20 +598,22 @@ def flag_parser() -> argparse.ArgumentParser:
   return parser
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None):
   args = flag_parser().parse_args(argv)
-  if args.render:
-    return render(os.path.join(RESULTS_DIR, "pretrain.json"))
   if args.quick:
     for key, value in QUICK.items():
       setattr(args, key, value)
     if args.work_dir == WORK_DIR:
       args.work_dir = WORK_DIR + "_quick"
+  return args
+
+
+def run(args, output: harness.Output) -> str:
+  """The shared data and start, then every arm of args.arms, `output` rewritten after each;
+  returns the result's path."""
   work = args.work_dir
   os.makedirs(work, exist_ok=True)
   begin = time.time()
-  results_path = (os.path.join(work, "pretrain.quick.json") if args.quick
-                  else os.path.join(RESULTS_DIR, "pretrain.json"))
   settings = result_settings(args)
 
   # Data: tagger, Z, X (news + Wikipedia), the held-out split, recall questions.
@@ -719,16 +709,10 @@ def main(argv=None) -> int:
   start_built = time.strftime("%Y-%m-%dT%H:%M:%S%z",
                               time.localtime(os.path.getmtime(start_path + ".npz")))
 
-  # The arms.
-  done = {}
-  earlier = {}
-  if not args.fresh and os.path.exists(results_path):
-    with open(results_path) as f:
-      earlier = json.load(f)
-    if earlier.get("settings") == settings:
-      done = earlier.get("arms", {})
-      log(f"keeping finished arms {sorted(done)} of {results_path}")
-  arms, skipped, last_seconds = dict(done), [], 0.0
+  # The arms: those of an earlier run with the same settings are kept.
+  earlier = harness.kept_result(output, settings, fresh=args.fresh, log=log)
+  done = earlier.get("arms", {})
+  arms = dict(done)
   # Every invocation's wall time and arms, so a run made in several goes reports its total.
   invocations = list(earlier.get("invocations", [])) if done else []
   this_run = dict(started=time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(begin)),
@@ -749,33 +733,36 @@ def main(argv=None) -> int:
     log("the start was rebuilt: " + ("identical to the kept arms' start" if same else
                                      "it differs from the kept arms' start; both are reported"))
 
-  def save(partial: bool):
+  def payload(partial: bool) -> dict:
     this_run["minutes"] = round((time.time() - begin) / 60, 1)
-    payload = dict(machine=machine(), partial=partial, settings=settings,
-                   total_minutes=round(sum(i["minutes"] for i in invocations), 1),
-                   invocations=invocations, data=data,
-                   warmup={k: v for k, v in warmup.items()},
-                   start=dict(recall=before), rebuilt_starts=rebuilt_starts, arms=arms,
-                   skipped=skipped)
-    write_results(payload, results_path)
-    return results_path
+    return dict(machine=machine(), partial=partial or set(arms) != set(ARMS),
+                settings=settings,
+                total_minutes=round(sum(i["minutes"] for i in invocations), 1),
+                invocations=invocations, data=data,
+                warmup={k: v for k, v in warmup.items()},
+                start=dict(recall=before), rebuilt_starts=rebuilt_starts, arms=arms,
+                skipped=runner.skipped)
 
-  for arm in args.arms.split(","):
-    if arm in done:
-      continue
-    if (time.time() - begin + last_seconds) / 60 > args.budget_minutes:
-      skipped.append(f"{arm}: {ARMS[arm].format(stale=args.stale_factor)}")
-      continue
-    arm_start = time.time()
+  runner = harness.Arms(lambda partial: output.write(payload(partial)), args.budget_minutes,
+                        started=begin)
+  for arm in runner.due(args.arms.split(","), kept=done,
+                        label=lambda a: f"{a}: {ARMS[a].format(stale=args.stale_factor)}"):
     arms[arm] = run_arm(arm, args, work, common, os.path.join(work, "warmup"), ict_dir, start,
                         questions, validation_steps)
-    last_seconds = time.time() - arm_start
     this_run["arms"].append(arm)
-    arms[arm]["total_seconds"] = round(last_seconds, 1)
-    save(partial=True)
+    arms[arm]["total_seconds"] = round(runner.arm_seconds(), 1)
     log(f"arm {arm}: {json.dumps(arms[arm]['heldout'])}")
-  path = save(partial=bool(skipped) or set(arms) != set(ARMS))
-  log(f"wrote {path}")
+  return runner.finish()
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  # A smoke (--quick) writes into its work directory, never over the committed results.
+  output = (harness.Output("pretrain.quick", markdown, plot, directory=args.work_dir)
+            if args.quick else harness.Output("pretrain", markdown, plot))
+  if args.render:
+    return render(output.json_path)
+  log(f"wrote {run(args, output)}")
   return 0
 
 

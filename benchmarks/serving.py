@@ -39,11 +39,14 @@ import time
 
 import numpy as np
 
-from benchmarks import common
+from benchmarks import common, harness
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
                batching_speedup_at_8_clients=1.5, p50_over_floor_at_1_client=1.25)
+# targets_met's keys in the Markdown's order (a result's JSON keeps its keys sorted).
+TARGETS_MET = ("p50_ms_at_1_client", "grpc_overhead_fraction", "batching_speedup_at_8_clients",
+               "p50_within_1.25x_floor")
 
 
 def parse_args(argv=None):
@@ -123,13 +126,6 @@ def embed_corpus(run, batch_size: int = 64) -> float:
   return time.time() - start
 
 
-def percentiles(latencies_s: list[float]) -> dict:
-  ms = np.asarray(latencies_s) * 1000.0
-  return dict(p50_ms=round(float(np.percentile(ms, 50)), 2),
-              p99_ms=round(float(np.percentile(ms, 99)), 2),
-              mean_ms=round(float(ms.mean()), 2), requests=int(len(ms)))
-
-
 def in_process(path: str, questions: list[str], calls: int,
                batch_sizes=(1, 8, 32)) -> dict:
   """The SavedModel's serving signature called directly, one question at a time; then its
@@ -144,7 +140,7 @@ def in_process(path: str, questions: list[str], calls: int,
     start = time.perf_counter()
     signature(question=tf.constant([questions[i % len(questions)]]))
     latencies.append(time.perf_counter() - start)
-  result = percentiles(latencies)
+  result = harness.percentiles(latencies)
   # Cost per question of one call with B questions: what batching can gain at best.
   per_question = {}
   for batch in batch_sizes:
@@ -273,7 +269,7 @@ def load_test(make_asker, questions: list[str], clients: int, seconds: float) ->
   for t in threads:
     t.join(timeout=120)
   elapsed = time.perf_counter() - began
-  result = percentiles(latencies) if latencies else dict(requests=0)
+  result = harness.percentiles(latencies)
   result.update(clients=clients, queries_per_second=round(len(latencies) / elapsed, 2),
                 errors=len(errors), first_errors=errors[:3])
   return result
@@ -288,7 +284,13 @@ def serve(base_path: str, model: str, batching, options):
       max_batch_size=max(256, options.get("max_batch_size", 32)))).start()
 
 
-def write_markdown(path: str, result: dict):
+def _by_number(values: dict) -> dict:
+  """values with its keys (numbers, as a JSON object's keys are strings) in numeric order:
+  a result read back from JSON has them sorted as text."""
+  return dict(sorted(values.items(), key=lambda item: int(item[0])))
+
+
+def markdown(result: dict) -> str:
   lines = ["# Serving benchmark (benchmarks/serving.py)", "",
            f"Machine: {result['machine']['cpu_count']} CPUs, TF "
            f"{result['machine']['tensorflow']}, load average before "
@@ -326,7 +328,7 @@ def write_markdown(path: str, result: dict):
               f"wordpieces:", "",
               "| N blocks per pass | ms per block | GFLOP/s | x matmul limit |",
               "|---|---|---|---|"]
-    for n, row in cost.items():
+    for n, row in _by_number(cost).items():
       lines.append(f"| {n} | {row['ms_per_block']} | {row['flops_per_second'] / 1e9:.1f} | "
                    f"{row['flops_per_second'] / matmul:.2f} |")
   lines += ["", f"In-process cost per question of one call with B questions (ms), the exports "
@@ -335,7 +337,7 @@ def write_markdown(path: str, result: dict):
             "; ".join(
                 f"{kind} " + ", ".join(
                     f"B={b}: {ms}" for b, ms in
-                    per_kind["in_process"]["ms_per_question_at_batch_size"].items())
+                    _by_number(per_kind["in_process"]["ms_per_question_at_batch_size"]).items())
                 for kind, per_kind in result["exports"].items()) + ". Batching can only help "
             "as much as this falls with B."]
   one_pass = result["exports"].get("realm_qa", {}).get("in_process_one_pass")
@@ -344,7 +346,7 @@ def write_markdown(path: str, result: dict):
               f"the full reader length (as before both): in-process p50 "
               f"{one_pass['p50_ms']} ms at one question; per question " +
               ", ".join(f"B={b}: {ms}" for b, ms in
-                        one_pass["ms_per_question_at_batch_size"].items()) + " ms."]
+                        _by_number(one_pass["ms_per_question_at_batch_size"]).items()) + " ms."]
   if "reader_positions" in result:
     r = result["reader_positions"]
     lines += ["", f"Reader input used: {r['mean_used']} of {r['reader_seq_length']} positions "
@@ -357,7 +359,7 @@ def write_markdown(path: str, result: dict):
     lines += ["", f"FLOP account of one question (as served: query "
               f"{f['query_seq_length']}, reader {f['reader_seq_length']} on average x "
               f"{f['num_read']} read; questions read at each length: "
-              f"{f.get('reader_lengths_read', '-')}): query tower {f['query_tower'] / 1e9:.2f}, search "
+              f"{_by_number(f['reader_lengths_read']) if 'reader_lengths_read' in f else '-'}): query tower {f['query_tower'] / 1e9:.2f}, search "
               f"{f['search'] / 1e9:.4f}, readers {f['readers'] / 1e9:.2f}, total "
               f"{f['total'] / 1e9:.2f} GFLOP (at the full reader length "
               f"{f.get('full_length_total', f['total']) / 1e9:.2f}). TensorFlow matmul "
@@ -367,21 +369,22 @@ def write_markdown(path: str, result: dict):
               f"{result['floor_ms']} ms.", "",
               "| export | in-process p50 / floor | gRPC p50 / floor (1 client) | "
               "REST p50 / floor (1 client) | x matmul limit, in-process at B = " +
-              ", ".join(next(iter(result["exports"].values()))["in_process"][
-                  "ms_per_question_at_batch_size"]) + " |", "|---|---|---|---|---|"]
+              ", ".join(_by_number(next(iter(result["exports"].values()))["in_process"][
+                  "ms_per_question_at_batch_size"])) + " |", "|---|---|---|---|---|"]
     for kind, per_kind in result["exports"].items():
       s = per_kind["summary"]
       lines.append(f"| {kind} | {s['in_process_p50_over_floor']} | "
                    f"{s['grpc_p50_over_floor']} | {s.get('rest_p50_over_floor', '-')} | "
                    + ", ".join(
-                       str(v) for v in s["fraction_of_matmul_limit_at_batch_size"].values())
+                       str(v) for v in
+                       _by_number(s["fraction_of_matmul_limit_at_batch_size"]).values())
                    + " |")
   lines += ["", "Targets: " + ", ".join(f"{k} {v}" for k, v in TARGETS.items()), ""]
   for kind, per_kind in result["exports"].items():
-    lines.append(f"- {kind}: " + ", ".join(f"{k} {'met' if ok else 'MISSED'}"
-                                           for k, ok in per_kind["targets_met"].items()))
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+    met = sorted(per_kind["targets_met"].items(), key=lambda item: (
+        TARGETS_MET.index(item[0]) if item[0] in TARGETS_MET else len(TARGETS_MET), item[0]))
+    lines.append(f"- {kind}: " + ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in met))
+  return "\n".join(lines) + "\n"
 
 
 def reader_lengths_run(run, path: str, questions: list[str], step: int) -> list[int]:
@@ -474,14 +477,13 @@ def with_floor(result: dict, limits: dict):
         grpc_p50 and grpc_p50 <= TARGETS["p50_over_floor_at_1_client"] * floor_ms)
 
 
-def main(argv=None):
-  args = parse_args(argv)
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def run(args) -> dict:
+  """Both exports served and measured, cell by cell; the result."""
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
   from serving.config import BatchingOptions  # pylint: disable=g-import-not-at-top
 
-  machine = common.machine()
+  machine = harness.machine()
   limits = common.compute_limits()
   work = args.work_dir or tempfile.mkdtemp(prefix="serving_bench_")
   os.makedirs(work, exist_ok=True)
@@ -536,8 +538,8 @@ def main(argv=None):
     per_kind = dict(in_process=in_process(path, questions, args.in_process_calls,
                                           batch_sizes))
     if (per_pass or length_step) and kind == "realm_qa":
-      # The same model read as before both: the whole request in one pass at the full
-      # reader length. What grouping and length steps change.
+      # The same model without either: the whole request in one pass at the full reader
+      # length. What grouping and length steps change.
       one_pass_dir = os.path.join(work, "models_one_pass")
       shutil.rmtree(one_pass_dir, ignore_errors=True)
       one_pass = exporter.save_export(exporter.build_module(run, kind, 0, 0), one_pass_dir,
@@ -594,12 +596,18 @@ def main(argv=None):
   with_floor(result, limits)
   result["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   timings["total_s"] = round(time.time() - start, 1)
-  path = common.write_result(args.name, result)
-  write_markdown(path[:-len(".json")] + ".md", result)
-  print(json.dumps({k: v["summary"] for k, v in result["exports"].items()}, indent=2))
-  print(path)
   if not args.work_dir:
     shutil.rmtree(work, ignore_errors=True)
+  return result
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  result = run(args)
+  path = harness.Output(args.name, markdown).write(result)
+  print(json.dumps({k: v["summary"] for k, v in result["exports"].items()}, indent=2))
+  print(path)
 
 
 if __name__ == "__main__":

@@ -3,15 +3,15 @@
     python -m benchmarks.serving_memory [--handovers 4] [--requests 12] [--articles 1600]
         [--model_base_path DIR] [--onednn 1,0] [--work_dir DIR]
 
-The soak (benchmarks/soak.py) found resident memory growing by about one model when a new
-version was published. This isolates it: `python -m serving.server` serves the demo-size
-realm_qa export (as the soak builds it, or the newest version of --model_base_path), and
-a copy is published as the next version --handovers times. After each hand-over (new
-version AVAILABLE, old one END) --requests questions are asked one at a time and the
-server's VmRSS is read. Run once per --onednn setting (TF_ENABLE_ONEDNN_OPTS for the server
-process; "default" leaves the server's own default, which is off since the server turned
-oneDNN off by default; TensorFlow's x86 wheels otherwise have it on), since oneDNN's CPU
-allocator keeps large tensors in an arena that never shrinks.
+Why: a server that does not give a retired version's memory back grows by about one model
+at every new version, which the soak (benchmarks/soak.py) only shows mixed with its load.
+Here `python -m serving.server` serves the demo-size realm_qa export (as the soak builds
+it, or the newest version of --model_base_path), and a copy is published as the next
+version --handovers times. After each hand-over (new version AVAILABLE, old one END)
+--requests questions are asked one at a time and the server's VmRSS is read. Run once per
+--onednn setting (TF_ENABLE_ONEDNN_OPTS for the server process; "default" leaves the
+server's own default, off; TensorFlow's x86 wheels otherwise have it on), since oneDNN's
+CPU allocator keeps large tensors in an arena that never shrinks.
 
 Reported per setting: RSS with version 1 serving, after every hand-over, the growth after
 the first hand-over and per later one, and the p50 latency of the questions (one at a
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import soak
+from benchmarks import harness, soak
 
 MODEL = soak.MODEL
 
@@ -83,7 +83,7 @@ def measure(source: str, work: str, onednn: str, args) -> dict:
     with grpc.insecure_channel(address) as channel:
       for version in range(1, args.handovers + 2):
         if version > 1:
-          soak.publish_copy(base)
+          harness.publish_copy(base)
         server.wait_serving(channel, version, args.timeout)
         latencies = _ask(channel, questions, version)
         time.sleep(2.0)  # a retirement's release runs on its own thread
@@ -106,7 +106,7 @@ def measure(source: str, work: str, onednn: str, args) -> dict:
       p50_ms=round(statistics.median(p["p50_ms"] for p in points), 1))
 
 
-def write_markdown(path: str, result: dict):
+def markdown(result: dict) -> str:
   lines = ["# Server memory across version hand-overs (benchmarks/serving_memory.py)", "",
            f"Machine: {result['machine']['cpu_count']} CPUs, TF "
            f"{result['machine']['tensorflow']}, load average before "
@@ -125,25 +125,25 @@ def write_markdown(path: str, result: dict):
         f"{', '.join(f'{x:.0f}' for x in row['mb_returned_at_each_retirement'])} | "
         f"{row['p50_ms']} |")
   lines.append("")
-  with open(path, "w") as f:
-    f.write("\n".join(lines))
+  return "\n".join(lines)
+
+
+def run(args) -> dict:
+  """Every --onednn setting measured in turn on the same export."""
+  work = args.work_dir or tempfile.mkdtemp(prefix="serving_memory_")
+  os.makedirs(work, exist_ok=True)
+  source, model = soak.model_source(args.model_base_path, args.articles, work)
+  machine = harness.machine()
+  settings = [measure(source, work, onednn, args) for onednn in args.onednn]
+  if not args.work_dir:
+    shutil.rmtree(work, ignore_errors=True)
+  return dict(machine=machine, args=vars(args), model=model, settings=settings)
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-  work = args.work_dir or tempfile.mkdtemp(prefix="serving_memory_")
-  os.makedirs(work, exist_ok=True)
-  source, model = soak.model_source(args.model_base_path, args.articles, work)
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
-  machine = common.machine()
-  settings = [measure(source, work, onednn, args) for onednn in args.onednn]
-  result = dict(machine=machine, args=vars(args), model=model, settings=settings)
-  path = common.write_result("serving_memory", result)
-  write_markdown(path[:-len(".json")] + ".md", result)
-  print(path)
-  if not args.work_dir:
-    shutil.rmtree(work, ignore_errors=True)
+  print(harness.Output("serving_memory", markdown).write(run(args)))
   return 0
 
 

@@ -40,6 +40,7 @@ import threading
 import time
 from typing import Optional
 
+from benchmarks import harness
 from benchmarks.server_process import ServerProcess
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,13 +114,9 @@ def model_source(model_base_path: str, articles: int, work: str) -> tuple[str, s
       f"{articles} vital_articles")
 
 
-def _versions(base_path: str) -> list[int]:
-  return sorted(int(n) for n in os.listdir(base_path) if n.isdigit())
-
-
 def stage_model(source_base: str, work: str) -> str:
   """Copies the newest version of `source_base` into <work>/models/realm_qa/1."""
-  versions = _versions(source_base)
+  versions = harness.versions(source_base)
   if not versions:
     raise SystemExit(f"{source_base}: no version directory")
   base = os.path.join(work, "models", MODEL)
@@ -128,16 +125,6 @@ def stage_model(source_base: str, work: str) -> str:
   shutil.copytree(os.path.join(source_base, str(versions[-1])), os.path.join(base, "1"),
                   symlinks=False)
   return base
-
-
-def publish_copy(base: str) -> int:
-  """Publishes a copy of the newest version as the next one, renamed into place at once
-  (TF Serving's convention, as realm_tf's exporter does)."""
-  newest = _versions(base)[-1]
-  tmp = os.path.join(base, f".tmp-{newest + 1}")
-  shutil.copytree(os.path.join(base, str(newest)), tmp)
-  os.rename(tmp, os.path.join(base, str(newest + 1)))
-  return newest + 1
 
 
 # ---------------------------------------------------------------------------------- server
@@ -277,15 +264,6 @@ def read_questions(limit: int) -> list[str]:
 # ---------------------------------------------------------------------------------- report
 
 
-def _percentiles(latencies) -> dict:
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  if not len(latencies):
-    return dict(requests=0)
-  ms = np.asarray(latencies) * 1000.0
-  return dict(requests=int(len(ms)), p50_ms=round(float(np.percentile(ms, 50)), 2),
-              p99_ms=round(float(np.percentile(ms, 99)), 2), mean_ms=round(float(ms.mean()), 2))
-
-
 def summarize(outcomes: list, duration: float, invalid: dict) -> dict:
   measured = [o for o in outcomes if o.at >= 0]
   valid = [o for o in measured if o.valid]
@@ -297,7 +275,7 @@ def summarize(outcomes: list, duration: float, invalid: dict) -> dict:
     inside = [o for o in valid if lo <= o.at < hi]
     windows.append(dict(from_s=round(lo, 1), valid_per_second=round(len(inside) / (hi - lo), 2),
                         failed=sum(not o.ok for o in inside),
-                        **_percentiles([o.latency for o in inside if o.ok])))
+                        **harness.percentiles([o.latency for o in inside if o.ok])))
   by_kind = {}
   for name in sorted(invalid):
     mine = [o for o in bad if o.kind == name]
@@ -312,15 +290,15 @@ def summarize(outcomes: list, duration: float, invalid: dict) -> dict:
       valid=dict(sent=len(valid), answered=len(valid) - len(failed), failed=len(failed),
                  first_failures=[f"{o.at:.1f}s {o.detail}" for o in failed[:5]],
                  per_second=round(len(valid) / duration, 2),
-                 latency=_percentiles([o.latency for o in valid if o.ok])),
+                 latency=harness.percentiles([o.latency for o in valid if o.ok])),
       invalid=dict(sent=len(bad), refused_as_expected=sum(o.ok for o in bad),
                    unexpected=sum(not o.ok for o in bad), by_kind=by_kind,
-                   latency=_percentiles([o.latency for o in bad])),
+                   latency=harness.percentiles([o.latency for o in bad])),
       requests_per_second=round(len(measured) / duration, 2),
       versions_answered=versions, windows=windows)
 
 
-def write_markdown(path: str, result: dict):
+def markdown(result: dict) -> str:
   s, rss = result["summary"], result["rss"]
   lines = [
       "# Soak test of the server (benchmarks/soak.py)", "",
@@ -355,24 +333,21 @@ def write_markdown(path: str, result: dict):
                  f"{w.get('p99_ms', '-')} | {w['failed']} |")
   lines += ["", "Targets: " + ", ".join(
       f"{k} {'met' if ok else 'MISSED'}" for k, ok in result["targets_met"].items()), ""]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n")
+  return "\n".join(lines) + "\n"
 
 
 # ---------------------------------------------------------------------------------- main
 
 
-def main(argv=None) -> int:
-  args = parse_args(argv)
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+def run(args) -> dict:
+  """The soak: the server under traffic for --minutes, versions published on the way."""
   work = args.work_dir or tempfile.mkdtemp(prefix="soak_")
   os.makedirs(work, exist_ok=True)
   source, model = model_source(args.model_base_path, args.articles, work)
   base = stage_model(source, work)
   server = server_process(base, work, args.clients)
-  # TensorFlow is imported here (common, the requests) while the server starts up.
-  from benchmarks import common  # pylint: disable=g-import-not-at-top
-  machine = common.machine()
+  # TensorFlow is imported here (harness.machine, the requests) while the server starts up.
+  machine = harness.machine()
   try:
     questions = read_questions(args.questions)
     invalid = _invalid_requests()
@@ -395,7 +370,7 @@ def main(argv=None) -> int:
       if (len(publications) < len(args.publish_at)
           and now >= args.publish_at[len(publications)] * duration):
         before = server.rss_bytes()
-        publications.append((publish_copy(base), round(now, 2), before))
+        publications.append((harness.publish_copy(base), round(now, 2), before))
       rss.append((round(now, 1), server.rss_bytes()))
       time.sleep(min(1.0, max(end - time.monotonic(), 0.0)))
     rss.append((round(time.monotonic() - start, 1), server.rss_bytes()))
@@ -429,15 +404,22 @@ def main(argv=None) -> int:
       invalid_requests_refused=summary["invalid"]["unexpected"] == 0,
       new_version_served=bool(first_new),
       rss_growth_fraction=bool(growth <= TARGETS["rss_growth_fraction"]))
-  path = common.write_result(args.name, result)
-  write_markdown(path[:-len(".json")] + ".md", result)
+  if not args.work_dir:
+    shutil.rmtree(work, ignore_errors=True)
+  return result
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  result = run(args)
+  path = harness.Output(args.name, markdown).write(result)
+  summary = result["summary"]
   print(json.dumps(dict(valid=summary["valid"], invalid={k: v for k, v in summary["invalid"].items()
                                                           if k != "by_kind"},
                         rss=result["rss"] | dict(samples_mb="..."),
                         targets_met=result["targets_met"]), indent=2))
   print(path)
-  if not args.work_dir:
-    shutil.rmtree(work, ignore_errors=True)
   return 0
 
 

@@ -17,8 +17,8 @@ import os
 import statistics
 import time
 
-from benchmarks.common import RESULTS_DIR, SHARED_DATA, machine, render_markdown, write_result
-from benchmarks.preprocess import write_markdown as write_markdown_preprocess
+from benchmarks import harness, preprocess
+from benchmarks.harness import SHARED_DATA, machine
 from realm_tf.tagger.conll import read_sentences
 from realm_tf.tagger.evaluation import evaluate_sentences
 from realm_tf.tagger.export import read_manifest
@@ -72,12 +72,7 @@ def markdown(result: dict) -> str:
   return "\n".join(lines)
 
 
-def write_markdown(json_path: str) -> str:
-  """Renders <json_path> (tagger.json) into the .md beside it; returns the .md's path."""
-  return render_markdown(json_path, markdown)
-
-
-def main() -> None:
+def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--tagger_dir", default=os.path.join(REPO, "runs", "tagger"))
@@ -86,11 +81,11 @@ def main() -> None:
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--markdown_only", action="store_true",
                       help="only re-render tagger.md from the committed tagger.json")
-  args = parser.parse_args()
-  if args.markdown_only:
-    print(write_markdown(os.path.join(RESULTS_DIR, "tagger.json")))
-    return
+  return parser.parse_args(argv)
 
+
+def run(args) -> dict:
+  """The export's F1 on dev and test and its throughput."""
   manifest = read_manifest(args.tagger_dir)
   tagger = SavedTagger(args.tagger_dir)
   test = read_sentences(os.path.join(args.conll_dir, "eng.testb"))
@@ -121,9 +116,23 @@ def main() -> None:
   }
   print(f"test F1 {result['test_f1']:.4f}  dev F1 {result['dev_f1']:.4f}  "
         f"{speed['sentences_per_second']} sentences/s (batch {args.batch_size})")
-  print(write_markdown(write_result("tagger", result)))
-  print(write_markdown_preprocess(write_result(
-      "preprocess", {"tagger": {**speed, "machine": result["machine"]}}, merge=True)))
+  return result
+
+
+def main(argv=None) -> None:
+  args = parse_args(argv)
+  output = harness.Output("tagger", markdown)
+  if args.markdown_only:
+    print(output.render())
+    return
+  result = run(args)
+  output.write(result)
+  print(output.markdown_path)
+  # The corpus pipeline's throughput figures are read together: the tagger's beside them.
+  pipelines = harness.Output("preprocess", preprocess.markdown)
+  pipelines.write({"tagger": {**result["throughput"], "machine": result["machine"]}},
+                  merge=True)
+  print(pipelines.markdown_path)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The pre-training benchmark's report: a start rebuilt between invocations is compared with
-the kept one and said so in the table (benchmarks/pretrain.py); the compute limits every
+"""Every committed result's Markdown is what its benchmark renders from its JSON; the
+pre-training benchmark's report: a start rebuilt between invocations is compared with the
+kept one and said so in the table (benchmarks/pretrain.py); the compute limits every
 performance benchmark records (benchmarks/common.py); the paper-scale estimate's inputs; the
 embedding benchmark's arithmetic and a run of it at tiny size (benchmarks/embedding.py)."""
+import importlib
 import json
 import math
 import os
@@ -11,8 +13,22 @@ import time
 import pytest
 import tensorflow as tf
 
-from benchmarks import pretrain
+from benchmarks import harness, pretrain
 from benchmarks.common import RESULTS_DIR
+
+# Results written under another name than their benchmark's (--name).
+RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale"}
+
+
+@pytest.mark.parametrize("name", sorted(
+    f[:-len(".json")] for f in os.listdir(RESULTS_DIR) if f.endswith(".json")))
+def test_committed_markdown_is_rendered_from_its_json(name):
+  """A result's Markdown is a function of its JSON (harness.Output.write renders it from
+  the JSON as written): each benchmark's `markdown` gives the committed bytes again."""
+  module = importlib.import_module(f"benchmarks.{RENDERED_BY.get(name, name)}")
+  output = harness.Output(name, module.markdown)
+  with open(output.markdown_path) as f:
+    assert module.markdown(output.read()) == f.read()
 
 WARMUP = dict(steps=300, seconds=159.4, heldout_span_accuracy=0.025,
               heldout_token_accuracy=0.017, heldout_loss=7.662148952484131)
@@ -237,7 +253,7 @@ def test_paper_scale_follows_its_measured_inputs(tmp_path, monkeypatch):
   assert base["index_memory_per_core_total_bytes"] == rows * (256 + 1 + 2 * 288 + 2 * 381
                                                               + 4) + 8 * 13_000_000
   assert base["step_flops_total"] == pytest.approx(sum(base["step_flops"].values()))
-  assert "TFLOP" in paper_scale.report(base)
+  assert "TFLOP" in paper_scale.markdown(base)
 
 
 def test_serving_latencies_are_read_against_the_arithmetic_floor():
@@ -319,7 +335,7 @@ def test_paper_scale_prefers_the_embedding_benchmarks_rate(tmp_path, monkeypatch
   assert embedding["flops_per_second_per_core"] == per_core
   assert measured["dataflow_cores_for_500_step_staleness"] == pytest.approx(
       from_mips["dataflow_cores_for_500_step_staleness"] / 4)
-  assert "30.0 6-layer 384-hidden blocks/s on 2 cores" in paper_scale.report(measured)
+  assert "30.0 6-layer 384-hidden blocks/s on 2 cores" in paper_scale.markdown(measured)
 
 
 # --- benchmarks/embedding.py -------------------------------------------------------------
@@ -353,7 +369,7 @@ def test_embedding_benchmark_on_the_tiny_config(tmp_path, monkeypatch):
   both paths embed the same blocks alike, every rate and FLOP figure is finite and
   positive, and the sizing multiplies back to the corpus size. Results go to tmp_path."""
   from benchmarks import common, embedding  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(common, "RESULTS_DIR", str(tmp_path / "results"))
+  monkeypatch.setattr(harness, "RESULTS_DIR", str(tmp_path / "results"))
   topics = ["rivers and lakes", "mountain climbing", "violin music", "bread baking",
             "chess openings", "ocean tides", "honey bees", "volcanic eruptions"]
   articles = tmp_path / "articles.jsonl"
