@@ -398,12 +398,20 @@ def wordpiece_lengths(config, world: dict) -> dict:
   return dict(zip(values, pieces.row_lengths().numpy().tolist()))
 
 
-def run(args) -> dict:
-  work = args.work_dir or tempfile.mkdtemp(prefix="realm_tf_knowledge_")
+def write_world(work: str, args) -> dict:
+  """The seeded world of args (--seed, --entities, --x_templates) in <work>/world; its
+  description, with its directory as world["dir"]."""
   world_dir = os.path.join(work, "world")
   world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
       seed=args.seed, entities=args.entities, x_templates=args.x_templates))
   world["dir"] = world_dir
+  return world
+
+
+def run(args) -> dict:
+  work = args.work_dir or tempfile.mkdtemp(prefix="realm_tf_knowledge_")
+  world = write_world(work, args)
+  world_dir = world["dir"]
   edited_dir = os.path.join(work, "world-edited")
   edited = knowledge_world.write_files(edited_dir, knowledge_world.edit_world(world, args.seed))
   edited.update(dir=edited_dir, old_heldout=os.path.join(world_dir, "heldout-*"))

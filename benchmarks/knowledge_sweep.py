@@ -29,7 +29,6 @@ import time
 import tf_keras
 
 from benchmarks import harness, knowledge
-from realm_tf.corpus import knowledge_world
 from realm_tf.training import train_lib
 
 
@@ -54,10 +53,8 @@ def run_cell(world: dict, args, work: str, ict_dir: str, refresh: int) -> dict:
 
 def run(args) -> dict:
   work = args.work_dir or tempfile.mkdtemp(prefix="realm_tf_knowledge_sweep_")
-  world_dir = os.path.join(work, "world")
-  world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
-      seed=args.seed, entities=args.entities, x_templates=args.x_templates))
-  world["dir"] = world_dir
+  world = knowledge.write_world(work, args)
+  world_dir = world["dir"]
   log(f"world: {len(world['blocks'])} blocks, {len(world['x'])} x, "
       f"{len(world['held_out'])} held out")
   rows = []
