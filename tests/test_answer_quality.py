@@ -18,7 +18,7 @@ from realm_tf.modeling import spans
 from realm_tf.text import answers
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.modeling.models.openqa import gold_first
-from realm_tf.tasks import base
+from realm_tf.modeling import optimization
 from tests import task_fixtures
 from tests.synthetic_corpus import _CITIES, _COUNTRIES, write_corpus
 
@@ -246,7 +246,7 @@ def test_head_learning_rate_multiplier_scales_the_span_heads_updates():
   def deltas(multiplier):
     trainer = TrainerConfig(train_steps=10, warmup_steps=1, learning_rate=1e-2,
                             weight_decay=0.0, head_learning_rate_multiplier=multiplier)
-    optimizer = base.build_optimizer(trainer)
+    optimizer = optimization.build_optimizer(trainer)
     head = tf.Variable([1.0, 1.0], name="reader/span_scorer/output_projection/kernel")
     body = tf.Variable([1.0, 1.0], name="reader/encoder/kernel")
     grads = tf.constant([0.3, -0.2])
@@ -263,7 +263,7 @@ def test_head_learning_rate_multiplier_scales_the_span_heads_updates():
 def test_the_head_patterns_select_exactly_the_span_scorer(repo_dir):
   config = load_config(str(repo_dir / "configs" / "tiny.yaml"))
   reader = factory.build_reader(config)
-  optimizer = base.AdamWeightDecayWithVariableRates(head_multiplier=10.0)
+  optimizer = optimization.AdamWeightDecayWithVariableRates(head_multiplier=10.0)
   heads = {v.name for v in reader.trainable_variables if optimizer.is_head(v)}
   scorer = {v.name for v in reader.span_scorer.trainable_variables}
   assert heads == scorer and scorer

@@ -133,7 +133,7 @@ def test_parse_overrides_types_and_nesting():
 
 
 def test_tf_models_optimizer_config_is_used_as_written(repo_dir):
-  from realm_tf.tasks.base import build_optimizer  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling.optimization import build_optimizer  # pylint: disable=g-import-not-at-top
   c = load_config(str(repo_dir / "configs" / "tiny.yaml"), [
       "trainer.optimizer_config.optimizer.type=sgd",
       "trainer.optimizer_config.learning_rate.type=constant",

@@ -236,7 +236,7 @@ def test_warm_up_needs_retrieval_off(repo_dir, corpus):
 def _two_variable_steps(held_gradient: float, steps: int = 2, frozen_steps: int = 1):
   """Adam steps of a 'reader' variable b and a held 'retriever' variable a (frozen for
   `frozen_steps`), b's gradient above the clip norm, a's gradient `held_gradient`."""
-  from realm_tf.tasks.base import AdamWeightDecayWithVariableRates  # noqa: PLC0415
+  from realm_tf.modeling.optimization import AdamWeightDecayWithVariableRates  # noqa: PLC0415
   a, b = tf.Variable([0.0, 0.0]), tf.Variable([0.0, 0.0])
   optimizer = AdamWeightDecayWithVariableRates(learning_rate=0.1, global_clipnorm=1.0)
   optimizer.set_group_multiplier([a], 1.0, frozen_steps=frozen_steps)
