@@ -15,7 +15,7 @@ import sys
 from typing import Optional, Sequence
 
 from realm_tf.io import command_line
-from realm_tf.pipelines.embed import EmbedConfig, build_index, resolve_encoder  # noqa: F401
+from realm_tf.pipelines.embed import EmbedConfig, embed_corpus, resolve_encoder  # noqa: F401
 
 
 def parse_args(argv: Sequence[str]):
@@ -67,7 +67,7 @@ def parse_args(argv: Sequence[str]):
 def run(argv: Optional[Sequence[str]] = None) -> str:
   """Parses flags and runs the pipeline; returns the committed export path."""
   config, beam_args = parse_args(sys.argv[1:] if argv is None else argv)
-  return build_index(config, beam_args)
+  return embed_corpus(config, beam_args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

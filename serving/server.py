@@ -18,11 +18,11 @@ In-process use (tests, benchmarks):
 
 oneDNN: run as a program, the server turns TensorFlow's oneDNN CPU kernels off unless
 TF_ENABLE_ONEDNN_OPTS is set (`TF_ENABLE_ONEDNN_OPTS=1 python -m serving.server ...` turns
-them on). oneDNN's allocator keeps a retired version's large tensors in an arena that
-never shrinks, so memory grew with every version hand-over; without it a retired version's
-memory goes back to the system (benchmarks/results/serving_memory.md: +2.3% after three
-hand-overs instead of +26%, at about 25% more latency per question). TF Serving's standard
-CPU build is likewise made without oneDNN (it was a separate `--config=mkl` build).
+them on). Why: oneDNN's allocator keeps a retired version's large tensors in an arena that
+never shrinks, so with it the server's memory grows at every version hand-over; without it
+a retired version's memory goes back to the system, for some latency per question (both,
+measured: benchmarks/results/serving_memory.md). TF Serving's standard CPU build has no
+oneDNN either (a oneDNN server is a separate `--config=mkl` build).
 """
 import os
 

@@ -137,7 +137,7 @@ def test_embedding_pipeline_reads_blocks_from_gcs(emulator, tmp_path):
       _put(f"{emulator}/corpus3/blocks-{shard:05d}-of-00003.tfrecord", f.read())
   ram = f"ram://gcs-embed-{uuid.uuid4().hex}"
   encoders.export_encoder(_HashEncoder(), f"{ram}/block_encoder", step=3)
-  path = embed.build_index(embed.EmbedConfig(
+  path = embed.embed_corpus(embed.EmbedConfig(
       blocks=f"{emulator}/corpus3", encoder=f"{ram}/block_encoder",
       output_dir=f"{ram}/index", num_shards=2, build_scann=False))
   committed = versioned.latest_version(f"{ram}/index")

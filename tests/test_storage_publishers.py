@@ -143,9 +143,9 @@ def test_a_failed_embedding_job_leaves_no_version_and_no_directory(ram_root, tmp
   encoders.export_encoder(_HashEncoder(), encoder_root, step=5)
   index_dir = os.path.join(ram_root, "index")
   with pytest.raises(Exception, match="Empty match"):
-    embed.build_index(embed.EmbedConfig(blocks=str(tmp_path / "none-*"),
-                                        encoder=encoder_root, output_dir=index_dir,
-                                        build_scann=False))
+    embed.embed_corpus(embed.EmbedConfig(blocks=str(tmp_path / "none-*"),
+                                         encoder=encoder_root, output_dir=index_dir,
+                                         build_scann=False))
   assert versioned.list_versions(index_dir) == []
   assert not storage.list_files(index_dir)
 
@@ -169,13 +169,13 @@ def test_two_builds_of_one_snapshot_commit_one_index(ram_root, blocks_dir):
   encoders.export_encoder(_HashEncoder(), encoder_root, step=8)
   config = embed.EmbedConfig(blocks=blocks, encoder=encoder_root,
                              output_dir=os.path.join(ram_root, "index"), num_shards=2)
-  first = embed.build_index(config)
-  assert embed.build_index(config) == first
+  first = embed.embed_corpus(config)
+  assert embed.embed_corpus(config) == first
   [committed] = versioned.list_versions(config.output_dir)
   assert committed.path == first
   other = dataclasses.replace(config, num_shards=3)
   with pytest.raises(Exception, match="already committed with different files"):
-    embed.build_index(other)
+    embed.embed_corpus(other)
   assert [v.path for v in versioned.list_versions(config.output_dir)] == [first]
   # The losers' data directories are gone: only the committed one is left.
   data_dirs = [n.rstrip("/") for n in tf.io.gfile.listdir(config.output_dir)

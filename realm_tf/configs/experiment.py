@@ -77,8 +77,6 @@ class EncoderConfig(base_config.Config):
   num_layers: int = 12
   num_attention_heads: int = 12
   intermediate_size: int = 3072
-  # 'gelu' is the exact erf form (HuggingFace / MiniLM); 'gelu_approximate' is the tanh
-  # form of Google's original BERT checkpoints.
   hidden_activation: str = "gelu_approximate"
   dropout_rate: float = 0.1
   attention_dropout_rate: float = 0.1
@@ -134,12 +132,14 @@ class RetrieverConfig(base_config.Config):
     learn_scale: train that factor (as a log-scale starting at log(scale)).
     share_towers: one embedder for queries and documents; else two, started identical.
     pooling: 'pooled' (BERT's pooler over [CLS], the REALM authors' code), 'cls' (the raw
-      [CLS] state) or 'mean' (masked mean, what MiniLM sentence embeddings use).
+      [CLS] state) or 'mean' (masked mean, what MiniLM sentence embeddings are trained
+      with).
     projection_initializer: 'truncated_normal' or 'orthogonal' (of the 'dense' projection).
     projection_layer_norm: a LayerNorm after the projection, as the released REALM
       embedder has (off: the paper's text).
-    projection_layer_norm_epsilon: that LayerNorm's epsilon (that of the code that wrote
-      the checkpoint).
+    projection_layer_norm_epsilon: that LayerNorm's epsilon, that of the code that wrote
+      the checkpoint: 1e-3 for Keras' LayerNormalization in the authors' ICT module, 1e-12
+      for BERT's own LayerNorm.
     query_seq_length: Lq, wordpieces of a query ([CLS] and [SEP] included).
     block_seq_length: Lc, wordpieces of a block as the document tower reads it (title and
       body).
@@ -150,13 +150,8 @@ class RetrieverConfig(base_config.Config):
   scale: float = 1.0
   learn_scale: bool = False
   share_towers: bool = False
-  # 'pooled' = BERT's pooler over [CLS] (the REALM authors' code), 'cls' = raw [CLS] state,
-  # 'mean' = masked mean (what MiniLM sentence embeddings were trained with).
   pooling: str = "pooled"
-  projection_initializer: str = "truncated_normal"  # or 'orthogonal'
-  # A LayerNorm after the projection, as the released REALM embedder has (its epsilon is
-  # that of the code that wrote the checkpoint: 1e-3 for Keras' LayerNormalization in the
-  # authors' ICT module, 1e-12 for BERT's own LayerNorm). Off: the paper's text.
+  projection_initializer: str = "truncated_normal"
   projection_layer_norm: bool = False
   projection_layer_norm_epsilon: float = 1e-3
   query_seq_length: int = 96
@@ -173,16 +168,15 @@ class ReaderConfig(base_config.Config):
       task.openqa.reader_seq_length.
     max_span_width: the longest answer span, in wordpieces.
     span_hidden_size: width of the span scorer's hidden layer (Open-QA).
-    tie_output_embeddings: the pre-training MLM head's output matrix is the word
-      embedding table (BERT's tying); False gives it its own, started as a copy.
+    tie_output_embeddings: True: the pre-training MLM head's output matrix is the word
+      embedding table (BERT's tying, for readers warm-started from BERT); False gives it
+      its own, started after the warm start as a copy of the table. Random-init readers
+      need their own: tied, learning a closed answer set's prior collapses that set's
+      rows, and nothing is left to copy.
   """
-  seq_length: int = 384  # query_seq_length + block_seq_length in pre-training
+  seq_length: int = 384
   max_span_width: int = 10
   span_hidden_size: int = 256
-  # The pre-training MLM head's output matrix: True ties it to the word embeddings (BERT's
-  # tying, for readers warm-started from BERT); False gives it its own, started after the
-  # warm start as a copy of the table. Random-init readers need their own: tied, learning
-  # a closed answer set's prior collapses that set's rows, and nothing is left to copy.
   tie_output_embeddings: bool = True
 
 
@@ -227,33 +221,25 @@ class IndexConfig(base_config.Config):
     keep_versions: committed index versions the builder keeps; older ones are collected.
     index_dir: the versioned index directory; '' means <model_dir>/index.
     rescore: 'scann' only: re-score ScaNN's candidates exactly with the stored embeddings.
-    embedding_dtype: 'float32' or 'bfloat16' (halves the accelerators' copy of the
-      block embeddings).
+    embedding_dtype: 'float32' or 'bfloat16' (halves the memory of the accelerators' copy
+      of the block embeddings).
     poll_seconds: how often the trainer looks for a newer committed index.
     first_index_timeout_seconds: the longest wait for a first index (e.g. one
       `beam.embed_corpus` is still building), and for a staleness bound to be met.
-    max_staleness_steps: > 0: between train loops, wait while the index is more than this
-      many steps older than the trainer; 0: never wait (the paper's fully asynchronous
-      refresh).
+    max_staleness_steps: > 0: between train loops, wait (up to
+      first_index_timeout_seconds) while the index is more than this many steps older
+      than the trainer: a bound keeps a slow builder from leaving the index far behind;
+      0: never wait (the paper's fully asynchronous refresh).
   """
   blocks: str = ""
   backend: str = "exact"
-  # Shards written by the embedding job (files; independent of the number of replicas).
   num_shards: int = 1
   keep_versions: int = 3
-  # Index directory; empty means <model_dir>/index.
   index_dir: str = ""
-  # scann only: re-score ScaNN's candidates exactly with the stored embeddings.
   rescore: bool = False
-  # The accelerator copy of the block embeddings (bfloat16 halves its memory).
   embedding_dtype: str = "float32"
-  # How often the trainer looks for a newer committed index.
   poll_seconds: float = 5.0
-  # Longest wait for a first index (e.g. one `beam.embed_corpus` is still building).
   first_index_timeout_seconds: float = 3600.0
-  # > 0: between train loops, wait (up to first_index_timeout_seconds) while the index is
-  # more than this many steps older than the trainer. 0: never wait (the paper's fully
-  # asynchronous refresh); a bound keeps a slow builder from leaving the index far behind.
   max_staleness_steps: int = 0
 
 
@@ -314,45 +300,39 @@ class PretrainTaskConfig(cfg.TaskConfig):
       ablations).
     refresh_every_steps: steps between retriever snapshots handed to the index builder
       (0: never).
-    start_index_builder: run `beam.index_builder` as a child process of the trainer.
-    salient_span_fallback: a sentence with no salient span: 'skip' it or mask
-      'random_spans'.
-    validation_masking: the masking of validation_data.
-    retrieval: False: every sentence reads the null document alone (no index).
-    trainable: 'all', or 'mlm_head' (the MLM head's own weights only; needs
-      retrieval=false).
-    mlm_init_checkpoint: a pre-training run whose knowledge-augmented encoder, MLM head
-      included, a fresh run starts from.
+    start_index_builder: run `beam.index_builder` as a child process of the trainer
+      (else: builders run on other machines sharing model_dir, or an index built once by
+      `beam.embed_corpus` stays fixed).
+    salient_span_fallback: salient-span masking of a sentence with no salient span:
+      'skip' it (the authors' choice: a random span there rarely needs world knowledge)
+      or mask 'random_spans' instead.
+    validation_masking: the masking of validation_data (held-out sentences): salient
+      spans whatever `masking` trains with, so that the masking ablations are scored on
+      the same held-out spans.
+    retrieval: False: every sentence reads the null document alone (no index, no index
+      builder): the no-retrieval baseline, and the MLM-head warm-up (trainable).
+    trainable: 'all', or 'mlm_head': only the MLM head's own weights train (the encoder,
+      and the word embeddings its output is tied to, stay frozen); needs retrieval=false.
+      A warm-up for warm starts that ship no MLM head (MiniLM), whose fresh head would
+      otherwise start REALM at chance.
+    mlm_init_checkpoint: a pre-training run (e.g. that warm-up) whose knowledge-augmented
+      encoder, MLM head included, a fresh run starts from; init_checkpoint still gives
+      the retriever.
   """
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=512, shuffle_buffer_size=10000, is_training=True))
   validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=512, is_training=False, drop_remainder=True))
-  num_candidates: int = 8  # k, the null document included
+  num_candidates: int = 8
   include_null_document: bool = True
   max_predictions_per_seq: int = 20
-  masking: str = "salient_spans"  # or 'random_tokens', 'random_spans' (paper ablations)
-  # Every N steps the trainer hands a retriever snapshot to the index builder (0: never).
+  masking: str = "salient_spans"
   refresh_every_steps: int = 500
-  # Run `beam.index_builder` as a child process of the trainer (else: on other machines
-  # sharing model_dir, or an index built once by `beam.embed_corpus` stays fixed).
   start_index_builder: bool = False
-  # Salient-span masking of a sentence with no salient span: 'skip' it (the authors' choice:
-  # a random span there rarely needs world knowledge) or mask 'random_spans' instead.
   salient_span_fallback: str = "skip"
-  # Masking of validation_data (held-out sentences): salient spans whatever `masking` trains
-  # with, so the masking ablations are scored on the same held-out spans.
   validation_masking: str = "salient_spans"
-  # False: x reads only the null document (no index, no index builder): the no-retrieval
-  # baseline, and the MLM-head warm-up below.
   retrieval: bool = True
-  # 'all', or 'mlm_head': only the MLM head's own weights train (the encoder, and the word
-  # embeddings its output is tied to, stay frozen). A warm-up for warm starts that ship no
-  # MLM head (MiniLM), whose fresh head would otherwise start REALM at chance; needs
-  # retrieval=false.
   trainable: str = "all"
-  # A pre-training run (e.g. that warm-up) whose knowledge-augmented encoder, MLM head
-  # included, a fresh run starts from; init_checkpoint still gives the retriever.
   mlm_init_checkpoint: str = ""
 
 
@@ -376,7 +356,7 @@ class OpenQATaskConfig(cfg.TaskConfig):
     init_checkpoint: (tf-models' field) the run init_from reads; required unless
       init_from is 'warm_start'.
     answer_regex: answers are regular expressions (CuratedTREC).
-    num_candidates: k, the blocks read per question.
+    num_candidates: k, the blocks retrieved and read per question.
     query_seq_length: wordpieces of a question.
     reader_seq_length: wordpieces of one reader input `[CLS] x [SEP] z_body [SEP]`.
     refresh_index: keep re-embedding the corpus while fine-tuning (the document tower
@@ -385,38 +365,32 @@ class OpenQATaskConfig(cfg.TaskConfig):
     init_from: 'warm_start', 'ict', 'realm' or 'openqa_reader' (above).
     retrieval: 'dense' (MIPS over the index) or 'bm25' (the sparse baseline, same reader).
     max_answers: answer strings (as written and SQuAD-normalised) looked for per question.
-    loss: 'orqa' or 'marginal' (below).
-    retriever_beam: blocks retrieved per training question for the retriever loss; the
-      best num_candidates of them are read. 0: num_candidates.
-    gold_block_steps: steps of the reading-comprehension stage (below); 0: none.
+    loss: 'orqa' (Lee et al., 2019): reader logits = span score + retrieval score, the
+      reader loss over all spans of the K read blocks jointly, plus a retriever loss over
+      the retriever_beam blocks labelled by answer match on their whole body. 'marginal'
+      (REALM's form): −log Σ_z p(z|x) p(y|z,x) over the K read blocks, span softmax per
+      block.
+    retriever_beam: blocks retrieved per training question for the retriever loss (ORQA
+      used 5000); the best num_candidates of them are read. 0: num_candidates.
+    gold_block_steps: steps of the reading-comprehension stage: each question whose own
+      article (its 'title') has a block containing an answer reads that block first, then
+      the retrieved ones; afterwards only retrieved blocks (the open stage). 0: none.
   """
   train_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=32, is_training=True))
   validation_data: DataConfig = dataclasses.field(default_factory=lambda: DataConfig(
       global_batch_size=32, is_training=False, drop_remainder=False))
   answer_regex: bool = False
-  num_candidates: int = 5  # k: blocks retrieved and read per question
+  num_candidates: int = 5
   query_seq_length: int = 64
   reader_seq_length: int = 320
-  # Keep re-embedding the corpus while fine-tuning (the document tower trains too).
   refresh_index: bool = False
   refresh_every_steps: int = 500
   init_from: str = "warm_start"
-  # 'dense' (MIPS over the index) or 'bm25' (the sparse baseline, same reader).
   retrieval: str = "dense"
-  # Answer strings (as written and SQuAD-normalised) looked for per question.
   max_answers: int = 8
-  # 'orqa' (Lee et al., 2019): reader logits = span score + retrieval score, the reader
-  # loss over all spans of the K read blocks jointly, plus a retriever loss over the
-  # retriever_beam blocks labelled by answer match on their whole body. 'marginal' (REALM's
-  # form): −log Σ_z p(z|x) p(y|z,x) over the K read blocks, span softmax per block.
   loss: str = "orqa"
-  # Blocks retrieved per training question for the retriever loss (ORQA used 5000); the
-  # best num_candidates of them are read. 0: num_candidates.
   retriever_beam: int = 100
-  # Reading-comprehension stage: for the first gold_block_steps steps each question whose
-  # own article (its 'title') has a block containing an answer reads that block first,
-  # then the retrieved ones; afterwards only retrieved blocks (the open stage).
   gold_block_steps: int = 0
 
 
@@ -445,8 +419,8 @@ class TrainerConfig(cfg.TrainerConfig):
   summary_interval, validation_interval, validation_steps, max_to_keep, ...) plus BERT's
   optimiser in three numbers: AdamW, linear warm-up, linear decay to zero at train_steps.
 
-  The optimiser is built from these fields (realm_tf.tasks.base), so the decay ends at
-  train_steps, unless tf-models' `optimizer_config` names an optimizer type: then that
+  The optimiser is built from these fields (realm_tf.modeling.optimization), so the decay
+  ends at train_steps, unless tf-models' `optimizer_config` names an optimizer type: then that
   section is used as written (its own schedule) and these three fields are unused.
 
   Attributes:
@@ -463,11 +437,18 @@ class TrainerConfig(cfg.TrainerConfig):
     warmup_steps: linear warm-up steps (capped at half of train_steps).
     weight_decay: AdamW's decoupled weight decay (not on LayerNorm and biases).
     head_learning_rate_multiplier: the learning-rate factor of freshly initialised heads
-      (the Open-QA reader's span scorer) on a pre-trained encoder.
+      (the Open-QA reader's span scorer), which start from random weights while the
+      encoder below is pre-trained.
     retriever_learning_rate_multiplier: the learning-rate factor of the retriever (both
-      towers) where it trains under a reader's loss (pre-training, Open-QA); 0 freezes it.
+      towers) where it trains under a reader's loss (pre-training, Open-QA): the reader
+      starts knowing nothing of the corpus, and its early, noisy gradients can undo a
+      warm-started retriever. 0 freezes it.
     retriever_frozen_steps: steps during which that retriever does not move at all
-      before retriever_learning_rate_multiplier applies.
+      before retriever_learning_rate_multiplier applies. Why hold it: a reader that starts
+      from random weights cannot read yet, so its loss's gradient on the retriever only
+      rewards blocks that narrow the answer set (the paper's encoder starts from BERT and
+      reads from step 0). On the knowledge world (benchmarks/knowledge.py) an unheld
+      warm-started retriever loses its own blocks.
     seed: the input pipelines' seed (shuffle order, dynamic masking).
   """
   train_steps: int = 200000
@@ -480,17 +461,8 @@ class TrainerConfig(cfg.TrainerConfig):
   learning_rate: float = 3e-5
   warmup_steps: int = 10000
   weight_decay: float = 0.01
-  # Learning-rate multiplier for freshly initialised heads (the Open-QA reader's span
-  # scorer), which start from random weights while the encoder below is pre-trained.
   head_learning_rate_multiplier: float = 1.0
-  # Learning-rate multiplier for the retriever (both towers) where it trains under a
-  # reader's loss (pre-training, Open-QA): the reader starts knowing nothing of the
-  # corpus, and its early, noisy gradients can undo a warm-started retriever. 0 freezes it.
   retriever_learning_rate_multiplier: float = 1.0
-  # Why hold the retriever: a reader that starts from random weights cannot read yet, so
-  # its loss's gradient on the retriever only rewards blocks that narrow the answer set
-  # (the paper's encoder starts from BERT and reads from step 0). On the knowledge world
-  # (benchmarks/knowledge.py) an unheld warm-started retriever loses its own blocks.
   retriever_frozen_steps: int = 0
   seed: int = 0
 

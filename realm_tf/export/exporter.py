@@ -51,15 +51,15 @@ KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
 PROVENANCE_FILE = "realm_provenance.json"
 STAGING = ".staging"
 WARMUP_QUESTIONS = ("who wrote the iliad?", "what is the capital of france?")
-# Blocks per reader pass of a QA export (QAModule's max_blocks_per_pass): on this project's
-# 2-core CPU (MiniLM-L6 reader, 160 wordpieces, no XLA) a block cost the same in passes of
-# 5 to 20 blocks and 26-49% more in passes of 40 to 160 (benchmarks/serving.py, "cost per
-# block"), so a request of many questions is read 20 blocks at a time. 0 for accelerators
-# whose throughput grows with the pass.
+# Blocks per reader pass of a QA export (QAModule's max_blocks_per_pass): on a CPU a block
+# costs the same in passes of up to about 20 blocks and more per block in larger ones
+# (benchmarks/results/serving.md, "cost per block"), so a request of many questions is
+# read 20 blocks at a time. 0 for accelerators whose throughput grows with the pass.
 MAX_BLOCKS_PER_PASS = 20
 # A QA export reads each request at the shortest multiple of this many wordpieces that holds
 # its longest question + block (QAModule's reader_length_step; 0: always the full length):
-# 57% of the demo reader's 160 positions held text (benchmarks/serving.py).
+# most reader inputs are far shorter than the reader's length (benchmarks/results/
+# serving.md, "reader input used").
 READER_LENGTH_STEP = 32
 
 

@@ -1,7 +1,7 @@
 """Apache Beam jobs of realm_tf as library functions with typed configs.
 
   realm_tf.pipelines.preprocess.prepare_corpus(PreprocessConfig(...)) -> corpus dir
-  realm_tf.pipelines.embed.build_index(EmbedConfig(...))              -> committed index
+  realm_tf.pipelines.embed.embed_corpus(EmbedConfig(...))             -> committed index
   realm_tf.pipelines.index_builder.run_index_builder(IndexBuilderConfig(...))
 
 Each takes `pipeline_args`, Beam/runner options passed untouched to PipelineOptions

@@ -1,10 +1,10 @@
 """Embed the corpus blocks with a block-encoder snapshot into a sharded, versioned index.
 
-    from realm_tf.pipelines.embed import EmbedConfig, build_index
-    index_path = build_index(EmbedConfig(blocks="gs://b/corpus",
-                                         encoder="gs://b/run/export/block_encoder",
-                                         output_dir="gs://b/run/index", num_shards=8),
-                             pipeline_args=["--runner", "DataflowRunner", ...])
+    from realm_tf.pipelines.embed import EmbedConfig, embed_corpus
+    index_path = embed_corpus(EmbedConfig(blocks="gs://b/corpus",
+                                          encoder="gs://b/run/export/block_encoder",
+                                          output_dir="gs://b/run/index", num_shards=8),
+                              pipeline_args=["--runner", "DataflowRunner", ...])
 
   ReadBlocks ─ EmbedBlocks (RunInference) ─ WriteIndexShards ─ CommitIndex
   (match, reshuffle,                          (ScaNN per shard,   (manifest written last,
@@ -95,12 +95,12 @@ def _encoder_root(encoder: versioned.Version) -> str:
   return encoder.path.rstrip("/").rsplit("/", 1)[0]
 
 
-def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
+def embed_corpus(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
   """Runs the pipeline to completion; returns the committed index export path."""
   config.validate()
   encoder = resolve_encoder(config.encoder)
   version = encoder.manifest.get("step", 0) if config.version is None else config.version
-  with versioned.Lease(_encoder_root(encoder), encoder.version, holder="embed build_index",
+  with versioned.Lease(_encoder_root(encoder), encoder.version, holder="embed_corpus",
                        ttl_seconds=config.lease_ttl_seconds):
     # Sizes and CRC32C (a snapshot is small next to the corpus it embeds): a truncated or
     # corrupted snapshot fails here, by file name, never as wrong embeddings.
@@ -137,6 +137,11 @@ def build_index(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
         storage.delete_prefix(export_dir)
       raise
   return versioned.read_version(versioned.manifest_path(config.output_dir, version)).path
+
+
+# The name realm_tf.pipelines.index_builder, benchmarks/embedding.py and benchmarks/mips.py
+# call embed_corpus by.
+build_index = embed_corpus
 
 
 def _committed(export_dir: str) -> bool:

@@ -43,7 +43,7 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   approximate on TPU by design, which would make "exact" a property of the device.
 
   Plain graph or XLA: both give the same results and, on CPU at 1M x 128, about the same
-  speed, 2x the full-matrix top_k (benchmarks/train_step.py --parts mips). The caller
+  speed, several times the full-matrix top_k's (benchmarks/results/train_step.md). The caller
   decides: ExactSearcher.search does not ask for XLA (it also runs in host input
   pipelines and SavedModels, where a compile per query shape buys nothing), while a
   train step compiled with jit_compile=True, as on TPU, compiles it with the step.

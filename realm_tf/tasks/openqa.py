@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import block_store
-from realm_tf.data import openqa_inputs as inputs
+from realm_tf.data import openqa_inputs
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory, losses, spans
 from realm_tf.modeling.models.openqa import OpenQAModel
@@ -111,7 +111,7 @@ class OpenQATask(base.RetrievalTask):
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
     self.index: Optional[KnowledgeIndex] = None
-    self._qa_sets: dict[str, inputs.QASet] = {}
+    self._qa_sets: dict[str, openqa_inputs.QASet] = {}
     self._bm25: Optional[BM25Retriever] = None
     self._records = _Records()
 
@@ -165,7 +165,7 @@ class OpenQATask(base.RetrievalTask):
         backend=i.backend, embedding_dtype=i.embedding_dtype, rescore=i.rescore)
     return self.index
 
-  def qa_set(self, path: str, limit: int = 0) -> inputs.QASet:
+  def qa_set(self, path: str, limit: int = 0) -> openqa_inputs.QASet:
     """Questions with their answer strings tokenized (and BM25 top-k), built once per path.
 
     Args:
@@ -180,8 +180,8 @@ class OpenQATask(base.RetrievalTask):
       store = self.index.store
       if not self.dense and self._bm25 is None:
         self._bm25 = BM25Retriever(store)
-      examples = inputs.read_questions(path, c.answer_regex, limit)
-      self._qa_sets[path] = inputs.build_qa_set(
+      examples = openqa_inputs.read_questions(path, c.answer_regex, limit)
+      self._qa_sets[path] = openqa_inputs.build_qa_set(
           examples, self.tokenizer, store.text_strings, c.answer_regex, c.max_answers,
           self.experiment.model.reader.max_span_width, self._bm25,
           max(max(evaluation.RECALL_AT), c.num_candidates, c.retriever_beam),
@@ -208,7 +208,7 @@ class OpenQATask(base.RetrievalTask):
     if self.index is None:
       raise RuntimeError("OpenQATask.build_index must run before build_inputs")
     training = bool(params.is_training)
-    return inputs.qa_dataset(
+    return openqa_inputs.qa_dataset(
         self.qa_set(params.input_path, params.max_examples), self.tokenizer,
         self.task_config.query_seq_length,
         base.per_replica_batch(params.global_batch_size, input_context), training=training,
@@ -288,11 +288,11 @@ class OpenQATask(base.RetrievalTask):
         dict(retriever_loss=terms["answer_in_beam"], reader_loss=terms["has_answer"]))
     return tf.reduce_mean(terms["loss"])
 
-  def train_step(self, inputs_, model, optimizer, metrics=None):
+  def train_step(self, inputs, model, optimizer, metrics=None):
     """One update on a per-replica batch (runs in replica context).
 
     Args:
-      inputs_: one batch of build_inputs.
+      inputs: one batch of build_inputs.
       model: the OpenQAModel.
       optimizer: the optimizer of create_task_optimizer.
       metrics: build_metrics' Means, updated here.
@@ -301,16 +301,16 @@ class OpenQATask(base.RetrievalTask):
       {'loss': this replica's mean loss per question}.
     """
     # The step the update is for (the reading-comprehension stage is decided from it).
-    inputs_ = dict(inputs_, global_step=tf.identity(optimizer.iterations))
+    inputs = dict(inputs, global_step=tf.identity(optimizer.iterations))
     _, result = self.gradient_step(model, optimizer,
-                                   lambda f, t: self.forward(model, f, t), inputs_)
+                                   lambda f, t: self.forward(model, f, t), inputs)
     return {self.loss: self._update(metrics, result)}
 
-  def validation_step(self, inputs_, model, metrics=None):
+  def validation_step(self, inputs, model, metrics=None):
     """One validation batch: the loss terms and each question's chosen answer.
 
     Args:
-      inputs_: one batch of build_inputs (validation_data).
+      inputs: one batch of build_inputs (validation_data).
       model: the OpenQAModel.
       metrics: build_metrics' Means, updated here.
 
@@ -331,7 +331,7 @@ class OpenQATask(base.RetrievalTask):
           located=tf.reduce_any(features["answers"]["lengths"] > 0, axis=1))
       return result, per_question
 
-    result, per_question = self.compiled("validation", evaluate)(inputs_)
+    result, per_question = self.compiled("validation", evaluate)(inputs)
     loss = self._update(metrics, result)
     return dict(per_question, **{self.loss: loss})
 
