@@ -30,14 +30,13 @@ lint: setup
 
 # Two pytest workers (pytest-xdist), one test module each at a time (--dist loadfile keeps
 # a module's expensive fixtures, e.g. the trained tagger, in one worker): much of the suite
-# waits on child processes and Beam's Python, so the second core was idle about a third of
-# the time. 18 min 50 s serially, 13 min 34 s this way, on the same idle 2-core machine.
+# waits on child processes and Beam's Python, so one worker leaves the second core idle
+# about a third of the time. xdist's own order is kept: handing the longest modules out
+# first (--no-loadscope-reorder and an order in tests/conftest.py) runs the heavy
+# multi-process modules side by side, each then takes longer, and so does the suite.
+# Timings of both: benchmarks/results/test_suite_runs.md.
 # The fuzz properties run at a quarter of their example counts here (REALM_FUZZ_FRACTION,
 # tests/test_fuzz_inputs.py); `pytest -m fuzz` runs the full counts.
-# Tried: handing the longest modules out first (--no-loadscope-reorder and an order in
-# tests/conftest.py): 39 min 09 s of pytest against 33 min 56 s without, in one fresh-clone
-# run each on 2026-11-25 (the heavy multi-process modules then ran side by side and each
-# took longer), so xdist's own order is kept.
 test: lint
 	REALM_FUZZ_FRACTION=0.25 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
 	  --durations=25 tests

@@ -316,9 +316,9 @@ class _BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
 
   daemon_threads = True
   # The listen backlog: connections beyond the handler threads wait here, accepted in turn
-  # (the kernel caps it at net.core.somaxconn). socketserver's default of 5 made the kernel
-  # drop or reset connections past threads + 5: 32 closed-loop clients (benchmarks/
-  # serving.py) were reset while gRPC queued them.
+  # (the kernel caps it at net.core.somaxconn). With socketserver's default of 5 the kernel
+  # drops or resets connections past threads + 5: 32 closed-loop clients (benchmarks/
+  # serving.py) would be reset where gRPC queues them.
   request_queue_size = socket.SOMAXCONN
 
   def __init__(self, address, handler, num_threads: int, api: "RestApi"):

@@ -45,11 +45,10 @@ OCCUPATIONS = ("baker", "weaver", "sailor", "miner", "potter", "tailor", "farmer
                "carpenter", "butcher", "merchant", "hunter")
 # Every value is one wordpiece of the uncased vocabulary (tests check it). Why: a masked
 # span's [MASK] count is the answer's wordpiece count, so values of unequal lengths leak
-# the answer (invented 2-4 piece towns gave a reader 0.348 from the length alone against
-# 0.170 chance, benchmarks/results/knowledge.md before this change), and a one-piece value
-# is copied from the block by one attention lookup, where a multi-piece one needs the
-# pieces in order. The towns are real names: what no model can know is which of them an
-# invented entity was born in.
+# the answer (a reader that narrows the values to those of the right length scores well
+# above chance without reading the block), and a one-piece value is copied from the block
+# by one attention lookup, where a multi-piece one needs the pieces in order. The towns are
+# real names: what no model can know is which of them an invented entity was born in.
 TOWNS = ("york", "bristol", "dover", "leeds", "oxford", "cardiff", "bath", "durham",
          "exeter", "norwich", "chester", "lincoln", "salisbury", "windsor", "brighton",
          "derby", "hull", "cambridge", "glasgow", "dublin", "aberdeen", "perth", "ipswich",

@@ -17,7 +17,7 @@ GROUP_SIZE = 32
 
 # Rows scored per loop iteration: a [Q, 32768] float32 score block (32 MB at Q = 256) is
 # produced, reduced to group maxima and dropped, so [Q, N] never exists at once (1 GB at
-# 256 x 1M). 16K to 128K rows ran within 2% of each other on CPU (the matmul dominates);
+# 256 x 1M). 16K to 128K rows run within 2% of each other on CPU (the matmul dominates);
 # 32K keeps the transient small while the per-iteration overhead stays negligible.
 DEFAULT_CHUNK_SIZE = 32768
 
@@ -72,8 +72,9 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
     ValueError: k is not an int in [1, N], or shapes are not static and matching.
   """
   # One read of a variable, then plain tensor ops only. Slicing the variable in the
-  # loop and gathering stage 2's rows from it (ResourceGather) put it in copy-on-read
-  # mode, so each of the loop's reads copied all N x P values (4x slower at 1M x 128).
+  # loop and gathering stage 2's rows from it (ResourceGather) would put it in
+  # copy-on-read mode, so that each of the loop's reads copies all N x P values (4x slower
+  # at 1M x 128).
   embeddings = tf.convert_to_tensor(embeddings)
   queries = tf.cast(tf.convert_to_tensor(queries), tf.float32)
   if embeddings.shape.rank != 2 or not embeddings.shape.is_fully_defined():
@@ -100,7 +101,7 @@ def exact_top_k(queries, embeddings, k: int, *, chunk_size: int | None = None,
   neg_inf = tf.constant(float("-inf"), tf.float32)
 
   # Stage 1 scores rows-major, [rows, Q]: the group maximum is then an elementwise max
-  # over `group` contiguous [Q] vectors, which vectorises well, and XLA:CPU ran the whole
+  # over `group` contiguous [Q] vectors, which vectorises well, and XLA:CPU runs the whole
   # kernel about 1.8x faster than with [Q, rows] and an inner-axis reduction of 32.
   def group_maxima(rows):
     """rows [R, P] -> [ceil(R / group), Q]: the best score in each group of rows."""
