@@ -35,7 +35,6 @@ import numpy as np
 from benchmarks import harness
 from benchmarks.common import RESULTS_DIR, encoder_flops
 from realm_tf.configs import experiments, load_config
-from realm_tf.retrieval.knowledge_index import token_dtype
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAPER_CONFIGS = [os.path.join(REPO, "configs", "realm_paper", name)
@@ -162,12 +161,13 @@ def estimate(args) -> dict:
   reembed_flops = n * bert(1, r.block_seq_length, training=False)
 
   # Device memory of the index per shard (realm_tf.retrieval.knowledge_index: embeddings,
-  # valid, word_ids, body_ids, body_lengths sharded, token ids in token_dtype and type ids
-  # derived; block_ids replicated). Pre-training's bodies are the reader's length - 3.
+  # valid, word_ids, body_ids, body_lengths sharded, type ids derived; block_ids
+  # replicated). Token ids are int32 on TPU (variable_token_dtype: a TPU holds no uint16).
+  # Pre-training's bodies are the reader's length - 3.
   shards = c.index.num_shards
   rows = math.ceil(n / shards)
   embedding_bytes = 2 if c.index.embedding_dtype == "bfloat16" else 4
-  token_bytes = np.dtype(token_dtype(e.vocab_size)).itemsize
+  token_bytes = np.dtype(np.int32).itemsize
   per_row = dict(embeddings=r.projection_size * embedding_bytes, valid=1,
                  word_ids=token_bytes * r.block_seq_length,
                  body_ids=token_bytes * (c.model.reader.seq_length - 3), body_lengths=4)
@@ -267,8 +267,8 @@ def markdown(x: dict) -> str:
       f"{x['dataflow_cores_for_500_step_staleness']:,.0f} |",
       f"| Dataflow workers of {pub['dataflow_worker_cores']} cores | "
       f"{x['dataflow_workers_for_500_step_staleness']:,} |", "",
-      "The index tables are dominated by the token tables (word and body ids, 16 bits "
-      "each; type ids are derived), not the embeddings. Measured rows come from "
+      "The index tables are dominated by the token tables (word and body ids, int32 on a "
+      "TPU, which holds no uint16; type ids are derived), not the embeddings. Measured rows come from "
       f"{measured.get('source', 'benchmarks/scale.py, once it has run')}. The CPU utilisation is carried over to the TPU as a fraction "
       "of peak; a TPU's matrix units typically reach a higher fraction, so the TPU times "
       "are an upper bound in that respect. The paper ran its index builder on 16 TPUs, "

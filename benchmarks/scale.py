@@ -218,7 +218,7 @@ def seeded_embeddings(articles: np.ndarray, num_articles: int, seed: int = SEED)
 def corpus_phase(args, work: str) -> dict:
   """Texts of N blocks into the served text store, seeded embeddings into a .npy file."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import served_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
   tokenizer = Tokenizer()
   start = time.time()
@@ -231,12 +231,14 @@ def corpus_phase(args, work: str) -> dict:
   raw = dict(title=0, text=0)
 
   def counted():
-    for title, text in leads.blocks(args.blocks, args.block_seq_length, seed=SEED):
+    for row, (title, text) in enumerate(leads.blocks(args.blocks, args.block_seq_length,
+                                                     seed=SEED)):
       raw["title"] += len(title.encode())
       raw["text"] += len(text.encode())
-      yield title, text
+      yield row, title, text
 
-  served_index.write_block_texts(texts_dir, counted(), args.blocks)
+  shutil.rmtree(texts_dir, ignore_errors=True)
+  block_texts.write_block_texts(texts_dir, counted(), args.blocks)
   texts_seconds = time.time() - start
   path = os.path.join(work, "embeddings.npy")
   vectors = np.lib.format.open_memmap(path, "w+", np.float32, (args.blocks, DIMENSION))
@@ -333,8 +335,8 @@ def export_phase(args, work: str) -> dict:
   """One QA export of the whole corpus (--kind), published as version 1."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.exact import exact_top_k  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
@@ -345,7 +347,7 @@ def export_phase(args, work: str) -> dict:
   model = task.build_model()
   vectors = np.load(os.path.join(work, "embeddings.npy"), mmap_mode="r")
   block_ids = np.arange(args.blocks, dtype=np.int64)
-  texts = served_index.BlockTexts(os.path.join(work, "texts"))
+  texts = block_texts.BlockTexts(os.path.join(work, "texts"))
   searcher, handles, recall, scann_seconds = None, (), None, 0.0
   if kind == "realm_qa_scann":
     scann_start = time.time()
@@ -381,7 +383,7 @@ def export_phase(args, work: str) -> dict:
     hits = 0
     for i in range(0, args.queries, 100):
       q = tf.constant(queries[i:i + 100])
-      _, exact_rows = exact_top_k(q, served.embeddings, 5)
+      _, exact_rows = served.embeddings.top_k(q, 5)
       found = searcher.search(q, 5)
       hits += sum(len(set(e) & set(f)) for e, f in
                   zip(exact_rows.numpy().tolist(), served.rows(found.block_ids).numpy().tolist()))

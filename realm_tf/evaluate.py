@@ -10,6 +10,11 @@ the question, the references, the predicted answer (original text of the chosen 
 chosen block and span, and every retrieved block with its title, score, p(z|x) and whether
 it contains an answer.
 
+Retrieved blocks are read from the corpus's block text store (realm_tf.data.block_texts;
+built once under <model_dir>/block_texts/ when the run names none), as a served version
+reads them, so evaluation holds the embeddings but no token tables or texts of every
+block (under a TPU strategy it keeps the training layout's token tables).
+
 The run is described by its <model_dir>/params.yaml (an Open-QA task); the questions become
 its task.openqa.validation_data and train_lib.evaluate_checkpoint evaluates the checkpoint.
 That evaluation runs in a work directory (--work_dir, default <model_dir>/eval_corpora/
@@ -50,7 +55,10 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
 
   Returns the metrics plus step, checkpoint, questions, blocks and the files written.
   """
+  import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+
   from realm_tf.configs import load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.data import block_texts  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.data.block_store import blocks_pattern  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -76,9 +84,15 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
       index=index,
       task=dict(openqa=dict(answer_regex=regex, validation_data=dict(
           input_path=questions, max_examples=max_questions))))
+  strategy = runtime.make_strategy(config)
+  if not isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+    # The retrieved blocks are read from the corpus's text store, as a served version
+    # reads them: no token tables or texts of every block in memory.
+    if "blocks" in index:
+      config = config.replace(index=dict(text_store=""))
+    config = block_texts.ensure_store(config, model_dir if "blocks" not in index else work)
   # The work directory's params.yaml is what a child index builder there reads.
   train_lib.save_params(config, work)
-  strategy = runtime.make_strategy(config)
   start = time.time()
   metrics, run = train_lib.evaluate_checkpoint(config, work, path, strategy)
   step = metrics.pop("step")

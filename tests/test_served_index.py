@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf.data import block_texts
 from realm_tf.data.block_store import BlockStore
 from realm_tf.export import served_index
 from realm_tf.export.exporter import copy_asset_files
@@ -118,19 +119,24 @@ def test_texts_are_read_from_the_loaded_copy_of_a_saved_model(tokenizer, index, 
   assert not strings and len(dtypes) > 3, dtypes
 
 
+def _triples(n):
+  return [(i, "t", "x") for i in range(n)]
+
+
 def test_a_store_of_another_format_or_size_is_refused(tokenizer, index, tmp_path):
   directory = str(tmp_path / "texts")
-  served_index.write_block_texts(directory, [("t", "x")] * 3, 3)
-  description = os.path.join(directory, served_index.DESCRIPTION_FILE)
+  block_texts.write_block_texts(directory, _triples(3), 3)
+  description = os.path.join(directory, block_texts.DESCRIPTION_FILE)
   with open(description) as f:
     record = json.load(f)
   with open(description, "w") as f:
-    json.dump(dict(record, format_version=served_index.FORMAT_VERSION + 1), f)
+    json.dump(dict(record, format_version=block_texts.FORMAT_VERSION + 1), f)
   with pytest.raises(ValueError, match="format"):
-    served_index.BlockTexts(directory)
+    block_texts.BlockTexts(directory)
   with pytest.raises(ValueError, match="announced"):
-    served_index.write_block_texts(str(tmp_path / "short"), [("t", "x")] * 2, 3)
-  texts = served_index.write_block_texts(str(tmp_path / "three"), [("t", "x")] * 3, 3)
+    block_texts.write_block_texts(str(tmp_path / "short"), _triples(2), 3)
+  block_texts.write_block_texts(str(tmp_path / "three"), _triples(3), 3)
+  texts = block_texts.BlockTexts(str(tmp_path / "three"))
   with pytest.raises(ValueError, match="text store holds 3 blocks"):
     served_index.ServedIndex(np.zeros([4, P], np.float32), np.arange(4), texts, tokenizer,
                              LC, LB)
@@ -147,7 +153,7 @@ def test_float16_embeddings_and_a_shared_variable(tokenizer, index):
                                 full.search(queries, 3).rows.numpy())
   variable = tf.Variable(full.embeddings.numpy(), name="dataset")
   shared = served_index.served_index_from(index, tokenizer, shared_embeddings=variable)
-  assert shared.embeddings is variable
+  assert shared.embeddings.blocks == [variable]
   with pytest.raises(ValueError, match="float32"):
     served_index.ServedIndex(tf.Variable(np.zeros([len(index.store), P], np.float16)),
                              index.store.block_ids, full.texts, tokenizer, LC, LB)

@@ -230,8 +230,15 @@ class IndexConfig(base_config.Config):
       first_index_timeout_seconds) while the index is more than this many steps older
       than the trainer: a bound keeps a slow builder from leaving the index far behind;
       0: never wait (the paper's fully asynchronous refresh).
+    text_store: a committed block text store of the corpus (realm_tf.data.block_texts):
+      the retrieved blocks are read from it and tokenized in the step, instead of token
+      tables of every block (13.35M blocks: no tables, no texts in host memory; no XLA
+      and no TPU for the step). `realm_tf.evaluate` and `realm_tf.export` always read
+      blocks this way (building the store from `blocks` once when this is ''); training
+      reads tables unless it is set.
   """
   blocks: str = ""
+  text_store: str = ""
   backend: str = "exact"
   num_shards: int = 1
   keep_versions: int = 3

@@ -22,8 +22,9 @@ model server built with ScaNN's op library linked in.
 
 Every export is first written and committed under `<output_dir>/.staging/<kind>/`
 (realm_tf.io.versioned: files, sizes, CRC32C), then copied to `<kind>/<version>/` with
-saved_model.pb last, so TF Serving never sees a partial version on any file system; the
-staged original is deleted once the copy is complete and verified.
+saved_model.pb last, so TF Serving never sees a partial version on any file system (hard
+links on one local disk, so the bytes are written once); the staged original is deleted
+once the copy is complete and verified.
 """
 import dataclasses
 import json
@@ -41,6 +42,7 @@ from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
 from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher, shared_dataset
 from realm_tf.export.served_index import served_index_from
+from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
 from realm_tf.retrieval.index_export import load_shard_array, shard_name
@@ -71,7 +73,8 @@ class ServingRun:
     config: the run's ExperimentConfig (index.backend forced to 'exact').
     task: the OpenQATask that built the model and the index.
     model: the OpenQAModel.
-    index: the KnowledgeIndex, with a committed version swapped in (load_run).
+    index: the KnowledgeIndex over the run's block text store, with a committed version
+      swapped in (load_run).
     step: the checkpoint's training step (the default export version).
     checkpoint: the checkpoint read.
     model_dir: the run's directory.
@@ -178,7 +181,10 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
                      "index of its blocks")
   config = load_config(layout.params_path(model_dir))
   if blocks:
-    config = config.replace(index=dict(blocks=blocks, index_dir=index_dir))
+    config = config.replace(index=dict(blocks=blocks, index_dir=index_dir, text_store=""))
+  # The export links the store's chunks among its assets: no texts in memory, none
+  # written again (realm_tf.data.block_texts).
+  config = block_texts.ensure_store(config, model_dir)
   path = layout.latest_checkpoint(checkpoint or model_dir)
   step_var = tf.Variable(0, dtype=tf.int64, trainable=False)
   run = build_run(config, model_dir, checkpoint=path)
@@ -221,8 +227,8 @@ def _index_scann_states(run: ServingRun):
 
 
 def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
-  """[N, P] float32 embeddings of the index in row order (its padding rows dropped)."""
-  return np.asarray(index.embeddings.read_value(), np.float32)[:index.num_blocks]
+  """[N, P] float32 embeddings of the index in row order (one replica's row blocks)."""
+  return index.embedding_blocks.numpy().astype(np.float32)
 
 
 class ServingQueryEncoder(QueryEncoder):
@@ -360,7 +366,9 @@ def save_export(module: tf.Module, output_dir: str, kind: str, version: int,
       json.dump(record, f, indent=2, sort_keys=True, default=str)
     serving_warmup.write_warmup_requests(writer.path, warmup, model_name=kind)
     committed = writer.commit(dict(kind=kind, export_seconds=round(time.time() - start, 3)))
-  versioned.copy_version(committed, published, manifest_dir=serving_warmup.WARMUP_DIR)
+  # Linked where staging and publication share a disk: the export is written once.
+  versioned.copy_version(committed, published, manifest_dir=serving_warmup.WARMUP_DIR,
+                         link=True)
   # The published copy carries the manifest (verify_copy checks it): the staged original
   # is no longer needed. A crash before this line leaves it for a re-run to copy again.
   versioned.delete_version(os.path.join(output_dir, STAGING, kind), committed)

@@ -3,6 +3,9 @@
   <model_dir>/
     params.yaml                      the run's whole ExperimentConfig (read by the builder)
     corpus/                          blocks made from a JSON lines index.blocks, if given
+    block_texts/                     the corpus's block text store (an import writes it;
+                                     evaluation and export build one from index.blocks:
+                                     block_texts/<hash of the blocks pattern>/)
     checkpoints/ckpt-<step>          tf.train.CheckpointManager
     train/, validation/              TensorBoard summaries (tf-models' runner layout)
     metrics.jsonl                    one JSON line per train loop / evaluation
@@ -20,6 +23,7 @@
 Every path is built with os.path.join and read through tf.io.gfile, so model_dir may be on
 GCS (gs://...) as well as on local disk.
 """
+import hashlib
 import json
 import os
 import socket
@@ -43,6 +47,15 @@ def params_path(model_dir: str) -> str:
 def corpus_dir(model_dir: str) -> str:
   """Blocks made from a JSON lines corpus given to the run (index.blocks: x.jsonl)."""
   return os.path.join(model_dir, "corpus")
+
+
+def block_texts_dir(model_dir: str, blocks: str = "") -> str:
+  """<model_dir>/block_texts: the run's block text store (realm_tf.data.block_texts); with
+  `blocks`, the store made from that corpus, <model_dir>/block_texts/<hash>."""
+  if not blocks:
+    return os.path.join(model_dir, "block_texts")
+  digest = hashlib.sha1(blocks.encode("utf-8")).hexdigest()[:12]
+  return os.path.join(model_dir, "block_texts", digest)
 
 
 def checkpoint_dir(model_dir: str) -> str:

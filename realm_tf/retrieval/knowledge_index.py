@@ -14,12 +14,23 @@ the rows it owns, zeros elsewhere). Every op has a static shape, so the step com
 XLA.
 
 Memory: embeddings N x P in index.embedding_dtype plus N x (Lc + Lb) token ids, split over
-R replicas. Token ids are stored as narrow as the vocabulary allows (uint16 below 65,536
-entries: BERT's 30,522 fit), and nothing derivable is stored: the document tower's type
-ids and mask are made from the word ids at gather time ([SEP] positions, padding). At the
-paper's scale (13.35M blocks, P = 128, bfloat16) the embeddings take 3.4 GB over all
-cores and the token tables (Lc = 288, Lb = 286) 15.3 GB, where three int32 tables (word,
-type, body ids) would take 46 GB: 1.2 GB per core of a v3-32.
+R replicas. Nothing derivable is stored: the document tower's type ids and mask are made
+from the word ids at gather time ([SEP] positions, padding). Token ids are stored as narrow
+as the strategy allows: uint16 under one-process strategies (BERT's 30,522 entries fit),
+int32 under TPU and multi-worker strategies (TPUs hold no uint16, and multi-worker
+strategies broadcast initial values with collectives that take none). So a row costs,
+with Lc = 288, Lb = 317 (Open-QA's reader of 320), float32 embeddings of P = 128, an int32
+length, a validity flag and an int64 block id: 1,735 B with uint16 ids and 2,945 B with
+int32 ids (~2.9 KB: 39 GB for 13.35M blocks, 1.2 GB per core of a v3-32 with bfloat16
+embeddings). Evaluation and the exports need none of the tables: see below.
+
+Block inputs have two layouts. Tables (the default; training): the token ids above, made
+once on the host, gathered inside a compiled step. A text store (`texts`, a
+data.block_texts.BlockTexts: evaluation and the QA exports): no tables at all; the
+retrieved rows' titles and texts are read from the store and tokenized by the same rule
+(data.block_texts.block_inputs), so the host holds only the embeddings and the store's
+offsets (13.35M blocks: 6.8 GB float32 embeddings, 0.3 GB of offsets and ids). Its step
+reads files and runs the tokenizer: no XLA, and no TPU (the tasks refuse that pairing).
 
 The shards are `SyncOnRead` variables: each replica reads and writes only its own copy, so a
 newer index is swapped in place by one assignment per replica (`swap`), with no retracing.
@@ -41,11 +52,13 @@ from typing import NamedTuple, Optional
 import numpy as np
 import tensorflow as tf
 
+from realm_tf.data import block_texts as block_texts_lib
 from realm_tf.data.block_store import BlockStore
 from realm_tf.io import versioned
 from realm_tf.modeling import collectives
 from realm_tf.io.roles import HostRole
 from realm_tf.retrieval.exact import exact_top_k
+from realm_tf.retrieval.row_blocks import RowBlocks
 from realm_tf.retrieval.index_export import load_shard_array
 from realm_tf.retrieval.index_loading import load_searcher
 from realm_tf.retrieval.searcher import Searcher, SearchResult
@@ -148,6 +161,80 @@ def row_ordered_embeddings(export: versioned.Version, block_ids: np.ndarray) -> 
   return vectors
 
 
+class StreamedEmbeddings:
+  """A committed export's embeddings in row order, read and assigned a shard at a time.
+
+  At 13.35M blocks the embeddings are 6.8 GB as float32: concatenated, sorted into row
+  order and converted to a tensor they would be held three or four times over. Here the
+  export's block ids are read and checked against the corpus first (a refused export
+  leaves the current one in place), and `rows` gives one row block at a time (row_blocks:
+  each block assigned whole), so one shard and one block are held beside the variables.
+
+  Args:
+    export: a committed index export.
+    block_ids: [N] the corpus's block ids, ascending.
+
+  Raises:
+    ValueError: the export holds no blocks or other blocks than the corpus.
+    versioned.VerificationError: a block id file is damaged, or an embedding file's size
+      is not its manifest's.
+  """
+
+  def __init__(self, export: versioned.Version, block_ids: np.ndarray):
+    self.export = export
+    shards = export.manifest["shards"]
+    self.parts = []  # (shard, rows [n] int64)
+    seen, dimension = 0, None
+    for info in shards:
+      if not info["num_blocks"]:
+        continue
+      ids = load_shard_array(export, info["shard"], len(shards), "block_ids.npy")
+      rows = np.searchsorted(block_ids, ids)
+      if np.any(rows >= len(block_ids)) or np.any(
+          block_ids[np.minimum(rows, len(block_ids) - 1)] != ids):
+        raise ValueError(f"index {export.path} holds blocks that are not in the corpus of "
+                         f"{len(block_ids)} blocks: rebuild it from these blocks")
+      self.parts.append((info["shard"], rows))
+      seen += len(ids)
+      dimension = dimension or info.get("dimension")
+    if not self.parts:
+      raise ValueError(f"index {export.path} holds no blocks")
+    covered = np.zeros([len(block_ids)], bool)
+    for _, rows in self.parts:
+      covered[rows] = True
+    if seen != len(block_ids) or not covered.all():
+      raise ValueError(f"index {export.path} covers {seen} blocks that are not the "
+                       f"corpus's {len(block_ids)}: rebuild it from these blocks")
+    self.num_shards = len(shards)
+    self.num_blocks = len(block_ids)
+    # Sizes now, so a truncated file refuses the export before any row is replaced.
+    versioned.verify_version(export)
+    self.shape = (self.num_blocks, int(dimension))
+    self._cached = (-1, None)  # (shard, its embeddings): the newest shard read
+
+  def rows(self, start: int, end: int) -> np.ndarray:
+    """[end - start, P] float32: rows [start, end) in row order, from the shards that hold
+    them (the newest shard read is kept: consecutive shards are each read once)."""
+    out = np.zeros([end - start, self.shape[1]], np.float32)
+    filled = 0
+    for shard, rows in self.parts:
+      inside = (rows >= start) & (rows < end)
+      if not inside.any():
+        continue
+      if self._cached[0] != shard:
+        self._cached = (shard, load_shard_array(self.export, shard, self.num_shards,
+                                                "embeddings.npy"))
+      out[rows[inside] - start] = self._cached[1][inside]
+      filled += int(inside.sum())
+    if filled != end - start:
+      raise ValueError(f"index {self.export.path}: rows [{start}, {end}) are not all covered")
+    return out
+
+  def values(self) -> np.ndarray:
+    """[N, P] float32, every row (for several replicas' shards)."""
+    return self.rows(0, self.num_blocks)
+
+
 def _replica_context():
   """(context, number of replicas, this replica's id) in a replica or default context."""
   context = tf.distribute.get_replica_context()
@@ -174,16 +261,19 @@ class KnowledgeIndex(tf.Module):
     backend: 'exact' (sharded on the accelerators) or 'scann' (host ScaNN).
     embedding_dtype: the accelerator copy's dtype ('float32' or 'bfloat16').
     rescore: 'scann': re-score its candidates exactly with the stored embeddings.
+    texts: the text layout: the store's in-graph reader (`store` is then its
+      data.block_texts.HostBlockTexts); None for token tables.
     name: the tf.Module's name.
 
   Raises:
-    ValueError: `backend` is not 'exact' or 'scann'.
+    ValueError: `backend` is not 'exact' or 'scann', or `texts` holds other blocks.
   """
 
   def __init__(self, store: BlockStore, tokenizer: Tokenizer, block_seq_length: int,
                body_length: int, dimension: int, strategy: Optional[tf.distribute.Strategy]
                = None, backend: str = "exact", embedding_dtype: str = "float32",
-               rescore: bool = False, name: str = "knowledge_index"):
+               rescore: bool = False, texts: Optional[block_texts_lib.BlockTexts] = None,
+               name: str = "knowledge_index"):
     super().__init__(name=name)
     if backend not in BACKENDS:
       raise ValueError(f"index backend must be one of {BACKENDS}, got {backend!r}")
@@ -207,7 +297,13 @@ class KnowledgeIndex(tf.Module):
     self._host_searcher = None  # backend 'scann': the current host-side searcher
     self._graph_searcher: Optional[Searcher] = None  # search_with: an in-graph searcher
     self._lock = threading.Lock()
-    tables = tokenize_blocks(store, tokenizer, block_seq_length, body_length)
+    self.texts = texts
+    self.tokenizer = tokenizer
+    if texts is not None and texts.num_blocks != self.num_blocks:
+      raise ValueError(f"the text store {texts.directory} holds {texts.num_blocks} blocks, "
+                       f"the index {self.num_blocks}")
+    tables = (None if texts is not None else
+              tokenize_blocks(store, tokenizer, block_seq_length, body_length))
     dtype = tf.bfloat16 if embedding_dtype == "bfloat16" else tf.float32
     s = self.shard_size
     with self.strategy.scope():
@@ -215,18 +311,28 @@ class KnowledgeIndex(tf.Module):
         return tf.Variable(tf.zeros([s, *shape], var_dtype), trainable=False, name=var_name,
                            synchronization=tf.VariableSynchronization.ON_READ,
                            aggregation=tf.VariableAggregation.NONE)
-      self.embeddings = sharded([dimension], dtype, "embeddings")  # [S, P] per replica
+      if self.num_replicas == 1:
+        # One device: row blocks, filled a block at a time with plain reads after (see
+        # realm_tf.retrieval.row_blocks); [N, P] in all.
+        self.embedding_blocks = RowBlocks.zeros(s, dimension, dtype)
+        self.embeddings = None
+      else:
+        self.embedding_blocks = None
+        self.embeddings = sharded([dimension], dtype, "embeddings")  # [S, P] per replica
       self.valid = sharded([], tf.bool, "valid")  # [S]: False on padding rows
-      ids = tf.as_dtype(variable_token_dtype(tokenizer.vocab_size, self.strategy))
-      self.word_ids = sharded([block_seq_length], ids, "word_ids")  # [S, Lc]
-      self.body_ids = sharded([body_length], ids, "body_ids")  # [S, Lb]
-      self.body_lengths = sharded([], tf.int32, "body_lengths")  # [S]
+      if tables is not None:
+        ids = tf.as_dtype(variable_token_dtype(tokenizer.vocab_size, self.strategy))
+        self.word_ids = sharded([block_seq_length], ids, "word_ids")  # [S, Lc]
+        self.body_ids = sharded([body_length], ids, "body_ids")  # [S, Lb]
+        self.body_lengths = sharded([], tf.int32, "body_lengths")  # [S]
       # Row → block id for every row (replicated: 8 bytes a block), and its inverse by
       # searchsorted (block ids are ascending in row order).
       self.block_ids = tf.Variable(store.block_ids, trainable=False, name="block_ids")
-    self._assign_sharded(dict(valid=np.ones([self.num_blocks], bool),
-                              word_ids=tables["word_ids"], body_ids=tables["body_ids"],
-                              body_lengths=tables["body_lengths"]))
+    columns = dict(valid=np.ones([self.num_blocks], bool))
+    if tables is not None:
+      columns.update(word_ids=tables["word_ids"], body_ids=tables["body_ids"],
+                     body_lengths=tables["body_lengths"])
+    self._assign_sharded(columns)
 
   # --------------------------------------------------------------------------- host side
 
@@ -264,9 +370,13 @@ class KnowledgeIndex(tf.Module):
     """
     self._install(export, *self._load(export))
 
-  def _load(self, export: versioned.Version) -> tuple[np.ndarray, object]:
-    """Host side of a swap: the export's embeddings (row order) and host searcher."""
-    vectors = row_ordered_embeddings(export, self.store.block_ids)
+  def _load(self, export: versioned.Version) -> tuple[object, object]:
+    """Host side of a swap: the export's embeddings (row order; with one replica a
+    StreamedEmbeddings, checked but not yet read) and host searcher."""
+    if self.num_replicas == 1:
+      vectors = StreamedEmbeddings(export, self.store.block_ids)
+    else:
+      vectors = row_ordered_embeddings(export, self.store.block_ids)
     searcher = None
     if self.backend == "scann":
       # The index arrives through shared storage: every file is checksummed.
@@ -286,7 +396,8 @@ class KnowledgeIndex(tf.Module):
     (an export of a fixed corpus, tests). The 'scann' backend needs `host_searcher`.
 
     Args:
-      vectors: [N, P] embeddings, row i that of the store's i-th block.
+      vectors: [N, P] embeddings, row i that of the store's i-th block (an array, or
+        with one replica a StreamedEmbeddings: assigned shard by shard).
       version: the version number to report (index_version in logs).
       export: the committed export they came from, if any (encoder_step reads it).
       host_searcher: 'scann': a Searcher over the same embeddings.
@@ -294,14 +405,20 @@ class KnowledgeIndex(tf.Module):
     Raises:
       ValueError: `vectors` is not [N, P], or 'scann' without a host searcher.
     """
-    vectors = np.asarray(vectors, np.float32)
-    if vectors.shape != (self.num_blocks, self.dimension):
-      raise ValueError(f"embeddings of shape {vectors.shape} do not fit an index of "
+    streamed = isinstance(vectors, StreamedEmbeddings)
+    if not streamed:
+      vectors = np.asarray(vectors, np.float32)
+    if tuple(vectors.shape) != (self.num_blocks, self.dimension):
+      raise ValueError(f"embeddings of shape {tuple(vectors.shape)} do not fit an index of "
                        f"{self.num_blocks} blocks x {self.dimension} dimensions")
     if self.backend == "scann" and host_searcher is None:
       raise ValueError("the 'scann' backend needs a host searcher with the embeddings")
     with self._lock:
-      self._assign_sharded(dict(embeddings=vectors))
+      if self.embedding_blocks is not None:
+        self.embedding_blocks.assign_blocks(
+            vectors.rows if streamed else lambda start, end: vectors[start:end])
+      else:
+        self._assign_sharded(dict(embeddings=vectors))
       self._host_searcher = host_searcher
       self.version = version
       self.export = export
@@ -455,7 +572,10 @@ class KnowledgeIndex(tf.Module):
       all_queries.set_shape([None if static_batch is None else static_batch * num_replicas,
                              queries.shape[1]])
     local_k = min(k, self.shard_size)
-    scores, local_rows = exact_top_k(all_queries, self.embeddings, local_k)  # [B*R, k']
+    if self.embedding_blocks is not None:
+      scores, local_rows = self.embedding_blocks.top_k(all_queries, local_k)  # [B, k']
+    else:
+      scores, local_rows = exact_top_k(all_queries, self.embeddings, local_k)  # [B*R, k']
     scores = tf.where(tf.gather(self.valid, local_rows), scores, _NEG_INF)
     rows = local_rows + tf.cast(replica, tf.int32) * self.shard_size  # global rows
     if num_replicas > 1:
@@ -528,13 +648,24 @@ class KnowledgeIndex(tf.Module):
                                           tf.ones([values.shape.rank - 2], tf.int32)], 0))
       return tf.where(mask, values, tf.zeros_like(values))
 
-    parts = dict(word_ids=take(self.word_ids),
-                 body_ids=take(self.body_ids), body_lengths=take(self.body_lengths),
-                 embeddings=tf.cast(take(self.embeddings), tf.float32))
+    if self.embedding_blocks is not None:
+      embeddings = self.embedding_blocks.take(local)  # one replica: every row is its own
+    else:
+      embeddings = take(self.embeddings)
+    parts = dict(embeddings=tf.cast(embeddings, tf.float32))
+    if self.texts is None:
+      parts.update(word_ids=take(self.word_ids), body_ids=take(self.body_ids),
+                   body_lengths=take(self.body_lengths))
     if num_replicas > 1:
       mine = tf.cast(replica, tf.int32) * batch + tf.range(batch)
       parts = {key: tf.gather(collectives.all_reduce(context, tf.distribute.ReduceOp.SUM, value), mine)
                for key, value in parts.items()}
+    if self.texts is not None:
+      # Every replica reads its own rows' strings: the store is on the host, not sharded.
+      titles, texts = self.texts.lookup(rows)  # [B, K] each
+      document, body_ids, body_lengths = block_texts_lib.block_inputs(
+          titles, texts, self.tokenizer, self.block_seq_length, self.body_length)
+      return BlockInputs(document, body_ids, body_lengths, parts["embeddings"])
     word_ids = parts["word_ids"]
     document = dict(input_word_ids=word_ids, input_mask=tf.cast(word_ids > 0, tf.int32),
                     input_type_ids=type_ids_of(word_ids, self.sep_id))

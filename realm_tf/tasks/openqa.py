@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.data import block_store
+from realm_tf.data import block_texts
 from realm_tf.data import openqa_inputs
 from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory, losses, spans
@@ -147,23 +148,48 @@ class OpenQATask(base.RetrievalTask):
   def build_index(self, strategy) -> KnowledgeIndex:
     """The corpus Z (index.blocks) as the step retrieves and reads it; built for BM25 too.
 
+    With index.text_store the index holds no token tables and no texts: the retrieved
+    blocks are read from the store (knowledge_index's text layout).
+
     Args:
       strategy: the run's strategy; the embedding variables are sharded over its replicas.
 
     Returns:
       The KnowledgeIndex (its embeddings loaded later, by on_train_begin /
       on_evaluate_begin, for dense retrieval only).
+
+    Raises:
+      ValueError: a text store with BM25 retrieval (which indexes every text) or under a
+        TPU strategy (whose step cannot read files).
     """
     m, i = self.experiment.model, self.experiment.index
-    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+    texts = None
+    if i.text_store:
+      if not self.dense:
+        raise ValueError("index.text_store serves dense retrieval; BM25 indexes every "
+                         "block's text: leave index.text_store empty")
+      if isinstance(strategy, (tf.distribute.TPUStrategy, tf.distribute.experimental.TPUStrategy)):
+        raise ValueError("index.text_store reads files in the step, which a TPU cannot: "
+                         "leave it empty on TPU (token tables)")
+      store = block_texts.HostBlockTexts(i.text_store)
+      texts = block_texts.BlockTexts(i.text_store)
+    else:
+      store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
     # Bodies are stored whole (a block's body is shorter than its document-tower input),
     # so the retriever's labels see the whole block even when the reader reads less.
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
         body_length=max(self.task_config.reader_seq_length - 3, m.retriever.block_seq_length),
         dimension=factory.retriever_output_size(self.experiment), strategy=strategy,
-        backend=i.backend, embedding_dtype=i.embedding_dtype, rescore=i.rescore)
+        backend=i.backend, embedding_dtype=i.embedding_dtype, rescore=i.rescore,
+        texts=texts)
     return self.index
+
+  @property
+  def jit_compile(self) -> bool:
+    """XLA unless the blocks come from a text store (file reads and the tokenizer in the
+    step have no XLA kernels)."""
+    return super().jit_compile and not self.experiment.index.text_store
 
   def qa_set(self, path: str, limit: int = 0) -> openqa_inputs.QASet:
     """Questions with their answer strings tokenized (and BM25 top-k), built once per path.

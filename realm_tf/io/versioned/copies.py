@@ -18,7 +18,7 @@ COPIED_MANIFEST = "realm_manifest.json"  # a copy_version copy's manifest (see t
 
 def copy_version(version: Version, dest_dir: str,
                  last: Iterable[str] = ("saved_model.pb", "saved_model.pbtxt"),
-                 manifest_dir: str = "") -> str:
+                 manifest_dir: str = "", link: bool = False) -> str:
   """Copies a committed version's files to `dest_dir`, the `last` files at the end.
 
   For consumers with their own commit convention, such as TF Serving's
@@ -34,6 +34,8 @@ def copy_version(version: Version, dest_dir: str,
     dest_dir: where its files go (same relative names).
     last: names copied after every other file.
     manifest_dir: the subdirectory of `dest_dir` for realm_manifest.json ('' : dest_dir).
+    link: hard-link the files where source and copy share a local file system (for a
+      source deleted right after, as the exporter's staged version is: written once).
 
   Returns:
     `dest_dir`.
@@ -57,7 +59,10 @@ def copy_version(version: Version, dest_dir: str,
         continue  # copied by an earlier, interrupted run
     except FileNotFoundError:
       pass
-    store.copy(source, target)
+    if link:
+      store.link_or_copy(source, target)
+    else:
+      store.copy(source, target)
   verify_files(dest_dir, entries, store=store)
   return dest_dir
 
