@@ -47,6 +47,18 @@ EMBEDDER_BERT = "module/"  # BERT of the embedder hub module: module/bert/...
 QUERY_BERT = "module/module/"  # the same module nested once more in the Open-QA model
 QUERY_HEAD = "module/"  # module/dense, module/layer_normalization
 READER_BERT = "reader/module/"
+# Where each tower sits in the checkpoints. 'release': the fixture's spelling above.
+# 'hugging_face': the nesting HuggingFace's load_tf_weights_in_realm maps (module/module/
+# module/bert/ and module/module/{dense,LayerNorm}/ for the embedder; module/module/module/
+# module/bert/ and module/module/module/{dense,LayerNorm}/ for the Open-QA query tower).
+# The import finds BERT and its head under any prefix, so both must import alike.
+NESTINGS = {
+    "release": dict(embedder_bert=EMBEDDER_BERT, embedder_head="", query_bert=QUERY_BERT,
+                    query_head=QUERY_HEAD),
+    "hugging_face": dict(embedder_bert="module/module/module/", embedder_head="module/module/",
+                         query_bert="module/module/module/module/",
+                         query_head="module/module/module/"),
+}
 # (title, block): two articles of several blocks, plus one-block articles.
 BLOCKS = (
     ("Paris", "Paris is the capital and most populous city of France."),
@@ -74,15 +86,18 @@ def layer_norm(x, gamma, beta, eps):
   return (x - mean) / np.sqrt(var + eps) * gamma + beta
 
 
-def bert_tensors(rng, prefix: str, vocab_size: int, mlm_head: bool) -> dict:
-  """Random weights of a scaled-down BERT under `prefix + bert/` (Google's names)."""
-  h, inter = SIZES["hidden_size"], SIZES["intermediate_size"]
+def bert_tensors(rng, prefix: str, vocab_size: int, mlm_head: bool, sizes=None,
+                 scale: float = 0.3) -> dict:
+  """Random weights of a BERT (default the scaled-down SIZES) under `prefix + bert/`
+  (Google's names), normal with standard deviation `scale`."""
+  sizes = sizes or SIZES
+  h, inter = sizes["hidden_size"], sizes["intermediate_size"]
   shapes = {"bert/embeddings/word_embeddings": (vocab_size, h),
-            "bert/embeddings/position_embeddings": (SIZES["max_position_embeddings"], h),
-            "bert/embeddings/token_type_embeddings": (SIZES["type_vocab_size"], h),
+            "bert/embeddings/position_embeddings": (sizes["max_position_embeddings"], h),
+            "bert/embeddings/token_type_embeddings": (sizes["type_vocab_size"], h),
             "bert/embeddings/LayerNorm/gamma": (h,), "bert/embeddings/LayerNorm/beta": (h,),
             "bert/pooler/dense/kernel": (h, h), "bert/pooler/dense/bias": (h,)}
-  for i in range(SIZES["num_layers"]):
+  for i in range(sizes["num_layers"]):
     layer = f"bert/encoder/layer_{i}/"
     for name in ("query", "key", "value"):
       shapes[f"{layer}attention/self/{name}/kernel"] = (h, h)
@@ -104,25 +119,28 @@ def bert_tensors(rng, prefix: str, vocab_size: int, mlm_head: bool) -> dict:
                    "cls/predictions/output_bias": (vocab_size,)})
   out = {}
   for name, shape in shapes.items():
-    value = rng.normal(size=shape) * 0.3
+    value = rng.normal(size=shape).astype(np.float32) * scale
     if name.endswith("gamma"):
       value = 1.0 + value * 0.3
     out[prefix + name] = value.astype(np.float32)
   return out
 
 
-def head_tensors(rng, scope: str, norm: str) -> dict:
+def head_tensors(rng, scope: str, norm: str, sizes=None) -> dict:
   """The embedder's projection and its LayerNorm under `scope` (`norm`: 'LayerNorm' or
   'layer_normalization')."""
-  h, p = SIZES["hidden_size"], SIZES["projection_size"]
+  sizes = sizes or SIZES
+  h, p = sizes["hidden_size"], sizes["projection_size"]
   return {scope + "dense/kernel": (rng.normal(size=(h, p)) * 0.3).astype(np.float32),
           scope + "dense/bias": (rng.normal(size=(p,)) * 0.1).astype(np.float32),
           scope + f"{norm}/gamma": (1.0 + rng.normal(size=(p,)) * 0.1).astype(np.float32),
           scope + f"{norm}/beta": (rng.normal(size=(p,)) * 0.1).astype(np.float32)}
 
 
-def reader_head_tensors(rng) -> dict:
-  h, s = SIZES["hidden_size"], SIZES["span_hidden_size"]
+def reader_head_tensors(rng, sizes=None) -> dict:
+  """The reader's span head (orqa_model.read's dense, layer_normalization, dense_1)."""
+  sizes = sizes or SIZES
+  h, s = sizes["hidden_size"], sizes["span_hidden_size"]
   return {"reader/dense/kernel": (rng.normal(size=(h, 2 * s)) * 0.3).astype(np.float32),
           "reader/dense/bias": (rng.normal(size=(2 * s,)) * 0.3).astype(np.float32),
           "reader/layer_normalization/gamma": (1.0 + rng.normal(size=(s,)) * 0.2
@@ -142,22 +160,48 @@ def save_checkpoint(prefix: str, tensors: dict, step=None, adam_slots: bool = Fa
       variables[name + "/adam_v"] = tf.Variable(np.zeros_like(value))
   if step is not None:
     variables["global_step"] = tf.Variable(np.int64(step))
-  tf.compat.v1.train.Saver(var_list=variables).save(None, prefix, write_meta_graph=False)
+  # As the authors' exporter leaves it: checkpoint files only, no `checkpoint` state file
+  # (BestSavedModelAndCheckpointExporter copies model.ckpt-N.* alone).
+  tf.compat.v1.train.Saver(var_list=variables).save(None, prefix, write_meta_graph=False,
+                                                    write_state=False)
+
+
+def write_params_json(model_dir: str, num_block_records: int, **overrides) -> str:
+  """<model_dir>/params.json as ORQA's experiment writes it (experiment_utils: every flag
+  of orqa_experiment, indented, keys sorted), with the authors' defaults."""
+  params = dict(batch_size=16, block_records_path="gs://orqa-data/enwiki-20181220/blocks.tfr",
+                block_seq_len=288, data_root="gs://orqa-data/resplit", eval_batch_size=1,
+                learning_rate=1e-5, max_span_width=MAX_SPAN_WIDTH,
+                num_block_records=num_block_records, num_train_steps=STEP,
+                query_seq_len=64, reader_beam_size=5,
+                reader_module_path="gs://realm-data/cc_news_pretrained/bert",
+                reader_seq_len=READER_SEQ_LENGTH,
+                retriever_beam_size=5000,
+                retriever_module_path="gs://realm-data/cc_news_pretrained/embedder",
+                span_hidden_size=SIZES["span_hidden_size"], use_tpu=False)
+  params.update(overrides)
+  path = os.path.join(model_dir, "params.json")
+  with open(path, "w") as f:
+    json.dump(params, f, indent=2, sort_keys=True)
+  return path
 
 
 class Reference:
   """The authors' computation over the released tensors, in float64 NumPy."""
 
   def __init__(self, embedder: dict, orqa: dict, vocab: list[str], norm_eps: float,
-               norm: str):
+               norm: str, nesting: str = "release", sizes=None):
     self.embedder, self.orqa, self.norm_eps, self.norm = embedder, orqa, norm_eps, norm
+    self.scopes = NESTINGS[nesting]
+    self.sizes = sizes or SIZES
     self.index = {token: i for i, token in enumerate(vocab)}
     self.cls, self.sep = self.index["[CLS]"], self.index["[SEP]"]
 
   def _bert(self, values, prefix, ids, types):
     return bert_forward(lambda n: values[prefix + n].astype(np.float64),
                         np.asarray([ids]), np.asarray([types]),
-                        num_layers=SIZES["num_layers"], num_heads=SIZES["num_heads"],
+                        num_layers=self.sizes["num_layers"],
+                        num_heads=self.sizes["num_heads"],
                         convention="google", approximate_gelu=True)[0]  # [L, H]
 
   def tower(self, values, bert_prefix, head_scope, ids, types):
@@ -176,11 +220,13 @@ class Reference:
 
   def document_embedding(self, title_ids, body_ids):
     ids, types = self.block_inputs(title_ids, body_ids)
-    return self.tower(self.embedder, EMBEDDER_BERT, "", ids, types)
+    return self.tower(self.embedder, self.scopes["embedder_bert"],
+                      self.scopes["embedder_head"], ids, types)
 
   def query_embedding(self, question_ids):
     ids = [self.cls] + question_ids + [self.sep]
-    return self.tower(self.orqa, QUERY_BERT, QUERY_HEAD, ids, [0] * len(ids))
+    return self.tower(self.orqa, self.scopes["query_bert"], self.scopes["query_head"], ids,
+                      [0] * len(ids))
 
   def reader_logits(self, ids, types, first: int, length: int) -> dict:
     """orqa_model.read's span scores over reader inputs `ids`/`types` (all real tokens)
@@ -207,11 +253,13 @@ class Reference:
 
 
 def write_released(root: str, seed: int = 0, norm: str = "layer_normalization",
-                   tokenize=None) -> dict:
+                   tokenize=None, nesting: str = "release") -> dict:
   """Writes the scaled-down release under `root`; returns paths, tensors and a Reference.
 
   tokenize: str → list of wordpiece ids (the uncased BERT tokenizer).
+  nesting: where the towers sit in the checkpoints (NESTINGS).
   """
+  scopes = NESTINGS[nesting]
   rng = np.random.default_rng(seed)
   vocab_path = minilm_vocab_file()
   with open(vocab_path, encoding="utf-8") as f:
@@ -221,25 +269,22 @@ def write_released(root: str, seed: int = 0, norm: str = "layer_normalization",
   embedder_dir = os.path.join(root, "cc_news_pretrained", "embedder")
   os.makedirs(os.path.join(embedder_dir, "assets"), exist_ok=True)
   shutil.copy(vocab_path, os.path.join(embedder_dir, "assets", "vocab.txt"))
-  embedder = bert_tensors(rng, EMBEDDER_BERT, len(vocab), mlm_head=True)
-  embedder.update(head_tensors(rng, "", norm))
+  embedder = bert_tensors(rng, scopes["embedder_bert"], len(vocab), mlm_head=True)
+  embedder.update(head_tensors(rng, scopes["embedder_head"], norm))
   save_checkpoint(os.path.join(embedder_dir, "variables", "variables"), embedder)
 
-  orqa = bert_tensors(rng, QUERY_BERT, len(vocab), mlm_head=False)
-  orqa.update(head_tensors(rng, QUERY_HEAD, norm))
+  orqa = bert_tensors(rng, scopes["query_bert"], len(vocab), mlm_head=False)
+  orqa.update(head_tensors(rng, scopes["query_head"], norm))
   orqa.update(bert_tensors(rng, READER_BERT, len(vocab), mlm_head=True))
   orqa.update(reader_head_tensors(rng))
   orqa_dir = os.path.join(root, "orqa_nq_model_from_realm")
   orqa_prefix = os.path.join(orqa_dir, "export", "best_default", "checkpoint",
                              f"model.ckpt-{STEP}")
   save_checkpoint(orqa_prefix, orqa, step=STEP, adam_slots=True)
-  with open(os.path.join(orqa_dir, "params.json"), "w") as f:
-    json.dump(dict(max_span_width=MAX_SPAN_WIDTH, reader_seq_len=READER_SEQ_LENGTH,
-                   span_hidden_size=SIZES["span_hidden_size"], query_seq_len=64,
-                   reader_beam_size=5), f)
+  write_params_json(orqa_dir, num_block_records=len(BLOCKS))
 
   eps = {"layer_normalization": 1e-3, "LayerNorm": 1e-12}[norm]
-  reference = Reference(embedder, orqa, vocab, eps, norm)
+  reference = Reference(embedder, orqa, vocab, eps, norm, nesting)
   block_emb = np.stack([reference.document_embedding(tokenize(title), tokenize(text))
                         for title, text in BLOCKS]).astype(np.float32)
   save_checkpoint(os.path.join(embedder_dir, "encoded", "encoded.ckpt"),

@@ -31,7 +31,8 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from realm_tf import import_released
+from realm_tf.data import block_texts
+from realm_tf.import_released import importer as import_released
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.evaluate import evaluate_run
@@ -140,6 +141,20 @@ def test_import_writes_a_whole_run(imported):
   assert config.model.retriever.projection_layer_norm_epsilon == pytest.approx(1e-3)
   assert config.model.encoder.hidden_activation == "gelu_approximate"
   assert config.model.reader.span_hidden_size == rf.SIZES["span_hidden_size"]
+  # The authors' exporter leaves no checkpoint state file; the import found the
+  # checkpoint anyway, and read the lengths and beams from the model's params.json.
+  assert not os.path.exists(os.path.join(os.path.dirname(imported["orqa_prefix"]),
+                                         "checkpoint"))
+  assert config.task.openqa.reader_seq_length == rf.READER_SEQ_LENGTH
+  assert config.task.openqa.num_candidates == 5
+  # The release's own check: the imported document tower reproduces block_emb.
+  check = summary["block_emb_check"]
+  assert check["rows"] == len(rf.BLOCKS) and check["run"]["matches"], check
+  assert check["run"]["max_relative_error"] <= 1e-4, check
+  # The block text store: row = record number, title and text as released.
+  store_rows = block_texts.HostBlockTexts(config.index.text_store)
+  assert store_rows.block_ids.tolist() == list(range(len(rf.BLOCKS)))
+  assert list(zip(store_rows.titles[:], store_rows.texts[:])) == list(rf.BLOCKS)
   # Block records: id = record number, title and text as released, in files of 4.
   records = sorted(tf.io.gfile.glob(os.path.join(config.index.blocks, "blocks-*")))
   assert [os.path.basename(p) for p in records] == [
@@ -313,11 +328,18 @@ def test_blocks_and_titles_of_different_lengths_are_refused(imported, tmp_path):
     for title, _ in rf.BLOCKS[:-1]:
       writer.write(title.encode("utf-8"))
   with pytest.raises(ValueError, match="differ in length: 11 and 10 records"):
-    import_released.convert_corpus(imported["blocks"], titles, str(tmp_path / "corpus"),
-                                   len(rf.BLOCKS), 4)
+    import_released.convert_corpus(imported["blocks"], titles, str(tmp_path / "texts"),
+                                   len(rf.BLOCKS), str(tmp_path / "corpus"), 4)
   with pytest.raises(ValueError, match="11 blocks, but block_emb has 12 rows"):
     import_released.convert_corpus(imported["blocks"], imported["titles"],
-                                   str(tmp_path / "corpus2"), len(rf.BLOCKS) + 1, 4)
+                                   str(tmp_path / "texts2"), len(rf.BLOCKS) + 1,
+                                   str(tmp_path / "corpus2"), 4)
+  with pytest.raises(ValueError, match="more than the 10 rows of block_emb"):
+    import_released.convert_corpus(imported["blocks"], imported["titles"],
+                                   str(tmp_path / "texts3"), len(rf.BLOCKS) - 1)
+  # Nothing refused is left looking committed.
+  for name in ("texts", "texts2", "texts3"):
+    assert not block_texts.is_committed(str(tmp_path / name))
 
 
 def test_skip_rules_cover_optimizer_state_and_unused_heads_only():
@@ -333,30 +355,68 @@ def test_skip_rules_cover_optimizer_state_and_unused_heads_only():
     assert released.skip_reason(name) is None, name
 
 
-def test_hugging_face_layer_norm_names_give_bert_epsilon(tmp_path, tokenizer):
-  """`LayerNorm/` after the projection (HF's map) is BERT's LayerNorm, epsilon 1e-12."""
-  files = rf.write_released(str(tmp_path), seed=3, norm="LayerNorm",
+def test_hugging_face_nesting_imports_as_the_release(tmp_path, tokenizer):
+  """HuggingFace's nesting of the same towers (module/module/module/bert/ and
+  module/module/{dense,LayerNorm}/; the query tower one module deeper) imports like the
+  release's spelling: `LayerNorm/` is BERT's LayerNorm (epsilon 1e-12), and the release's
+  own check (block_emb re-embedded) tells the right tower from a wrong epsilon or GELU."""
+  files = rf.write_released(str(tmp_path), seed=3, norm="LayerNorm", nesting="hugging_face",
                             tokenize=lambda text: _ids(tokenizer, text))
   ckpt = released.ReleasedCheckpoint.load(os.path.join(files["embedder"], "variables",
                                                        "variables"))
   projection, norm = released.find_embedder_head(ckpt)
-  assert (projection, norm) == ("dense/", "LayerNorm/")
+  assert (projection, norm) == ("module/module/dense/", "module/module/LayerNorm/")
   assert released.layer_norm_epsilon(norm) == 1e-12
-  config = import_released.released_config(
-      "openqa", ckpt.bert_dims(ckpt.one_bert()), rf.SIZES["num_heads"],
-      rf.SIZES["projection_size"], 1e-12, rf.SIZES["span_hidden_size"], str(tmp_path / "run"),
-      2, rf.STEP)
-  built = import_released.build_model(config, "openqa",
-                                      os.path.join(files["embedder"], "assets", "vocab.txt"))
-  dims = ckpt.bert_dims(ckpt.one_bert())
-  plan = released.LoadPlan(ckpt)
-  released.plan_embedder(plan, built.retriever.document_embedder, dims)
-  plan.apply()
-  inputs = tokenizer.encode(tf.constant([t for t, _ in rf.BLOCKS]),
-                            import_released.BLOCK_SEQ_LENGTH,
-                            pair_texts=tf.constant([x for _, x in rf.BLOCKS]))
-  got = built.retriever.embed_documents(inputs.as_dict()).numpy()
-  np.testing.assert_allclose(got, files["block_emb"], atol=1e-4, rtol=1e-4)
+  run = str(tmp_path / "run")
+  summary = import_released.import_released(
+      import_released.ReleasedFiles(embedder=files["embedder"], blocks=files["blocks"],
+                                    titles=files["titles"], orqa_model=files["orqa"]),
+      run, num_attention_heads=rf.SIZES["num_heads"], index_shards=2, block_records=False,
+      check_block_emb_rows=len(rf.BLOCKS))
+  assert summary["block_emb_check"]["run"]["matches"], summary["block_emb_check"]
+  config = load_config(layout.params_path(run))
+  assert config.model.retriever.projection_layer_norm_epsilon == pytest.approx(1e-12)
+  assert config.index.blocks == "" and not os.path.exists(os.path.join(run, "blocks"))
+  built = import_released.build_model(config, "openqa")
+  tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(run)).expect_partial()
+  for question, _ in rf.QUESTIONS:
+    inputs = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+    np.testing.assert_allclose(built.retriever.embed_queries(inputs.as_dict()).numpy()[0],
+                               files["reference"].query_embedding(_ids(tokenizer, question)),
+                               atol=1e-4, rtol=1e-4)
+  check = import_released.check_block_emb(run, len(rf.BLOCKS), all_variants=True)
+  errors = {(v["epsilon"], v["activation"]): v["max_relative_error"] for v in check["variants"]}
+  assert check["best"]["epsilon"] == 1e-12 and check["best"]["activation"] == "gelu_approximate"
+  assert errors[(1e-12, "gelu_approximate")] <= 1e-4
+  assert min(e for k, e in errors.items() if k != (1e-12, "gelu_approximate")) > 1e-3, errors
+
+
+def test_orqa_checkpoint_is_found_without_a_state_file(tmp_path):
+  """As the authors' exporter leaves it (model.ckpt-N.* alone) and as a training directory
+  leaves it; the highest step wins; none is an error naming where it looked."""
+  best = tmp_path / "model" / "export" / "best_default" / "checkpoint"
+  best.mkdir(parents=True)
+  for step in (100, 2000):
+    for suffix in (".index", ".data-00000-of-00001"):
+      (best / f"model.ckpt-{step}{suffix}").write_bytes(b"")
+  assert import_released.orqa_checkpoint(str(tmp_path / "model")) == str(best / "model.ckpt-2000")
+  assert import_released.orqa_checkpoint(str(best / "model.ckpt-100")) == str(best / "model.ckpt-100")
+  with pytest.raises(FileNotFoundError, match="best_default/checkpoint"):
+    import_released.orqa_checkpoint(str(tmp_path / "empty"))
+
+
+def test_params_json_settings_are_read_and_checked(tmp_path):
+  model_dir = tmp_path / "orqa"
+  model_dir.mkdir()
+  assert import_released.read_orqa_settings(str(model_dir)) == import_released.OrqaSettings()
+  rf.write_params_json(str(model_dir), num_block_records=7, reader_seq_len=200,
+                       query_seq_len=32)
+  settings = import_released.read_orqa_settings(str(model_dir))
+  assert (settings.reader_seq_length, settings.query_seq_length, settings.block_seq_length,
+          settings.num_block_records, settings.reader_beam) == (200, 32, 288, 7, 5)
+  rf.write_params_json(str(model_dir), num_block_records=7, reader_seq_len="long")
+  with pytest.raises(ValueError, match="reader_seq_len must be a positive integer"):
+    import_released.read_orqa_settings(str(model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -438,7 +498,8 @@ _GS_IMPORT = """
 import json, os
 import numpy as np
 import tensorflow as tf
-from realm_tf import import_released
+from realm_tf.data import block_texts
+from realm_tf.import_released import importer as import_released
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.io import layout, versioned
@@ -516,7 +577,8 @@ def real_run():
         embedder=os.path.join(RELEASED_DIR, "cc_news_pretrained", "embedder"),
         orqa_model=os.path.join(RELEASED_DIR, "orqa_nq_model_from_realm"),
         blocks=os.path.join(RELEASED_DIR, "enwiki-20181220", "blocks.tfr"),
-        titles=os.path.join(RELEASED_DIR, "enwiki-20181220", "titles.tfr")), run)
+        titles=os.path.join(RELEASED_DIR, "enwiki-20181220", "titles.tfr")), run,
+        block_records=False, check_block_emb_rows=300)
   return run
 
 
@@ -584,6 +646,16 @@ def test_hugging_face_probes_equal_the_reference_on_the_scaled_down_release(impo
   assert probes["prediction"]["prediction"] in rf.BLOCKS[chosen["block_id"]][1]
 
 
+def test_real_release_document_tower_reproduces_block_emb(real_run):
+  """The release's own check on the real files: 300 released blocks re-embedded by the
+  imported document tower against their block_emb rows; the result names the LayerNorm
+  epsilon and GELU form that reproduce them (printed, and asserted for the run's own)."""
+  check = import_released.check_block_emb(real_run, 300, all_variants=True)
+  print(json.dumps(check, indent=2))
+  assert check["run"]["matches"], check
+  assert check["run"]["min_cosine"] >= 0.999, check
+
+
 def test_real_release_matches_hugging_face_published_outputs(real_run):
   probes = hugging_face_probes(real_run, HF_OPEN_QA[0])
   np.testing.assert_allclose(probes["embedding"][:3], HF_EMBEDDER_SLICE, atol=1e-4)
@@ -600,10 +672,14 @@ def test_benchmark_command_evaluates_an_imported_run(imported):
   assert {k: paths[k] for k in ("blocks", "titles", "questions")} == {
       k: imported[k] for k in ("blocks", "titles", "questions")}
   assert released_nq.ensure_import(imported["root"], imported["run"]) == {}
+  check = released_nq.check_tower(imported["run"], rows=5)
+  assert check["rows"] == 5 and check["run"]["matches"]
+  assert len(check["variants"]) == 4  # every epsilon and GELU form, for the record
   result = released_nq.evaluate(imported["run"], paths["questions"], overrides=EVAL_OVERRIDES)
   assert result["num_questions"] == len(rf.QUESTIONS) and not result["whole_test_set"]
   assert result["exact_match_minus_paper"] == pytest.approx(
       result["exact_match"] - released_nq.PAPER_EXACT_MATCH)
   table = released_nq.markdown(dict(run=imported["run"], questions=paths["questions"],
-                                    result=result, machine=dict(when="now")))
+                                    result=result, machine=dict(when="now"),
+                                    block_emb_check=check))
   assert f"| {result['exact_match']:.3f} | 0.404 |" in table

@@ -1,0 +1,587 @@
+"""REALM's released path at its real size on one machine: import, evaluate, export, serve and
+hand over 13,353,718 blocks.
+
+    python -m benchmarks.released_scale [--blocks 13353718] [--work_dir DIR]
+        [--questions 200] [--requests 30] [--check_rows 64] [--name released_scale]
+
+A release is written in the authors' layout at the real sizes (tests/released_files.py's
+names, docs/released_models.md's folders): BERT-base-shaped random weights under the
+released names (the embedder module with its MLM head, the knowledge-augmented encoder's
+module, an Open-QA checkpoint with Adam's slots, global_step, params.json and no checkpoint
+state file, as the authors' exporter leaves it), --blocks real-length records in
+blocks.tfr / titles.tfr (benchmarks.scale.LeadWords: `[CLS] title [SEP] text [SEP]` of 288
+wordpieces from the Wikipedia leads the demo ships), and block_emb [N, 128] float32 in
+encoded.ckpt: seeded clustered rows (benchmarks.scale.seeded_embeddings), except the
+--check_rows rows the import re-embeds, which an independent NumPy BERT-base
+(tests/bert_reference.py) computes from those blocks, so the release's own check runs at
+full size against an independent implementation.
+
+Then the documented commands run, each as its own process, as a user runs them:
+  import     python -m realm_tf.import_released ... --noblock_records
+  evaluate   python -m realm_tf.evaluate --max_questions Q (NQ-Open questions from
+             ../shared/data when present; the weights are random, so exact match is not
+             the point: memory and time are)
+  export     python -m realm_tf.export --kinds realm_qa
+  serve      python -m serving.server on the export: load time, memory after load, p50/p99
+             of --requests questions at one gRPC client (the official stubs), the served
+             blocks' texts
+  handover   a second version (hard links of the first) published while one client keeps
+             asking, under availability_preserving and then resource_preserving: peak
+             memory, time, and every request's outcome (0 failed is the target)
+Per step: wall time, peak RSS of the step's process (its own rusage; the server's sampled),
+disk used under --work_dir. The release's inputs are deleted once the import has committed
+(a disk budget of ~70 GB). The results file is rewritten after every step, so a
+late failure keeps the earlier rows; a failed step is recorded with its error.
+
+Results: benchmarks/results/<name>.json and .md. Run it alone on an idle machine: the
+steps need up to ~16 GiB and both cores.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from benchmarks import harness
+from benchmarks.server_process import ServerProcess
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WIKIPEDIA_BLOCKS = 13_353_718
+BERT_BASE = dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
+                 max_position_embeddings=512, type_vocab_size=2, projection_size=128,
+                 span_hidden_size=256)
+GIB = float(1 << 30)
+# What a 24 GiB machine with ~70 GB of free disk must hold (GiB, GB, seconds).
+TARGETS = dict(peak_gib=22.0, evaluate_peak_gib=12.0, export_peak_gib=14.0, disk_gb=70.0,
+               wall_seconds=7200.0)
+SEED = 43
+log = harness.logger("released_scale")
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser(prog="python -m benchmarks.released_scale",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--blocks", type=int, default=WIKIPEDIA_BLOCKS)
+  parser.add_argument("--work_dir", default="/work/released_scale",
+                      help="tens of GB at full size; deleted at the end unless --keep")
+  parser.add_argument("--keep", action="store_true", help="keep --work_dir")
+  parser.add_argument("--questions", type=int, default=200, help="questions evaluated")
+  parser.add_argument("--requests", type=int, default=30,
+                      help="questions asked one at a time for p50/p99")
+  parser.add_argument("--check_rows", type=int, default=16,
+                      help="rows the import re-embeds and compares with block_emb (each "
+                      "also computed by the NumPy reference when the release is written: "
+                      "about 10 s a row here)")
+  parser.add_argument("--steps", default="import,evaluate,export,serve",
+                      help="steps to run (the release is always written first)")
+  parser.add_argument("--name", default="released_scale", help="results file stem")
+  parser.add_argument("--timeout", type=float, default=3600.0,
+                      help="seconds a version may take to load")
+  parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.blocks < 100:
+    parser.error("--blocks must be at least 100")
+  return args
+
+
+# ---------------------------------------------------------------------------- measuring
+
+
+def du_bytes(path: str) -> int:
+  """Bytes under `path`, hard links counted once (as the disk holds them)."""
+  seen, total = set(), 0
+  for root, _, names in os.walk(path):
+    for name in names:
+      try:
+        stat = os.lstat(os.path.join(root, name))
+      except FileNotFoundError:
+        continue
+      if (stat.st_dev, stat.st_ino) not in seen:
+        seen.add((stat.st_dev, stat.st_ino))
+        total += stat.st_blocks * 512
+  return total
+
+
+def run_step(command: list, log_path: str) -> dict:
+  """Runs one documented command as its own process; its wall time and peak RSS (from its
+  own rusage: every byte it ever held, children it waited for included).
+
+  Raises:
+    RuntimeError: the command failed (its output's tail in the message).
+  """
+  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+  begin = time.monotonic()
+  with open(log_path, "w") as out:
+    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out,  # pylint: disable=consider-using-with
+                               stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+  seconds = time.monotonic() - begin
+  code = os.waitstatus_to_exitcode(status)
+  with open(log_path, errors="replace") as f:
+    output = f.read()
+  if code != 0:
+    raise RuntimeError(f"{' '.join(command[:4])} exited {code}:\n{output[-3000:]}")
+  return dict(seconds=round(seconds, 1), peak_rss_gib=round(usage.ru_maxrss * 1024 / GIB, 2),
+              command=" ".join(command), output_tail=output[-1500:])
+
+
+def last_json(text: str) -> dict:
+  """The last JSON object a command printed (its summary)."""
+  start = text.rfind("\n{")
+  start = 0 if start < 0 and text.startswith("{") else start + 1
+  return json.loads(text[start:])
+
+
+# ------------------------------------------------------------------------------ release
+
+
+def write_release(args, root: str) -> dict:
+  """The release at --blocks blocks in the authors' layout (module docstring)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import scale  # pylint: disable=g-import-not-at-top
+  from realm_tf.import_released import importer  # pylint: disable=g-import-not-at-top
+  from realm_tf.pretrained import minilm_vocab_file  # pylint: disable=g-import-not-at-top
+  from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
+  from tests import released_files as rf  # pylint: disable=g-import-not-at-top
+  start = time.time()
+  rng = np.random.default_rng(SEED)
+  vocab_path = minilm_vocab_file()
+  with open(vocab_path, encoding="utf-8") as f:
+    vocab = [w for w in f.read().split("\n") if w]
+  embedder_dir = os.path.join(root, "cc_news_pretrained", "embedder")
+  os.makedirs(os.path.join(embedder_dir, "assets"), exist_ok=True)
+  shutil.copy(vocab_path, os.path.join(embedder_dir, "assets", "vocab.txt"))
+  scopes = rf.NESTINGS["release"]
+  # BERT's initializer scale: random BERT-base weights that keep activations finite.
+  embedder = rf.bert_tensors(rng, scopes["embedder_bert"], len(vocab), mlm_head=True,
+                             sizes=BERT_BASE, scale=0.02)
+  embedder.update(rf.head_tensors(rng, scopes["embedder_head"], "LayerNorm", sizes=BERT_BASE))
+  rf.save_checkpoint(os.path.join(embedder_dir, "variables", "variables"), embedder)
+  bert = rf.bert_tensors(rng, "", len(vocab), mlm_head=True, sizes=BERT_BASE, scale=0.02)
+  rf.save_checkpoint(os.path.join(root, "cc_news_pretrained", "bert", "variables",
+                                  "variables"), bert)
+  del bert
+  orqa = rf.bert_tensors(rng, scopes["query_bert"], len(vocab), mlm_head=False,
+                         sizes=BERT_BASE, scale=0.02)
+  orqa.update(rf.head_tensors(rng, scopes["query_head"], "LayerNorm", sizes=BERT_BASE))
+  orqa.update(rf.bert_tensors(rng, rf.READER_BERT, len(vocab), mlm_head=True,
+                              sizes=BERT_BASE, scale=0.02))
+  orqa.update(rf.reader_head_tensors(rng, sizes=BERT_BASE))
+  orqa_dir = os.path.join(root, "orqa_nq_model_from_realm")
+  rf.save_checkpoint(os.path.join(orqa_dir, "export", "best_default", "checkpoint",
+                                  f"model.ckpt-{rf.STEP}"), orqa, step=rf.STEP,
+                     adam_slots=True)
+  rf.write_params_json(orqa_dir, num_block_records=args.blocks,
+                       span_hidden_size=BERT_BASE["span_hidden_size"])
+  del orqa
+  weights_seconds = time.time() - start
+
+  tokenizer = Tokenizer()
+  leads = scale.LeadWords(tokenizer, os.path.join(root, "leads.npz"))
+  corpus = os.path.join(root, "enwiki-20181220")
+  os.makedirs(corpus, exist_ok=True)
+  checked = importer._sample_rows(args.blocks, args.check_rows)  # pylint: disable=protected-access
+  checked_set = {int(r): i for i, r in enumerate(checked)}
+  checked_blocks = [None] * len(checked)
+  text_bytes = 0
+  with tf.io.TFRecordWriter(os.path.join(corpus, "blocks.tfr")) as blocks_out, \
+      tf.io.TFRecordWriter(os.path.join(corpus, "titles.tfr")) as titles_out:
+    for row, (title, text) in enumerate(leads.blocks(args.blocks, 288, seed=SEED)):
+      encoded = text.encode("utf-8")
+      text_bytes += len(encoded)
+      blocks_out.write(encoded)
+      titles_out.write(title.encode("utf-8"))
+      if row in checked_set:
+        checked_blocks[checked_set[row]] = (title, text)
+      if row % 1_000_000 == 0:
+        log(f"release: {row} / {args.blocks} records")
+  records_seconds = time.time() - start - weights_seconds
+
+  # block_emb: clustered seeded rows, the checked ones from the NumPy reference.
+  reference = rf.Reference(embedder, {}, vocab, 1e-12, "LayerNorm", "release", BERT_BASE)
+  articles = leads.block_articles(args.blocks, 288, seed=SEED)
+  block_emb = np.empty([args.blocks, BERT_BASE["projection_size"]], np.float32)
+  row = 0
+  for part in scale.seeded_embeddings(articles, len(leads.titles), seed=SEED):
+    block_emb[row:row + len(part)] = part
+    row += len(part)
+
+  def ids(text):
+    return [int(i) for i in tokenizer.tokenize(tf.constant([text])).merge_dims(1, -1)[0]]
+
+  reference_start = time.time()
+  for i, (title, text) in enumerate(checked_blocks):
+    title_ids = ids(title)
+    body = ids(text)[:288 - 3 - len(title_ids)]
+    block_emb[int(checked[i])] = reference.document_embedding(title_ids, body)
+  reference_seconds = time.time() - reference_start
+  del embedder
+  rf.save_checkpoint(os.path.join(embedder_dir, "encoded", "encoded.ckpt"),
+                     {"block_emb": block_emb})
+  del block_emb
+  questions = os.path.join(root, "resplit", "NaturalQuestions.resplit.test.jsonl")
+  os.makedirs(os.path.dirname(questions), exist_ok=True)
+  with open(questions, "w") as f:
+    for question, answers in read_questions(args.questions):
+      f.write(json.dumps(dict(question=question, answer=answers)) + "\n")
+  return dict(seconds=round(time.time() - start, 1), weights_seconds=round(weights_seconds, 1),
+              records_seconds=round(records_seconds, 1),
+              reference_seconds=round(reference_seconds, 1), blocks=args.blocks,
+              text_bytes=text_bytes, checked_rows=len(checked),
+              bytes=du_bytes(root))
+
+
+def read_questions(count: int) -> list:
+  """(question, answers) pairs: NQ-Open's from ../shared/data when present, else made up."""
+  path = os.path.join(harness.SHARED_DATA, "openqa", "nq_open", "train_subset.jsonl")
+  pairs = []
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        record = json.loads(line)
+        pairs.append((record["question"], record["answer"]))
+        if len(pairs) == count:
+          break
+  while len(pairs) < count:
+    pairs.append((f"who wrote the iliad {len(pairs)}?", ["Homer"]))
+  return pairs
+
+
+# ------------------------------------------------------------------------------- serving
+
+
+def _describe_answer(answer: dict) -> dict:
+  blocks = answer.get("blocks") or []
+  texts = [b.get("text", "") for b in blocks]
+  return dict(answer=answer.get("answer"), version=answer.get("model", {}).get("version"),
+              block_text_chars=[len(t) for t in texts],
+              first_block_title=blocks[0].get("title") if blocks else None,
+              first_block_text_head=texts[0][:120] if texts else None)
+
+
+class AskingClient:
+  """One client asking questions one at a time on its own thread until stopped; every
+  request's outcome and the versions that answered are kept."""
+
+  def __init__(self, address: str, model: str, questions: list):
+    self.address, self.model, self.questions = address, model, questions
+    self.ok, self.failed, self.errors, self.versions = 0, 0, [], {}
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    import grpc  # pylint: disable=g-import-not-at-top
+    from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+    from serving import client  # pylint: disable=g-import-not-at-top
+    with grpc.insecure_channel(self.address, options=[
+        ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      i = 0
+      while not self._stop.is_set():
+        try:
+          answer = client.ask(stub, [self.questions[i % len(self.questions)]],
+                              model=self.model, timeout=300)[0]
+          self.ok += 1
+          version = answer["model"]["version"]
+          self.versions[version] = self.versions.get(version, 0) + 1
+        except Exception as e:  # pylint: disable=broad-except
+          self.failed += 1
+          self.errors.append(str(e)[:300])
+        i += 1
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+
+
+def serve(args, work: str, policy: str, latency: bool) -> dict:
+  """serving.server on the export under `policy`: load, (latency) p50/p99 at one client,
+  then a hand-over to a hard-linked copy while a client keeps asking."""
+  import grpc  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from serving import client  # pylint: disable=g-import-not-at-top
+  source_base = os.path.join(work, "models", "realm_qa")
+  first = harness.versions(source_base)[-1]
+  base = os.path.join(work, "serve", policy)
+  shutil.rmtree(base, ignore_errors=True)
+  os.makedirs(base)
+  shutil.copytree(os.path.join(source_base, str(first)), os.path.join(base, str(first)),
+                  copy_function=os.link)
+  server = ServerProcess(base, "realm_qa", os.path.join(work, f"server-{policy}.log"),
+                         flags=[f"--aspired_version_policy={policy}"])
+  questions = [q for q, _ in read_questions(max(args.requests, 20))]
+  result = dict(policy=policy)
+  try:
+    with harness.PeakSampler(server.process.pid) as load_peak:
+      address = server.wait_listening(args.timeout)
+      with grpc.insecure_channel(address) as channel:
+        server.wait_serving(channel, first, args.timeout)
+    result.update(load_seconds=round(time.monotonic() - server.started, 1),
+                  load_peak_rss_gib=round(load_peak.peak / GIB, 2))
+    time.sleep(1.0)
+    result["rss_after_load_gib"] = round(harness.rss_bytes(server.process.pid) / GIB, 2)
+    with grpc.insecure_channel(address, options=[
+        ("grpc.max_receive_message_length", 64 << 20)]) as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      if latency:
+        latencies = []
+        for question in questions[:args.requests]:
+          begin = time.monotonic()
+          client.ask(stub, [question], model="realm_qa", timeout=300)
+          latencies.append(time.monotonic() - begin)
+        result.update(harness.percentiles(latencies))
+        result["sample_answer"] = _describe_answer(
+            client.ask(stub, [questions[0]], model="realm_qa", timeout=300)[0])
+      before = harness.rss_bytes(server.process.pid)
+      with AskingClient(address, "realm_qa", questions) as asking, \
+          harness.PeakSampler(server.process.pid) as handover_peak:
+        begin = time.monotonic()
+        second = harness.publish_copy(base, first, hard_links=True)
+        server.wait_serving(channel, second, args.timeout)
+        result["handover_seconds"] = round(time.monotonic() - begin, 1)
+        time.sleep(5.0)  # requests answered by the new version alone
+      time.sleep(3.0)
+      result.update(
+          rss_before_handover_gib=round(before / GIB, 2),
+          handover_peak_rss_gib=round(handover_peak.peak / GIB, 2),
+          rss_after_handover_gib=round(harness.rss_bytes(server.process.pid) / GIB, 2),
+          server_peak_rss_gib=round(harness.peak_rss_bytes(server.process.pid) / GIB, 2),
+          requests_during_handover=asking.ok + asking.failed,
+          failed_requests=asking.failed, errors=asking.errors[:5],
+          versions_answering={str(k): v for k, v in sorted(asking.versions.items())})
+  finally:
+    server.stop()
+    shutil.rmtree(base, ignore_errors=True)
+  return result
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+def markdown(result: dict) -> str:
+  steps = result.get("steps", {})
+  lines = [f"# REALM's released path at {result.get('blocks', 0):,} blocks", "",
+           "`python -m benchmarks.released_scale` (module docstring: what is written and run). "
+           "Machine: " + json.dumps(result.get("machine", {}), sort_keys=True), "",
+           "| step | wall | peak RSS | disk under the work dir after it | notes |",
+           "|---|---:|---:|---:|---|"]
+  for name in ("release", "import", "evaluate", "export", "serve_availability_preserving",
+               "serve_resource_preserving"):
+    step = steps.get(name)
+    if step is None:
+      continue
+    if "error" in step:
+      lines.append(f"| {name} | | | | **failed**: {step['error'][:200]} |")
+      continue
+    peak = step.get("peak_rss_gib", step.get("handover_peak_rss_gib"))
+    notes = step.get("notes", "")
+    lines.append(f"| {name} | {step.get('seconds', step.get('load_seconds', ''))} s | "
+                 f"{peak} GiB | {step.get('disk_gb', '')} GB | {notes} |")
+  lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
+  for target in result.get("targets", []):
+    lines.append(f"| {target['what']} | {target['measured']} | "
+                 f"{'yes' if target['met'] else '**no**'} |")
+  lines += ["", "## Details", "", "```json",
+            json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=2,
+                       sort_keys=True), "```", ""]
+  return "\n".join(lines)
+
+
+def targets(result: dict) -> list:
+  steps = result["steps"]
+  rows = []
+
+  def add(what, measured, met):
+    rows.append(dict(what=what, measured=measured, met=bool(met)))
+
+  peaks = {n: s.get("peak_rss_gib", s.get("server_peak_rss_gib")) for n, s in steps.items()
+           if "error" not in s and n != "release"}
+  if peaks:
+    worst = max(peaks.items(), key=lambda kv: kv[1] or 0)
+    add(f"every step's peak RSS <= {TARGETS['peak_gib']} GiB", f"{worst[1]} GiB ({worst[0]})",
+        worst[1] <= TARGETS["peak_gib"])
+  if "peak_rss_gib" in steps.get("evaluate", {}):
+    add(f"realm_tf.evaluate peak <= {TARGETS['evaluate_peak_gib']} GiB",
+        f"{steps['evaluate']['peak_rss_gib']} GiB",
+        steps["evaluate"]["peak_rss_gib"] <= TARGETS["evaluate_peak_gib"])
+  if "peak_rss_gib" in steps.get("export", {}):
+    add(f"realm_tf.export peak <= {TARGETS['export_peak_gib']} GiB",
+        f"{steps['export']['peak_rss_gib']} GiB",
+        steps["export"]["peak_rss_gib"] <= TARGETS["export_peak_gib"])
+  for policy in ("availability_preserving", "resource_preserving"):
+    step = steps.get(f"serve_{policy}", {})
+    if "failed_requests" in step:
+      add(f"0 failed requests through the {policy} hand-over",
+          f"{step['failed_requests']} of {step['requests_during_handover']}",
+          step["failed_requests"] == 0)
+  if "max_disk_gb" in result:
+    add(f"disk <= {TARGETS['disk_gb']} GB", f"{result['max_disk_gb']} GB",
+        result["max_disk_gb"] <= TARGETS["disk_gb"])
+  if result.get("done"):
+    add(f"whole run <= {TARGETS['wall_seconds'] / 3600:.0f} h",
+        f"{result['seconds'] / 60:.1f} min", result["seconds"] <= TARGETS["wall_seconds"])
+  return rows
+
+
+def run(args) -> dict:
+  work = args.work_dir
+  os.makedirs(work, exist_ok=True)
+  output = harness.Output(args.name, markdown)
+  release = os.path.join(work, "release")
+  run_dir = os.path.join(work, "run")
+  result = dict(blocks=args.blocks, machine=harness.machine(), steps={}, done=False)
+  begin = time.time()
+  wanted = set(args.steps.split(","))
+  reused = os.path.exists(os.path.join(run_dir, "params.yaml"))
+  if reused:  # a run imported by an earlier invocation: its rows are kept
+    earlier = output.read()
+    result["steps"] = {k: v for k, v in earlier.get("steps", {}).items()
+                       if k in ("release", "import", "evaluate", "export")}
+    result["max_disk_gb"] = earlier.get("max_disk_gb", 0.0)
+    log(f"reusing the run in {run_dir}")
+
+  def record(name: str, step: dict):
+    step["disk_gb"] = round(du_bytes(work) / 1e9, 1)
+    result["max_disk_gb"] = max(result.get("max_disk_gb", 0.0), step["disk_gb"])
+    result["steps"][name] = step
+    result["seconds"] = round(time.time() - begin, 1)
+    result["targets"] = targets(result)
+    output.write(result)
+    log(f"{name}: {json.dumps({k: v for k, v in step.items() if k != 'output_tail'})[:400]}")
+
+  def attempt(name: str, body):
+    try:
+      record(name, body())
+      return True
+    except Exception as e:  # pylint: disable=broad-except
+      record(name, dict(error=f"{type(e).__name__}: {e}"[-3000:]))
+      return False
+
+  python = sys.executable
+  def do_release():
+    step = run_step(
+        [python, "-m", "benchmarks.released_scale", "--phase=release", f"--work_dir={work}",
+         f"--blocks={args.blocks}", f"--questions={args.questions}",
+         f"--check_rows={args.check_rows}"], os.path.join(work, "release.log"))
+    step.update(last_json(step.pop("output_tail")))
+    return step
+
+  if not reused and not attempt("release", do_release):
+    return result
+
+  def do_import():
+    step = run_step(
+        [python, "-m", "realm_tf.import_released", f"--output_dir={run_dir}",
+         f"--embedder={release}/cc_news_pretrained/embedder",
+         f"--orqa_model={release}/orqa_nq_model_from_realm",
+         f"--blocks={release}/enwiki-20181220/blocks.tfr",
+         f"--titles={release}/enwiki-20181220/titles.tfr", "--noblock_records",
+         f"--check_block_emb_rows={args.check_rows}"], os.path.join(work, "import.log"))
+    summary = last_json(step.pop("output_tail"))
+    step.update(block_emb_check=summary.get("block_emb_check"),
+                num_blocks=summary.get("num_blocks"))
+    with open(os.path.join(work, "release.json"), "w") as f:
+      json.dump(dict(questions=os.path.join(release, "resplit",
+                                            "NaturalQuestions.resplit.test.jsonl")), f)
+    # The release is no longer needed: the run holds everything (disk budget).
+    questions = os.path.join(work, "questions.jsonl")
+    shutil.copy(os.path.join(release, "resplit", "NaturalQuestions.resplit.test.jsonl"),
+                questions)
+    shutil.rmtree(release, ignore_errors=True)
+    return step
+
+  if not reused and "import" in wanted and not attempt("import", do_import):
+    return result
+
+  def do_evaluate():
+    output_path = os.path.join(work, "predictions.jsonl")
+    step = run_step(
+        [python, "-m", "realm_tf.evaluate", f"--model_dir={run_dir}",
+         f"--questions={os.path.join(work, 'questions.jsonl')}",
+         f"--max_questions={args.questions}", f"--output={output_path}",
+         "--override=runtime.enable_xla=false"], os.path.join(work, "evaluate.log"))
+    summary = last_json(step.pop("output_tail"))
+    with open(output_path, encoding="utf-8") as f:
+      predictions = [json.loads(line) for line in f]
+    first = predictions[0]
+    step.update(questions=len(predictions),
+                metrics={k: summary[k] for k in ("exact_match", "recall@5", "eval_seconds")
+                         if k in summary},
+                sample=dict(question=first.get("question"),
+                            prediction=first.get("prediction"),
+                            retrieved_titles=[b.get("title") for b in
+                                              first.get("retrieved", [])[:5]]))
+    return step
+
+  if "evaluate" in wanted:
+    attempt("evaluate", do_evaluate)
+
+  def do_export():
+    step = run_step(
+        [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
+         f"--output_dir={os.path.join(work, 'models')}", "--kinds=realm_qa"],
+        os.path.join(work, "export.log"))
+    step.pop("output_tail")
+    base = os.path.join(work, "models", "realm_qa")
+    step["export_bytes"] = du_bytes(base)
+    step["export_bytes_not_shared_with_the_run"] = du_bytes(base) - _shared_bytes(base, run_dir)
+    return step
+
+  if "export" in wanted:
+    shutil.rmtree(os.path.join(work, "models"), ignore_errors=True)
+    if not attempt("export", do_export):
+      return result
+  if "serve" in wanted:
+    attempt("serve_availability_preserving",
+            lambda: serve(args, work, "availability_preserving", latency=True))
+    attempt("serve_resource_preserving",
+            lambda: serve(args, work, "resource_preserving", latency=False))
+  result["done"] = True
+  record("finished", dict(seconds=round(time.time() - begin, 1)))
+  return result
+
+
+def _shared_bytes(path: str, other: str) -> int:
+  """Bytes of files under `path` that are hard links of files under `other`."""
+  inodes = set()
+  for root, _, names in os.walk(other):
+    for name in names:
+      stat = os.lstat(os.path.join(root, name))
+      inodes.add((stat.st_dev, stat.st_ino))
+  shared, seen = 0, set()
+  for root, _, names in os.walk(path):
+    for name in names:
+      stat = os.lstat(os.path.join(root, name))
+      key = (stat.st_dev, stat.st_ino)
+      if key in inodes and key not in seen:
+        seen.add(key)
+        shared += stat.st_blocks * 512
+  return shared
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  if args.phase == "release":
+    summary = write_release(args, os.path.join(args.work_dir, "release"))
+    print(json.dumps(summary))
+    return 0
+  try:
+    run(args)
+  finally:
+    if not args.keep:
+      shutil.rmtree(args.work_dir, ignore_errors=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
