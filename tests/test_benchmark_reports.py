@@ -17,7 +17,8 @@ from benchmarks import harness, pretrain
 from benchmarks.common import RESULTS_DIR
 
 # Results written under another name than their benchmark's (--name).
-RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale"}
+RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale",
+               "released_scale_smoke": "released_scale"}
 
 
 @pytest.mark.parametrize("name", sorted(
