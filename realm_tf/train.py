@@ -133,16 +133,14 @@ def _main(usage_error):
           tf.errors.DeadlineExceededError) as e:
     if not role.multi_process:
       raise
-    # A collective failed: another process of the job died or cannot be reached. TF's own
-    # message is a page of gRPC detail; say what happened and what to do.
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    detail = next((line for line in lines if "abort" in line or "unhealthy" in line
-                   or "connect" in line), lines[0] if lines else "")
+    # A collective failed: another process of the job died, stopped, hangs or cannot be
+    # reached. TF's own message is a page of gRPC detail; say which peer, and what to do.
+    lost = runtime.describe_lost_peers(e, strategy, config.runtime)
     step = layout.checkpoint_step(FLAGS.model_dir)
     sys.exit(f"training stopped ({role.describe()}): another process of the job is "
-             f"unreachable ({type(e).__name__}: {detail}). Relaunch "
-             f"every process with the same command: training resumes from the chief's "
-             f"checkpoint at step {step} in {layout.checkpoint_dir(FLAGS.model_dir)}.")
+             f"unreachable: {lost}. Relaunch every process with the same command: training "
+             f"resumes from the chief's checkpoint at step {step} in "
+             f"{layout.checkpoint_dir(FLAGS.model_dir)}.")
   print(json.dumps(result, indent=2, default=str))
 
 

@@ -44,8 +44,9 @@ def pytest_configure(config):
       "markers", "slow: trains a model, runs a pipeline end to end or starts servers (minutes "
       "on 2 CPU cores); `make test-fast` leaves them out, `make test` runs them.")
   config.addinivalue_line(
-      "markers", "fault: kills (SIGKILL/SIGTERM) or corrupts processes and files on purpose; "
-      "each is bounded by subprocess timeouts. Run them alone with `pytest -m fault`.")
+      "markers", "fault: kills or stops (SIGKILL/SIGTERM/SIGSTOP) or corrupts processes and "
+      "files on purpose; each is bounded by subprocess timeouts. Run them alone with "
+      "`pytest -m fault`.")
   config.addinivalue_line(
       "markers", "fuzz: hypothesis property tests of every reader of untrusted input "
       "(`pytest -m fuzz`).")

@@ -135,7 +135,8 @@ def test_the_side_car_follows_the_runs_newest_index_read_only(tmp_path, repo_dir
   index_dir = layout.index_dir(model_dir)
   config = tf_.tiny_config(
       repo_dir, corpus, "pretrain", task__pretrain__validation_data__input_path=os.path.join(
-          corpus, "pretraining-*"), index__first_index_timeout_seconds=5)
+          corpus, "pretraining-*"), index__first_index_timeout_seconds=5,
+      runtime__progress_stall_seconds=0.3)
   store = BlockStore.from_tfrecords(os.path.join(corpus, "blocks-*"))
   rng = np.random.default_rng(0)
   tf_.publish_index(index_dir, 0, store.block_ids, rng.normal(size=[len(store), 16]))
@@ -155,15 +156,19 @@ def test_the_side_car_follows_the_runs_newest_index_read_only(tmp_path, repo_dir
   assert not layout.training_done(model_dir)
   assert not os.path.exists(layout.metrics_path(model_dir))
 
-  # The loop: train_steps is 20 and no checkpoint comes after step 10, so it gives up after
-  # its timeout; once the trainer marks TRAINING_DONE at 10, step 10 is the final one.
+  # The loop: train_steps is 20 and no checkpoint comes after step 10, so it reports the
+  # trainer stalled after progress_stall_seconds (0.3 s), waits on and gives up after its
+  # timeout; once the trainer marks TRAINING_DONE at 10, step 10 is the final one.
   waited = continuous_eval.evaluate_continuously(config, model_dir, name="stalled", timeout=1,
                                                  poll_seconds=0.1)
   assert waited["evaluated_steps"] == [10] and waited["timed_out"] and not waited["finished"]
+  assert waited["trainer"]["trainer_stalled"]
+  assert waited["trainer"]["newest_checkpoint"] == "ckpt-10"
   layout.mark_training_done(model_dir, 10)
   done = continuous_eval.evaluate_continuously(config, model_dir, name="done", timeout=60,
                                                poll_seconds=0.1)
   assert done["evaluated_steps"] == [10] and done["finished"] and not done["timed_out"]
+  assert not done["trainer"]["trainer_stalled"]
 
 
 def test_an_open_qa_side_car_writes_em_and_recall_of_each_checkpoint(tmp_path, repo_dir,

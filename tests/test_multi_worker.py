@@ -9,8 +9,9 @@ What a multi-worker job must do, checked on real processes:
     into a temporary directory of its own;
   - index swaps are collective: both workers load the same versions at the same steps;
   - the chief's checkpoints restore in a single process;
-  - a worker killed mid-run stops the job with a clear error within a bound, and launching
-    both again resumes from the chief's last checkpoint.
+  - a worker stopped (SIGSTOP) or killed mid-run stops the job with one line naming it,
+    within a bound; launching both again resumes from the chief's last checkpoint, with the
+    losses the stopped run had computed past it.
 """
 import glob
 import json
@@ -33,6 +34,11 @@ pytestmark = pytest.mark.slow
 # Bounds, generous for a loaded 2-core machine (make test runs two test modules at once).
 RUN_TIMEOUT = 420.0
 KILL_TIMEOUT = 90.0  # from SIGKILL of one worker to the other's exit
+# The hung worker: runtime.collective_timeout_seconds for that run, and what its peer may
+# take beyond it to exit (a 5 s health check of the peer, the error's way out of the train
+# loop and the process, on a loaded machine).
+HANG_TIMEOUT = 30.0
+HANG_MARGIN = 45.0
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +92,7 @@ class Job:
     self.temp_dirs = [f"{model_dir}.{tag}.tmp{i}" for i in range(workers)]
     command = _command(repo_dir, model_dir, experiment, corpus, overrides, stop_at_step)
     ports = _free_ports(workers)
+    self.addresses = [f"127.0.0.1:{p}" for p in ports]
     self.processes = []
     for i in range(workers):
       # Each process's own temporary directory, where a non-chief keeps its checkpoints.
@@ -95,8 +102,7 @@ class Job:
       env.pop("TF_CONFIG", None)
       if workers > 1:
         env["TF_CONFIG"] = json.dumps(dict(
-            cluster=dict(worker=[f"127.0.0.1:{p}" for p in ports]),
-            task=dict(type="worker", index=i)))
+            cluster=dict(worker=self.addresses), task=dict(type="worker", index=i)))
       with open(self.logs[i], "w") as log:
         self.processes.append(subprocess.Popen(  # pylint: disable=consider-using-with
             command, cwd=repo_dir, env=env, stdout=log, stderr=subprocess.STDOUT))
@@ -232,45 +238,113 @@ def test_pretrain_on_two_workers_refreshes_the_index_together(repo_dir, corpus, 
     assert json.load(f)["pid"] == job.processes[0].pid
 
 
-def _wait_for(predicate, timeout: float, what: str):
+def _wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
   deadline = time.time() + timeout
   while not predicate():
     if time.time() > deadline:
       raise AssertionError(f"timed out waiting for {what}")
-    time.sleep(0.5)
+    time.sleep(interval)
+
+
+def _train_records(model_dir) -> list:
+  """metrics.jsonl's train lines, in order (a relaunched run appends the steps it redoes)."""
+  if not os.path.exists(layout.metrics_path(model_dir)):
+    return []
+  return [r for r in layout.read_metrics(model_dir) if "loss" in r and r["mode"] != "eval"]
+
+
+def _stop_line(text: str) -> str:
+  lines = [line for line in text.splitlines() if line.startswith("training stopped")]
+  assert len(lines) == 1, text[-3000:]
+  return lines[0]
 
 
 @pytest.mark.fault
-def test_a_killed_worker_stops_the_job_and_a_relaunch_resumes(repo_dir, corpus, tmp_path):
+def test_a_hung_or_killed_worker_stops_the_job_and_a_relaunch_resumes(
+    repo_dir, corpus, tmp_path):
+  """1. Worker 1 stopped with SIGSTOP a few steps past a checkpoint: worker 0 exits,
+  non-zero, within the collective timeout plus a margin, with one line naming worker 1 and
+  its address. TensorFlow's coordination service would notice a stopped process by its
+  missing heartbeats alone (10 s by default); they are set far longer here, so that the
+  stop stands for what only the collective timeout catches, a process alive but stuck (an
+  input pipeline that never returns goes on heartbeating). Without the timeout worker 0
+  waits on and the test fails.
+  2. Both relaunched (the stopped one killed): the job resumes from the chief's checkpoint,
+  and the steps the stopped run had taken past it have the same losses again.
+  3. Worker 1 killed with SIGKILL: worker 0 exits with the same kind of line.
+  4. Relaunched to a stop step: resumed from that checkpoint, the retriever exported once.
+  """
   model_dir = str(tmp_path / "ict")
-  settings = ["trainer.train_steps=2000", "trainer.checkpoint_interval=5"]
-  job = Job(repo_dir, model_dir, "ict", corpus, settings)
+  settings = ["trainer.train_steps=2000", "trainer.checkpoint_interval=10"]
+  hung = Job(repo_dir, model_dir, "ict", corpus, settings + [
+      f"runtime.collective_timeout_seconds={HANG_TIMEOUT:.0f}",
+      "runtime.heartbeat_timeout_seconds=600"])
+
+  def past_a_checkpoint():
+    try:
+      records = _train_records(model_dir)
+    except ValueError:  # a line being written
+      return False
+    checkpoint = layout.checkpoint_step(model_dir)
+    return checkpoint >= 10 and records and checkpoint + 3 <= records[-1]["step"] <= checkpoint + 6
+
   try:
-    _wait_for(lambda: (layout.checkpoint_step(model_dir) or 0) >= 10, RUN_TIMEOUT,
-              "a checkpoint at step 10")
-    job.processes[1].send_signal(signal.SIGKILL)
+    _wait_for(past_a_checkpoint, RUN_TIMEOUT, "steps past a checkpoint", interval=0.1)
+    hung.processes[1].send_signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+      code = hung.processes[0].wait(HANG_TIMEOUT + HANG_MARGIN)
+    except subprocess.TimeoutExpired:
+      raise AssertionError(f"worker 0 still waits {HANG_TIMEOUT + HANG_MARGIN:.0f}s after "
+                           f"worker 1 stopped: {hung.text(0)[-2000:]}") from None
+    stopped_after = time.time() - stopped_at
+  finally:
+    hung.kill()  # SIGKILL ends the stopped worker too
+  assert code != 0
+  line = _stop_line(hung.text(0))
+  assert f"worker:1 ({hung.addresses[1]}) lost" in line, line
+  assert "runtime.collective_timeout_seconds" in line, line
+  assert "Relaunch every process with the same command" in line
+  assert HANG_TIMEOUT - 5 <= stopped_after <= HANG_TIMEOUT + HANG_MARGIN, stopped_after
+  checkpoint = layout.checkpoint_step(model_dir)
+  before = _train_records(model_dir)
+  past = {r["step"]: r["loss"] for r in before if r["step"] > checkpoint}
+  assert past, (checkpoint, [r["step"] for r in before])
+
+  relaunched = Job(repo_dir, model_dir, "ict", corpus, settings, tag="relaunched")
+  try:
+    _wait_for(lambda: layout.checkpoint_step(model_dir) >= checkpoint + 10, RUN_TIMEOUT,
+              f"a checkpoint after step {checkpoint + 10}")
+    again = _train_records(model_dir)[len(before):]
+    assert again[0]["step"] == checkpoint + 1, again[:2]
+    redone = {r["step"]: r["loss"] for r in again if r["step"] in past}
+    assert sorted(redone) == sorted(past)
+    for step, loss in past.items():
+      assert redone[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
+    relaunched.processes[1].send_signal(signal.SIGKILL)
     killed_at = time.time()
-    code = job.processes[0].wait(KILL_TIMEOUT)
+    code = relaunched.processes[0].wait(KILL_TIMEOUT)
     stopped_after = time.time() - killed_at
   finally:
-    job.kill()
+    relaunched.kill()
   assert code != 0
-  text = job.text(0)
-  assert "another process of the job is unreachable" in text, text[-3000:]
-  assert "Relaunch every process with the same command" in text
+  text = relaunched.text(0)
+  line = _stop_line(text)
+  assert "another process of the job is unreachable" in line, line
+  assert f"worker:1 ({relaunched.addresses[1]}) lost" in line, line
+  assert "Relaunch every process with the same command" in line
   assert stopped_after < KILL_TIMEOUT
+  assert "restored from the chief's" in relaunched.text(1)
   checkpoint = layout.checkpoint_step(model_dir)
-  assert checkpoint >= 10
-  # The failed run published no retriever: its weights were past its last checkpoint.
-  assert "retriever exported" not in text
+  # The failed runs published no retriever: their weights were past their last checkpoint.
+  assert "retriever exported" not in hung.text(0) + text
   assert versioned.list_versions(layout.query_encoder_dir(model_dir)) == []
 
-  relaunched = Job(repo_dir, model_dir, "ict", corpus, settings,
-                   stop_at_step=checkpoint + 5, tag="relaunched")
-  relaunched.check_ok(relaunched.wait())
+  resumed = Job(repo_dir, model_dir, "ict", corpus, settings,
+                stop_at_step=checkpoint + 5, tag="resumed")
+  resumed.check_ok(resumed.wait())
   for i in range(2):
-    assert relaunched.result(i)["start_step"] == checkpoint
-    assert relaunched.result(i)["step"] == checkpoint + 5
-  assert "restored from the chief's" in relaunched.text(1)
+    assert resumed.result(i)["start_step"] == checkpoint
+    assert resumed.result(i)["step"] == checkpoint + 5
   assert [v.version for v in versioned.list_versions(
       layout.query_encoder_dir(model_dir))] == [checkpoint + 5]

@@ -225,9 +225,16 @@ def test_multi_worker_gpus_from_tf_config(repo_dir, built, monkeypatch, task, ch
   assert plan == runtime.RuntimePlan("multi_worker_mirrored", None,
                                      runtime.EVERY_TF_CONFIG_TASK, 4)
   monkeypatch.setattr(runtime, "visible_gpus", lambda: 4)
+  made = []
+
+  class Strategy:
+    num_replicas_in_sync = 8
+
+  monkeypatch.setattr(runtime, "multi_worker_strategy",
+                      lambda settings: made.append(settings) or Strategy())
   runtime.make_strategy(config, "", env)
-  assert built == {"distribution_strategy": "multi_worker_mirrored", "num_gpus": 4,
-                   "tpu_address": None}
+  # Built by realm_tf, with the runtime section's timeouts, not by tf-models' factory.
+  assert made == [config.runtime] and built == {}
 
 
 # `python -m realm_tf.train --experiment realm/ict --config configs/demo.yaml --model_dir ...`
@@ -263,3 +270,90 @@ def test_one_process_strategies_are_their_own_chief(mirrored_strategy):
     assert role.is_chief and role.num_processes == 1 and not role.multi_process
     assert role.chief_value(7) == 7 and role.any_process(True) and not role.any_process(False)
     assert role.describe() == "the only process"
+
+
+# ------------------------------------------------------------------- a lost multi-worker peer
+
+
+def test_collective_and_heartbeat_timeouts_come_from_the_config(repo_dir):
+  config = load_config(str(repo_dir / "configs" / "tiny.yaml"), experiment="realm/ict")
+  assert runtime.communication_options(config.runtime).timeout_seconds == 1800
+  assert runtime.coordination_service_settings({"worker": ["a:1", "b:1"]},
+                                               config.runtime.heartbeat_timeout_seconds) is None
+  config = load_config(str(repo_dir / "configs" / "tiny.yaml"), [
+      "runtime.collective_timeout_seconds=30", "runtime.heartbeat_timeout_seconds=60"],
+      experiment="realm/ict")
+  assert runtime.communication_options(config.runtime).timeout_seconds == 30
+  settings = runtime.coordination_service_settings(
+      {"chief": ["c:1"], "worker": ["a:1", "b:1"]}, config.runtime.heartbeat_timeout_seconds)
+  assert settings["heartbeat_timeout_in_ms"] == 60_000
+  assert settings["service_leader"] == "/job:chief/replica:0/task:0"
+  assert [(j.name, j.num_tasks) for j in settings["coordinated_jobs"]] == [
+      ("chief", 1), ("worker", 2)]
+  assert runtime.coordination_service_settings(
+      {"worker": ["a:1", "b:1"]}, 60)["service_leader"] == "/job:worker/replica:0/task:0"
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("collective_timeout_seconds", "0", "must be positive"),
+    ("collective_timeout_seconds", "-5", "must be positive"),
+    ("heartbeat_timeout_seconds", "-1", "must be >= 0"),
+    ("progress_stall_seconds", "0", "must be positive")])
+def test_bad_timeouts_are_refused_by_name(repo_dir, key, value, message):
+  with pytest.raises(ValueError, match=f"runtime.{key} {message}"):
+    load_config(str(repo_dir / "configs" / "tiny.yaml"), [f"runtime.{key}={value}"],
+                experiment="realm/ict")
+
+
+class _Resolver:
+  task_type, task_id = "worker", 0
+
+  def cluster_spec(self):
+    return tf.train.ClusterSpec({"worker": ["10.0.0.1:2222", "10.0.0.2:2222",
+                                            "10.0.0.3:2222"]})
+
+
+class _Strategy:
+  cluster_resolver = _Resolver()
+
+
+HEARTBEATS_STOPPED = (
+    "Collective ops is aborted by: Error reported from /job:worker/task:2: The following "
+    "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe "
+    "tasks have crashed.")
+COLLECTIVE_TIMED_OUT = ("Graph execution error:\n\nDetected at node CollectiveReduceV2\n"
+                        "Collective has timed out during execution.")
+
+
+def test_the_lost_peer_is_named_with_its_address(repo_dir, monkeypatch):
+  """The peer TensorFlow names; else the one that does not answer a health check; else,
+  all answering after a collective timeout, every peer (one of them is alive but stuck);
+  else none."""
+  config = load_config(str(repo_dir / "configs" / "tiny.yaml"),
+                       ["runtime.collective_timeout_seconds=30"], experiment="realm/ict")
+  probed = []
+  silent = {"/job:worker/replica:0/task:1"}
+  monkeypatch.setattr(runtime, "_answers",
+                      lambda peer, seconds: probed.append(peer) or peer.device not in silent)
+  said = runtime.describe_lost_peers(tf.errors.UnavailableError(None, None, HEARTBEATS_STOPPED),
+                                     _Strategy(), config.runtime)
+  assert said.startswith("worker:2 (10.0.0.3:2222) lost (named by TensorFlow; heartbeats")
+  assert not probed
+  said = runtime.describe_lost_peers(
+      tf.errors.DeadlineExceededError(None, None, COLLECTIVE_TIMED_OUT), _Strategy(),
+      config.runtime)
+  assert said == ("worker:1 (10.0.0.2:2222) lost (no answer to a health check within 5s; a "
+                  "collective waited 30s (runtime.collective_timeout_seconds))")
+  assert [p.index for p in probed] == [1, 2]  # never itself
+  silent.clear()
+  said = runtime.describe_lost_peers(
+      tf.errors.DeadlineExceededError(None, None, COLLECTIVE_TIMED_OUT), _Strategy(),
+      config.runtime)
+  assert said.startswith("worker:1 (10.0.0.2:2222), worker:2 (10.0.0.3:2222) lost (all "
+                         "answer a health check: one is alive but stuck")
+  # An error that is no collective's (a storage outage, say) blames no peer.
+  said = runtime.describe_lost_peers(
+      tf.errors.UnavailableError(None, None, "GCS answered 503\nretry later"), _Strategy(),
+      config.runtime)
+  assert said == ("no peer found lost, every one answers a health check (UnavailableError: "
+                  "GCS answered 503)")

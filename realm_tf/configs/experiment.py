@@ -486,10 +486,34 @@ class RuntimeConfig(cfg.RuntimeConfig):
       (TPUs compile regardless).
     mixed_precision_dtype: '' / 'float32', 'bfloat16' (TPU) or 'float16' (GPU, with
       loss scaling).
+    collective_timeout_seconds: multi-worker: the longest one process waits in a
+      collective for the others (tf.distribute's CommunicationOptions.timeout_seconds);
+      then it stops with a line naming the peer it waited for, and the job is relaunched
+      from the chief's checkpoint. The one defence against a peer that is alive but stuck
+      (an input pipeline or a file-system read that never returns): its heartbeats go on.
+      It must exceed the longest time one process spends away from the others between two
+      collectives: the slowest step (the first traces and compiles), the chief's checkpoint
+      save and retriever snapshot export, an index swap (each process loads the new index
+      before they agree on it). Too short stops a healthy job; too long leaves every
+      accelerator of the job idle that long behind a hung peer. 1800 s covers a first XLA
+      compilation and a multi-GB index read from a bucket with room to spare (PyTorch's
+      process groups default to the same 30 minutes).
+    heartbeat_timeout_seconds: multi-worker: how long TensorFlow's coordination service
+      goes without a process's heartbeat before it declares the process lost and every
+      collective fails: it catches a process that is stopped, dead or cut off from the
+      network, not one whose program is stuck while its runtime lives. 0 keeps
+      TensorFlow's default (10 s).
+    progress_stall_seconds: the side-car evaluator and the index builders watch the
+      trainer: after this long without a new checkpoint or retriever snapshot they log,
+      and put in their status, that it is stalled, and keep waiting (a slow trainer is not
+      a dead one). Set it above the trainer's time between checkpoints.
   """
   distribution_strategy: str = ""
   enable_xla: bool = True
   mixed_precision_dtype: Optional[str] = ""
+  collective_timeout_seconds: float = 1800.0
+  heartbeat_timeout_seconds: float = 0.0
+  progress_stall_seconds: float = 1800.0
 
 
 # ----------------------------------------------------------------------------- experiment
@@ -558,6 +582,12 @@ class ExperimentConfig(cfg.ExperimentConfig):
     _one_of(self.runtime.distribution_strategy, STRATEGIES, "runtime.distribution_strategy")
     _one_of(self.runtime.mixed_precision_dtype or "", MIXED_PRECISION,
             "runtime.mixed_precision_dtype")
+    _positive(self.runtime.collective_timeout_seconds, "runtime.collective_timeout_seconds")
+    if self.runtime.heartbeat_timeout_seconds < 0:
+      raise ConfigValueError(f"runtime.heartbeat_timeout_seconds must be >= 0 (0: "
+                             f"TensorFlow's default), got "
+                             f"{self.runtime.heartbeat_timeout_seconds}")
+    _positive(self.runtime.progress_stall_seconds, "runtime.progress_stall_seconds")
     if self.index.backend == "scann" and self.runtime.enable_xla:
       raise ConfigValueError(
           "index.backend=scann searches with ScaNN on the host CPU inside the step, which "

@@ -6,6 +6,9 @@ Runs beside the trainer (another process, or other machines sharing model_dir on
           → embed.build_index → <model_dir>/index/<step>   (older snapshots are skipped:
             only the newest one is ever embedded)
         until <model_dir>/TRAINING_DONE appears (or max_builds builds are done).
+While it waits it watches the trainer (realm_tf.io.trainer_watch): after
+runtime.progress_stall_seconds without a new snapshot or checkpoint it logs that the
+trainer is stalled, and its last line says so; it does not stop for that.
 
 Several builders may share one model_dir (scale-out: while one embeds snapshot 1000,
 another takes 1500 as soon as it appears). The claim keeps two of them from embedding the
@@ -25,6 +28,7 @@ from typing import Optional, Sequence
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import blocks_pattern
 from realm_tf.io import layout, versioned
+from realm_tf.io.trainer_watch import TrainerWatch
 from realm_tf.pipelines import embed
 
 
@@ -124,6 +128,8 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
   num_shards = config.num_shards or run_config.index.num_shards
   logging.info("%s watching %s (index %s)", builder_name(), config.model_dir, index_dir)
+  watch = TrainerWatch(config.model_dir, run_config.runtime.progress_stall_seconds,
+                       builder_name())
   builds = 0
   while not layout.training_done(config.model_dir):
     if parent_gone(config.parent_pid):
@@ -145,6 +151,9 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
       if config.max_builds and builds >= config.max_builds:
         break
     else:
+      watch.check()
       time.sleep(config.poll_seconds)
-  logging.info("Index builder done after %d builds (%s)", builds, builder_name())
+  watch.check(force=True)
+  logging.info("Index builder done after %d builds (%s); the trainer: %s", builds,
+               builder_name(), watch.status())
   return builds

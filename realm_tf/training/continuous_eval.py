@@ -22,6 +22,9 @@ Which checkpoints: the newest one each time it looks; an evaluator slower than t
 skips those in between (as tf-models' does). When it stops: `finished` (it has evaluated
 the checkpoint at trainer.train_steps, or the one at the step TRAINING_DONE records), or
 after `timeout` seconds without a new checkpoint (a trainer that died or was stopped early).
+Before that, after runtime.progress_stall_seconds without a new checkpoint or snapshot, it
+logs that the trainer is stalled (realm_tf.io.trainer_watch) and says so in its result, and
+waits on.
 """
 import logging
 import os
@@ -32,6 +35,7 @@ import tensorflow as tf
 
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
+from realm_tf.io.trainer_watch import TrainerWatch
 from realm_tf.training import train_lib
 
 POLL_SECONDS = 1.0  # as tf.train.checkpoints_iterator
@@ -55,9 +59,11 @@ class NoNewCheckpoint(TimeoutError):
 def next_checkpoint(directory: str, last: Optional[str], timeout: float,
                     stop: Callable[[], bool], poll_seconds: float = POLL_SECONDS,
                     clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
-  """The newest checkpoint in `directory` if it is not `last`; else waits for one. None when
-  `stop()` says the run is over first; NoNewCheckpoint after `timeout` seconds."""
+                    sleep: Callable[[float], None] = time.sleep,
+                    while_waiting: Callable[[], object] = lambda: None) -> Optional[str]:
+  """The newest checkpoint in `directory` if it is not `last`; else waits for one, calling
+  `while_waiting()` at every poll. None when `stop()` says the run is over first;
+  NoNewCheckpoint after `timeout` seconds."""
   deadline = clock() + timeout
   while True:
     latest = tf.train.latest_checkpoint(directory)
@@ -68,6 +74,7 @@ def next_checkpoint(directory: str, last: Optional[str], timeout: float,
     if clock() >= deadline:
       raise NoNewCheckpoint(f"{directory}: no checkpoint after {last or 'none'} within "
                             f"{timeout:.0f}s")
+    while_waiting()
     sleep(poll_seconds)
 
 
@@ -157,9 +164,11 @@ def evaluate_continuously(experiment: ExperimentConfig, model_dir: str,
 
   Returns:
     {log, summaries, evaluated_steps, timed_out (with reason), finished, last (the last
-    metrics)}.
+    metrics), trainer (TrainerWatch.status(): whether the trainer is stalled)}.
   """
   evaluator = SideCarEvaluator(experiment, model_dir, strategy, name)
+  watch = TrainerWatch(model_dir, experiment.runtime.progress_stall_seconds,
+                       f"side-car evaluator {name}")
   timeout = experiment.trainer.continuous_eval_timeout if timeout is None else timeout
   train_steps = experiment.trainer.train_steps
   directory = layout.checkpoint_dir(model_dir)
@@ -173,7 +182,8 @@ def evaluate_continuously(experiment: ExperimentConfig, model_dir: str,
                 evaluated_steps=evaluated, timed_out=False)
   while not done():
     try:
-      path = next_checkpoint(directory, last_path, timeout, done, poll_seconds)
+      path = next_checkpoint(directory, last_path, timeout, done, poll_seconds,
+                             while_waiting=watch.check)
     except NoNewCheckpoint as e:
       logging.error("Side-car %s stops: %s (last evaluated step %s of %d)", name, e,
                     last_step, train_steps)
@@ -190,7 +200,8 @@ def evaluate_continuously(experiment: ExperimentConfig, model_dir: str,
       continue
     last_path, last_step = path, last_metrics["step"]
     evaluated.append(last_step)
-  result.update(finished=done(), last=last_metrics)
+  watch.check(force=True)
+  result.update(finished=done(), last=last_metrics, trainer=watch.status())
   return result
 
 

@@ -24,16 +24,32 @@ follows):
 - GPUs: MirroredStrategy over them; none: the default strategy. `runtime.distribution_strategy`
   names one outright; `tpu` there needs a TPU address (`--tpu`, `runtime.tpu`, or the
   `TPU_NAME` environment variable, as Google's own TF-on-TPU tests run tf-models).
+
+A lost peer, multi-worker (docs/scale_out.md says what the operator does): TensorFlow's
+coordination service declares a process lost when its heartbeats stop
+(`runtime.heartbeat_timeout_seconds`: a process stopped, killed or cut off), and every
+collective gives up after `runtime.collective_timeout_seconds` (a process alive but stuck,
+whose heartbeats go on). Either way the step raises on every other process, and
+`describe_lost_peers` names the peer for the one line the process exits with. TPUStrategy
+has neither knob to turn here: its collectives are compiled into the TPU program, and the
+coordination service that `experimental_connect_to_cluster` starts for a Cloud TPU keeps
+TensorFlow's heartbeat settings.
 """
 import dataclasses
 import json
 import logging
 import os
+import re
 import urllib.request
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import tensorflow as tf
 from official.common import distribute_utils
+# Internal modules, for what TensorFlow 2.20 offers no public API: the coordination
+# service's heartbeat timeout (MultiWorkerMirroredStrategy configures the service itself
+# unless it is configured first) and a peer's health check.
+from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+from tensorflow.python.eager import context
 
 from realm_tf.configs.experiment import STRATEGIES, ExperimentConfig, RuntimeConfig
 
@@ -163,9 +179,139 @@ def make_strategy(config: ExperimentConfig, tpu: str = "",
   if plan.launch == TPU_SLICE_WORKER_0:
     check_tpu_worker(plan, tpu_vm_worker_number())
   logging.info("Runtime: %s", plan)
-  strategy = distribute_utils.get_distribution_strategy(
-      distribution_strategy=plan.strategy, num_gpus=plan.num_gpus, tpu_address=plan.tpu_address)
+  if plan.strategy == "multi_worker_mirrored":
+    # Built here, not by tf-models, which passes no CommunicationOptions (no timeout).
+    strategy = multi_worker_strategy(config.runtime)
+  else:
+    strategy = distribute_utils.get_distribution_strategy(
+        distribution_strategy=plan.strategy, num_gpus=plan.num_gpus,
+        tpu_address=plan.tpu_address)
   strategy = strategy or tf.distribute.get_strategy()
   logging.info("Strategy %s with %d replicas", type(strategy).__name__,
                strategy.num_replicas_in_sync)
   return strategy
+
+
+# ------------------------------------------------------------------------ multi-worker peers
+
+
+def communication_options(runtime: RuntimeConfig
+                          ) -> tf.distribute.experimental.CommunicationOptions:
+  """Every collective of the strategy gives up after runtime.collective_timeout_seconds."""
+  return tf.distribute.experimental.CommunicationOptions(
+      timeout_seconds=float(runtime.collective_timeout_seconds))
+
+
+def coordination_service_settings(cluster: Mapping[str, Sequence[str]],
+                                  heartbeat_timeout_seconds: float) -> Optional[dict]:
+  """The arguments of `configure_coordination_service` for a multi-worker cluster ({job:
+  [address, ...]}), as MultiWorkerMirroredStrategy would set them, with the heartbeat
+  timeout; None for TensorFlow's own settings (heartbeat_timeout_seconds 0)."""
+  if not heartbeat_timeout_seconds:
+    return None
+  jobs = [job for job in ("chief", "worker") if cluster.get(job)]
+  return dict(
+      service_type="standalone",
+      # The chief if there is one, else worker 0: MultiWorkerMirroredStrategy's leader.
+      service_leader=f"/job:{jobs[0]}/replica:0/task:0",
+      heartbeat_timeout_in_ms=int(heartbeat_timeout_seconds * 1000),
+      coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=job,
+                                                               num_tasks=len(cluster[job]))
+                        for job in jobs])
+
+
+def multi_worker_strategy(runtime: RuntimeConfig) -> tf.distribute.MultiWorkerMirroredStrategy:
+  """MultiWorkerMirroredStrategy from TF_CONFIG, its collectives bounded by
+  runtime.collective_timeout_seconds and, when runtime.heartbeat_timeout_seconds is set, the
+  coordination service's heartbeats too."""
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  settings = coordination_service_settings(resolver.cluster_spec().as_dict(),
+                                           runtime.heartbeat_timeout_seconds)
+  if settings is not None:
+    context.context().configure_coordination_service(**settings)
+  logging.info("Multi-worker collectives time out after %.0fs; heartbeats after %s",
+               runtime.collective_timeout_seconds,
+               f"{runtime.heartbeat_timeout_seconds:.0f}s" if settings else
+               "TensorFlow's default")
+  return tf.distribute.MultiWorkerMirroredStrategy(
+      cluster_resolver=resolver, communication_options=communication_options(runtime))
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+  """Another process of a multi-worker job: its TF_CONFIG task and address."""
+  task_type: str
+  index: int
+  address: str
+
+  def __str__(self) -> str:
+    return f"{self.task_type}:{self.index} ({self.address})"
+
+  @property
+  def device(self) -> str:
+    return f"/job:{self.task_type}/replica:0/task:{self.index}"
+
+
+# A task as TensorFlow's errors name it: /job:worker/replica:0/task:1 or /job:worker/task:1.
+_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
+PROBE_SECONDS = 5.0
+_CAUSES = ("grpc_message", "connect", "unhealthy", "abort", "reset", "unavailable")
+
+
+def peers(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> list:
+  """Every other chief and worker task of `cluster` ({job: [address, ...]})."""
+  return [Peer(job, i, address) for job in ("chief", "worker")
+          for i, address in enumerate(cluster.get(job, ()))
+          if (job, i) != (task_type, index)]
+
+
+def named_peers(message: str, candidates: Sequence[Peer]) -> list:
+  """The candidates an error message names (TensorFlow names the task it lost when the
+  coordination service or a failed RPC knows it)."""
+  named = {(m.group(1), int(m.group(2))) for m in _TASK.finditer(message)}
+  return [p for p in candidates if (p.task_type, p.index) in named]
+
+
+def _answers(peer: Peer, seconds: float) -> bool:
+  try:
+    context.context().check_collective_ops_peer_health(peer.device,
+                                                       timeout_in_ms=int(seconds * 1000))
+    return True
+  except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
+          tf.errors.FailedPreconditionError, tf.errors.AbortedError):
+    return False
+
+
+def describe_lost_peers(error: Exception, strategy: tf.distribute.Strategy,
+                        runtime: RuntimeConfig, probe_seconds: float = PROBE_SECONDS) -> str:
+  """Which peer a failed collective lost, and how that is known, in one clause for the
+  process's last line: the task TensorFlow's error names; else those that do not answer a
+  health check within probe_seconds (a stopped or dead process, or the coordination
+  service's host); else, after a collective timeout, every peer (alive, but one of them
+  never joined); else none (the error came from elsewhere, and says so)."""
+  resolver = strategy.cluster_resolver
+  others = peers(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id)
+  message = str(error)
+  timed_out = "timed out" in message and "ollective" in message
+  if timed_out:
+    waited = (f"a collective waited {runtime.collective_timeout_seconds:.0f}s "
+              f"(runtime.collective_timeout_seconds)")
+  elif "heartbeat" in message.lower():
+    waited = "heartbeats stopped (runtime.heartbeat_timeout_seconds)"
+  else:
+    # The line of TensorFlow's page of gRPC detail that says what failed.
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    detail = next((line for line in lines if any(word in line.lower() for word in _CAUSES)),
+                  lines[0] if lines else "")
+    waited = f"{type(error).__name__}: {detail}"
+  lost = named_peers(message, others)
+  if lost:
+    how = "named by TensorFlow"
+  else:
+    lost = [p for p in others if not _answers(p, probe_seconds)]
+    how = f"no answer to a health check within {probe_seconds:.0f}s"
+    if not lost and not timed_out:
+      return f"no peer found lost, every one answers a health check ({waited})"
+    if not lost:
+      lost, how = others, "all answer a health check: one is alive but stuck"
+  return f"{', '.join(map(str, lost))} lost ({how}; {waited})"
