@@ -18,7 +18,7 @@ from benchmarks.common import RESULTS_DIR
 
 # Results written under another name than their benchmark's (--name).
 RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale",
-               "released_scale_smoke": "released_scale"}
+               "scann_scale_20k": "scann_scale"}
 
 
 @pytest.mark.parametrize("name", sorted(
@@ -248,10 +248,11 @@ def test_paper_scale_follows_its_measured_inputs(tmp_path, monkeypatch):
   _paper_scale_inputs(tmp_path, 20e9, 20.0)
   assert paper_scale.estimate(args)["dataflow_cores_for_500_step_staleness"] == pytest.approx(
       base["dataflow_cores_for_500_step_staleness"] / 2)
-  # 13M blocks over 64 shards: bfloat16 128-d embeddings, a bool, uint16 word ids of 288
-  # and body ids of the reader's 384 - 3, an int32 length; block ids (int64) on every core.
+  # 13M blocks over 64 shards: bfloat16 128-d embeddings, a bool, int32 word ids of 288
+  # and body ids of the reader's 384 - 3 (a TPU holds no uint16), an int32 length; block
+  # ids (int64) on every core.
   rows = -(-13_000_000 // 64)
-  assert base["index_memory_per_core_total_bytes"] == rows * (256 + 1 + 2 * 288 + 2 * 381
+  assert base["index_memory_per_core_total_bytes"] == rows * (256 + 1 + 4 * 288 + 4 * 381
                                                               + 4) + 8 * 13_000_000
   assert base["step_flops_total"] == pytest.approx(sum(base["step_flops"].values()))
   assert "TFLOP" in paper_scale.markdown(base)

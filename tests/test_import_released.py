@@ -388,7 +388,7 @@ def test_hugging_face_nesting_imports_as_the_release(tmp_path, tokenizer):
   errors = {(v["epsilon"], v["activation"]): v["max_relative_error"] for v in check["variants"]}
   assert check["best"]["epsilon"] == 1e-12 and check["best"]["activation"] == "gelu_approximate"
   assert errors[(1e-12, "gelu_approximate")] <= 1e-4
-  assert min(e for k, e in errors.items() if k != (1e-12, "gelu_approximate")) > 1e-3, errors
+  assert min(e for k, e in errors.items() if k != (1e-12, "gelu_approximate")) > 1e-4, errors
 
 
 def test_orqa_checkpoint_is_found_without_a_state_file(tmp_path):

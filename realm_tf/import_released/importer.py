@@ -463,8 +463,8 @@ def convert_corpus(blocks: str, titles: str, text_store: str, expected: int,
   try:
     try:
       block_texts.write_block_texts(text_store, released_blocks(), expected)
-    except ValueError:
-      if state["count"] != expected:  # fewer records than block_emb has rows
+    except ValueError as e:
+      if "announced" in str(e) and state["count"] < expected:  # fewer records than rows
         raise ValueError(f"{blocks}: {state['count']} blocks, but {BLOCK_EMB} has "
                          f"{expected} rows") from None
       raise
@@ -522,10 +522,14 @@ def publish_block_emb(prefix: str, shape: tuple[int, int], index_dir: str, versi
 # The release's own check: block_emb was computed by the embedder module, so the imported
 # document tower must reproduce its rows. Compared by relative L2 error, not cosine alone:
 # a wrong LayerNorm epsilon mostly rescales a row (the retrieval scores change, its cosine
-# hardly does). The same float32 ops in two frameworks agree to ~1e-6; the tanh and erf
-# GELU forms differ by up to ~1e-3 per activation.
-BLOCK_EMB_RELATIVE_ERROR = 1e-3
+# hardly does). The same float32 computation agrees to ~1e-6 (1.4e-6 on the test
+# release); a wrong epsilon or GELU form was off by 5e-4 to 9e-4 there, so a match is
+# 1e-4. An import keeps the variant that reproduces block_emb best and refuses only when
+# even that one is off by more than BLOCK_EMB_REFUSE: then the files do not belong
+# together.
+BLOCK_EMB_RELATIVE_ERROR = 1e-4
 BLOCK_EMB_COSINE = 0.999
+BLOCK_EMB_REFUSE = 1e-2
 # (projection LayerNorm epsilon, activation) variants tried when the run's own does not
 # reproduce block_emb: the two epsilons the released names allow (tf.contrib's layer_norm,
 # 1e-12; Keras' LayerNormalization, 1e-3) and BERT's two GELU forms.
@@ -711,14 +715,17 @@ def import_released(files: ReleasedFiles, output_dir: str, num_attention_heads: 
   if check_block_emb_rows:
     check = check_block_emb(output_dir, check_block_emb_rows, config)
     best = check["best"]
-    if not best["matches"]:
+    if best["max_relative_error"] > BLOCK_EMB_REFUSE:
       raise released.ReleasedFormatError(
           f"the imported document tower does not reproduce {files.block_emb_checkpoint}'s "
           f"{BLOCK_EMB} (best: relative error {best['max_relative_error']}, minimum cosine "
           f"{best['min_cosine']} over {check['rows']} blocks, with LayerNorm epsilon "
-          f"{best['epsilon']} and {best['activation']}; at most {BLOCK_EMB_RELATIVE_ERROR} "
-          f"needed): the embedder module and block_emb do not belong together")
-    if not check["run"]["matches"]:
+          f"{best['epsilon']} and {best['activation']}; at most {BLOCK_EMB_REFUSE} "
+          f"accepted): the embedder module and block_emb do not belong together")
+    if not best["matches"]:
+      logging.warning("block_emb is reproduced only to a relative error of %g (a match is "
+                      "%g): %s", best["max_relative_error"], BLOCK_EMB_RELATIVE_ERROR, check)
+    if best is not check["run"]:
       logging.warning("block_emb is reproduced with LayerNorm epsilon %g and %s, not the "
                       "names' defaults: the run uses them", best["epsilon"], best["activation"])
       config = config.replace(model=dict(
