@@ -37,6 +37,7 @@ Results: benchmarks/results/<name>.json and .md. Run it alone on an idle machine
 steps need up to ~16 GiB and both cores.
 """
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -72,7 +73,7 @@ def parse_args(argv=None):
                       help="tens of GB at full size; deleted at the end unless --keep")
   parser.add_argument("--keep", action="store_true", help="keep --work_dir")
   parser.add_argument("--questions", type=int, default=200, help="questions evaluated")
-  parser.add_argument("--requests", type=int, default=30,
+  parser.add_argument("--requests", type=int, default=20,
                       help="questions asked one at a time for p50/p99")
   parser.add_argument("--check_rows", type=int, default=16,
                       help="rows the import re-embeds and compares with block_emb (each "
@@ -158,10 +159,101 @@ def write_release(args, root: str) -> dict:
   os.makedirs(os.path.join(embedder_dir, "assets"), exist_ok=True)
   shutil.copy(vocab_path, os.path.join(embedder_dir, "assets", "vocab.txt"))
   scopes = rf.NESTINGS["release"]
+  weights_done = os.path.join(root, "weights.done")
   # BERT's initializer scale: random BERT-base weights that keep activations finite.
   embedder = rf.bert_tensors(rng, scopes["embedder_bert"], len(vocab), mlm_head=True,
                              sizes=BERT_BASE, scale=0.02)
   embedder.update(rf.head_tensors(rng, scopes["embedder_head"], "LayerNorm", sizes=BERT_BASE))
+  if not os.path.exists(weights_done):
+    write_weights(rng, root, embedder, vocab, embedder_dir, scopes, args.blocks)
+    with open(weights_done, "w") as f:
+      f.write("whole")
+  weights_seconds = time.time() - start
+
+  tokenizer = Tokenizer()
+  leads = scale.LeadWords(tokenizer, os.path.join(root, "leads.npz"))
+  corpus = os.path.join(root, "enwiki-20181220")
+  os.makedirs(corpus, exist_ok=True)
+  checked = importer._sample_rows(args.blocks, args.check_rows)  # pylint: disable=protected-access
+  checked_set = {int(r): i for i, r in enumerate(checked)}
+  checked_blocks = [None] * len(checked)
+  text_bytes = 0
+  records_done = os.path.join(corpus, "records.done")
+  if os.path.exists(records_done):  # written whole by an earlier invocation: read back
+    for row, (text, title) in enumerate(zip(
+        tf.data.TFRecordDataset(os.path.join(corpus, "blocks.tfr")).as_numpy_iterator(),
+        tf.data.TFRecordDataset(os.path.join(corpus, "titles.tfr")).as_numpy_iterator())):
+      text_bytes += len(text)
+      if row in checked_set:
+        checked_blocks[checked_set[row]] = (title.decode("utf-8"), text.decode("utf-8"))
+    if row + 1 != args.blocks:
+      raise RuntimeError(f"{corpus}: {row + 1} records, not {args.blocks}: delete it")
+    log(f"release: {row + 1} records reused")
+  else:
+    with tf.io.TFRecordWriter(os.path.join(corpus, "blocks.tfr")) as blocks_out, \
+        tf.io.TFRecordWriter(os.path.join(corpus, "titles.tfr")) as titles_out:
+      for row, (title, text) in enumerate(leads.blocks(args.blocks, 288, seed=SEED)):
+        encoded = text.encode("utf-8")
+        text_bytes += len(encoded)
+        blocks_out.write(encoded)
+        titles_out.write(title.encode("utf-8"))
+        if row in checked_set:
+          checked_blocks[checked_set[row]] = (title, text)
+        if row % 1_000_000 == 0:
+          log(f"release: {row} / {args.blocks} records")
+    with open(records_done, "w") as f:
+      f.write(str(args.blocks))
+  records_seconds = time.time() - start - weights_seconds
+
+  # block_emb: clustered seeded rows, the checked ones from the NumPy reference.
+  reference = rf.Reference(embedder, {}, vocab, 1e-12, "LayerNorm", "release", BERT_BASE)
+  articles = leads.block_articles(args.blocks, 288, seed=SEED)
+  num_titles = len(leads.titles)
+  del leads
+  block_emb = np.empty([args.blocks, BERT_BASE["projection_size"]], np.float32)
+  row = 0
+  for part in scale.seeded_embeddings(articles, num_titles, seed=SEED):
+    block_emb[row:row + len(part)] = part
+    row += len(part)
+  del articles
+
+  def ids(text):
+    return [int(i) for i in tokenizer.tokenize(tf.constant([text])).merge_dims(1, -1)[0]]
+
+  reference_start = time.time()
+  for i, (title, text) in enumerate(checked_blocks):
+    title_ids = ids(title)
+    body = ids(text)[:288 - 3 - len(title_ids)]
+    block_emb[int(checked[i])] = reference.document_embedding(title_ids, body)
+  reference_seconds = time.time() - reference_start
+  del embedder, reference
+  # One copy in a variable, the array freed before the Saver runs: the process holds the
+  # 6.8 GB twice only while the variable is made.
+  variable = tf.Variable(block_emb, name="block_emb")
+  del block_emb
+  gc.collect()
+  tf.compat.v1.train.Saver(var_list={"block_emb": variable}).save(
+      None, os.path.join(embedder_dir, "encoded", "encoded.ckpt"), write_meta_graph=False,
+      write_state=False)
+  del variable
+  with open(os.path.join(root, "release.done"), "w") as f:
+    f.write("whole")
+  questions = os.path.join(root, "resplit", "NaturalQuestions.resplit.test.jsonl")
+  os.makedirs(os.path.dirname(questions), exist_ok=True)
+  with open(questions, "w") as f:
+    for question, answers in read_questions(args.questions):
+      f.write(json.dumps(dict(question=question, answer=answers)) + "\n")
+  return dict(seconds=round(time.time() - start, 1), weights_seconds=round(weights_seconds, 1),
+              records_seconds=round(records_seconds, 1),
+              reference_seconds=round(reference_seconds, 1), blocks=args.blocks,
+              text_bytes=text_bytes, checked_rows=len(checked),
+              bytes=du_bytes(root))
+
+
+def write_weights(rng, root, embedder, vocab, embedder_dir, scopes, blocks):
+  """The modules' and the Open-QA model's checkpoints (the embedder's drawn by the caller,
+  who also needs it for the reference)."""
+  from tests import released_files as rf  # pylint: disable=g-import-not-at-top
   rf.save_checkpoint(os.path.join(embedder_dir, "variables", "variables"), embedder)
   bert = rf.bert_tensors(rng, "", len(vocab), mlm_head=True, sizes=BERT_BASE, scale=0.02)
   rf.save_checkpoint(os.path.join(root, "cc_news_pretrained", "bert", "variables",
@@ -177,64 +269,9 @@ def write_release(args, root: str) -> dict:
   rf.save_checkpoint(os.path.join(orqa_dir, "export", "best_default", "checkpoint",
                                   f"model.ckpt-{rf.STEP}"), orqa, step=rf.STEP,
                      adam_slots=True)
-  rf.write_params_json(orqa_dir, num_block_records=args.blocks,
+  rf.write_params_json(orqa_dir, num_block_records=blocks,
                        span_hidden_size=BERT_BASE["span_hidden_size"])
   del orqa
-  weights_seconds = time.time() - start
-
-  tokenizer = Tokenizer()
-  leads = scale.LeadWords(tokenizer, os.path.join(root, "leads.npz"))
-  corpus = os.path.join(root, "enwiki-20181220")
-  os.makedirs(corpus, exist_ok=True)
-  checked = importer._sample_rows(args.blocks, args.check_rows)  # pylint: disable=protected-access
-  checked_set = {int(r): i for i, r in enumerate(checked)}
-  checked_blocks = [None] * len(checked)
-  text_bytes = 0
-  with tf.io.TFRecordWriter(os.path.join(corpus, "blocks.tfr")) as blocks_out, \
-      tf.io.TFRecordWriter(os.path.join(corpus, "titles.tfr")) as titles_out:
-    for row, (title, text) in enumerate(leads.blocks(args.blocks, 288, seed=SEED)):
-      encoded = text.encode("utf-8")
-      text_bytes += len(encoded)
-      blocks_out.write(encoded)
-      titles_out.write(title.encode("utf-8"))
-      if row in checked_set:
-        checked_blocks[checked_set[row]] = (title, text)
-      if row % 1_000_000 == 0:
-        log(f"release: {row} / {args.blocks} records")
-  records_seconds = time.time() - start - weights_seconds
-
-  # block_emb: clustered seeded rows, the checked ones from the NumPy reference.
-  reference = rf.Reference(embedder, {}, vocab, 1e-12, "LayerNorm", "release", BERT_BASE)
-  articles = leads.block_articles(args.blocks, 288, seed=SEED)
-  block_emb = np.empty([args.blocks, BERT_BASE["projection_size"]], np.float32)
-  row = 0
-  for part in scale.seeded_embeddings(articles, len(leads.titles), seed=SEED):
-    block_emb[row:row + len(part)] = part
-    row += len(part)
-
-  def ids(text):
-    return [int(i) for i in tokenizer.tokenize(tf.constant([text])).merge_dims(1, -1)[0]]
-
-  reference_start = time.time()
-  for i, (title, text) in enumerate(checked_blocks):
-    title_ids = ids(title)
-    body = ids(text)[:288 - 3 - len(title_ids)]
-    block_emb[int(checked[i])] = reference.document_embedding(title_ids, body)
-  reference_seconds = time.time() - reference_start
-  del embedder
-  rf.save_checkpoint(os.path.join(embedder_dir, "encoded", "encoded.ckpt"),
-                     {"block_emb": block_emb})
-  del block_emb
-  questions = os.path.join(root, "resplit", "NaturalQuestions.resplit.test.jsonl")
-  os.makedirs(os.path.dirname(questions), exist_ok=True)
-  with open(questions, "w") as f:
-    for question, answers in read_questions(args.questions):
-      f.write(json.dumps(dict(question=question, answer=answers)) + "\n")
-  return dict(seconds=round(time.time() - start, 1), weights_seconds=round(weights_seconds, 1),
-              records_seconds=round(records_seconds, 1),
-              reference_seconds=round(reference_seconds, 1), blocks=args.blocks,
-              text_bytes=text_bytes, checked_rows=len(checked),
-              bytes=du_bytes(root))
 
 
 def read_questions(count: int) -> list:
@@ -476,7 +513,15 @@ def run(args) -> dict:
     step.update(last_json(step.pop("output_tail")))
     return step
 
-  if not reused and not attempt("release", do_release):
+  if not reused and os.path.exists(os.path.join(release, "release.done")):
+    log("reusing the release written by an earlier invocation")
+    try:
+      with open(os.path.join(work, "release.log"), errors="replace") as f:
+        summary = last_json(f.read())
+    except (OSError, ValueError):
+      summary = {}
+    record("release", dict(summary, written_by_an_earlier_invocation=True))
+  elif not reused and not attempt("release", do_release):
     return result
 
   def do_import():
@@ -523,8 +568,6 @@ def run(args) -> dict:
                                               first.get("retrieved", [])[:5]]))
     return step
 
-  if "evaluate" in wanted:
-    attempt("evaluate", do_evaluate)
 
   def do_export():
     step = run_step(
@@ -540,12 +583,16 @@ def run(args) -> dict:
   if "export" in wanted:
     shutil.rmtree(os.path.join(work, "models"), ignore_errors=True)
     if not attempt("export", do_export):
-      return result
+      wanted.discard("serve")
   if "serve" in wanted:
     attempt("serve_availability_preserving",
             lambda: serve(args, work, "availability_preserving", latency=True))
     attempt("serve_resource_preserving",
             lambda: serve(args, work, "resource_preserving", latency=False))
+  # Last: at BERT-base on a 2-core CPU it is the longest step (a question is five reader
+  # passes of 320 wordpieces), and its memory peaks as soon as the index is loaded.
+  if "evaluate" in wanted:
+    attempt("evaluate", do_evaluate)
   result["done"] = True
   record("finished", dict(seconds=round(time.time() - begin, 1)))
   return result
