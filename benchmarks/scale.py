@@ -351,19 +351,18 @@ def export_phase(args, work: str) -> dict:
   searcher, handles, recall, scann_seconds = None, (), None, 0.0
   if kind == "realm_qa_scann":
     scann_start = time.time()
-    searcher, handles = qa.scann_searcher(np.asarray(vectors), block_ids)
+    # As exporter.build_module where the index carries no ScaNN shards: built shard by
+    # shard; the served index then holds no embeddings (it scores with the searcher).
+    searcher, handles = qa.scann_searcher(qa.build_scann_shards(vectors, block_ids),
+                                          DIMENSION)
     scann_seconds = time.time() - scann_start
   c = config.task.openqa
-  embeddings = np.asarray(vectors)
-  if searcher is not None:  # as exporter.build_module: one copy for searcher and module
-    shared = qa.shared_dataset(handles, [block_ids], embeddings, block_ids)
-    embeddings = embeddings if shared is None else shared
+  embeddings = np.asarray(vectors) if searcher is None else None
   served = served_index.ServedIndex(
       embeddings, block_ids, texts, task.tokenizer,
       config.model.retriever.block_seq_length,
       max(c.reader_seq_length - 3, config.model.retriever.block_seq_length), version=1,
       searcher=searcher, embedding_dtype=args.embedding_dtype)
-  del vectors
   # As many blocks as evaluation retrieves (OpenQATask.num_retrieved, whose index this
   # benchmark does not build).
   num_retrieved = min(max(max(evaluation.RECALL_AT), c.num_candidates), args.blocks)
@@ -378,16 +377,20 @@ def export_phase(args, work: str) -> dict:
     # near the blocks that answer it.
     rng = np.random.default_rng(SEED + 1)
     near = np.sort(rng.choice(args.blocks, size=args.queries, replace=args.queries > args.blocks))
-    queries = (np.asarray(served.embeddings.numpy()[near]) +
+    from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
+    exact = RowBlocks.from_array(np.asarray(vectors))
+    queries = (np.asarray(vectors[near]) +
                rng.standard_normal((args.queries, DIMENSION), np.float32)).astype(np.float32)
     hits = 0
     for i in range(0, args.queries, 100):
       q = tf.constant(queries[i:i + 100])
-      _, exact_rows = served.embeddings.top_k(q, 5)
+      _, exact_rows = exact.top_k(q, 5)
       found = searcher.search(q, 5)
       hits += sum(len(set(e) & set(f)) for e, f in
                   zip(exact_rows.numpy().tolist(), served.rows(found.block_ids).numpy().tolist()))
     recall = hits / (5 * args.queries)
+    del exact
+  del vectors
   out = os.path.join(work, "models")
   shutil.rmtree(os.path.join(out, kind), ignore_errors=True)  # a reused work_dir's export
   provenance = dict(kind=kind, benchmark="benchmarks/scale.py", blocks=args.blocks)

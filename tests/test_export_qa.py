@@ -82,6 +82,8 @@ def _outputs(loaded, questions):
 # ------------------------------------------------------------------- one answer path
 
 
+# The corpus is small, so realm_qa_scann's shards are brute force in float32: exact top-k
+# and exact scores, so its answers are the evaluated ones too (tests/test_export_scann.py).
 @pytest.mark.parametrize("kind", ["realm_qa", "realm_qa_scann"])
 def test_served_answers_are_the_evaluated_predictions(exported, kind):
   loaded = tf.saved_model.load(exported["published"][kind])
@@ -374,9 +376,10 @@ def test_scann_searcher_is_built_once_not_per_call(exported):
 
 
 def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported):
-  """The ScaNN export shares its searcher's dataset as the module's embeddings (one [N, P]
-  float32 variable in the checkpoint, not two); neither export keeps a string variable
-  (titles and texts are compressed asset files, realm_tf.export.served_index)."""
+  """One [N, P] float32 variable in either checkpoint: the exact export's embeddings, and
+  the ScaNN export's brute-force state (it keeps no embeddings of its own: its scores are
+  p(z|x)'s logits); neither keeps a string variable (titles and texts are compressed
+  asset files, realm_tf.export.served_index)."""
   for kind, expected in (("realm_qa", 1), ("realm_qa_scann", 1)):
     path = exported["published"][kind]
     num_blocks = exporter.read_provenance(path)["num_blocks"]

@@ -40,7 +40,8 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export.qa import QAModule, ReaderModule, scann_searcher, shared_dataset
+from realm_tf.export import qa
+from realm_tf.export.qa import QAModule, ReaderModule
 from realm_tf.export.served_index import served_index_from
 from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
@@ -205,25 +206,60 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
   return run
 
 
-def _index_scann_states(run: ServingRun):
-  """Per shard (ScannState, block ids, embeddings) of the run's index export, if every
-  non-empty shard has a ScaNN searcher; None otherwise (one is then built)."""
-  export = run.index.export
+def index_scann_shards(index: KnowledgeIndex, rows_per_shard: int = 0,
+                       **overrides) -> list[qa.ScannShard]:
+  """The ScaNN shards a ScaNN export of the run's index serves: version_scann_shards of
+  its committed version (or, with none, shards built from its embeddings)."""
+  return version_scann_shards(index.export, index.embedding_blocks, index.store.block_ids,
+                              rows_per_shard, **overrides)
+
+
+def version_scann_shards(export: Optional[versioned.Version], embeddings,
+                         block_ids: np.ndarray, rows_per_shard: int = 0,
+                         **overrides) -> list[qa.ScannShard]:
+  """The per-shard ScaNN states an index version carries (beam.embed_corpus, the index
+  builder and the released import's --build_scann publish them with it), each as it was
+  built; a shard without one, or no committed version at all, is built here from
+  `embeddings`, at most `rows_per_shard` rows at a time (qa.build_scann_shards). Nothing
+  is built over all N blocks at once.
+
+  Args:
+    export: the committed index version (None: build every shard here).
+    embeddings: [N, P] of the index in row order (a RowBlocks, an array or a memmap).
+    block_ids: [N] ascending int64 ids of those rows.
+    rows_per_shard: rows of a shard built here at most (0: row_blocks.ROWS_PER_BLOCK).
+    **overrides: ScannParams fields for the shards built here.
+
+  Returns:
+    One ScannShard per non-empty index shard with a state, plus those built.
+
+  Raises:
+    ValueError: a shard's block ids are not among `block_ids`.
+  """
+  ids = np.asarray(block_ids, np.int64)
   if export is None:
-    return None
+    return qa.build_scann_shards(embeddings, ids, None, rows_per_shard, **overrides)
   shards = export.manifest.get("shards", [])
-  states = []
+  found, missing = [], []
   for info in shards:
     if not info["num_blocks"]:
       continue
-    path = os.path.join(export.path, shard_name(info["shard"], len(shards)))
-    if not tf.io.gfile.exists(os.path.join(path, "scann")):
-      return None
-    states.append((tf.saved_model.load(os.path.join(path, "scann")),
-                   load_shard_array(export, info["shard"], len(shards), "block_ids.npy"),
-                   load_shard_array(export, info["shard"], len(shards),
-                                    "embeddings.npy").astype(np.float32)))
-  return states or None
+    shard_ids = load_shard_array(export, info["shard"], len(shards), "block_ids.npy")
+    path = os.path.join(export.path, shard_name(info["shard"], len(shards)), "scann")
+    if tf.io.gfile.exists(path):
+      found.append(qa.ScannShard(tf.saved_model.load(path), shard_ids))
+      continue
+    rows = np.minimum(np.searchsorted(ids, shard_ids), len(ids) - 1)
+    if not np.array_equal(ids[rows], shard_ids):
+      raise ValueError(f"{export.path} shard {info['shard']}: its block ids are not the "
+                       "index's")
+    missing.append(rows)
+  if missing:
+    logging.info("Index %s: %d of %d shards carry no ScaNN state; building them",
+                 export.path, len(missing), len(shards))
+    found += qa.build_scann_shards(embeddings, ids, np.concatenate(missing),
+                                   rows_per_shard, **overrides)
+  return found
 
 
 def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
@@ -251,7 +287,8 @@ class ServingBlockEncoder(BlockEncoder):
 def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP,
-                 embedding_dtype: str = "float32") -> tf.Module:
+                 embedding_dtype: str = "float32", scann_rows_per_shard: int = 0,
+                 scann_overrides: Optional[dict] = None) -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -260,9 +297,13 @@ def build_module(run: ServingRun, kind: str,
       answer, exact search in graph) or 'realm_qa_scann' (the same with ScaNN's TF ops).
     max_blocks_per_pass: QA kinds: blocks read per reader pass at most (0: no limit).
     reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
-    embedding_dtype: QA kinds: the served embeddings, float32 (scores as evaluated) or
-      float16 (half the memory of the largest part of a loaded version). The ScaNN kind
-      shares its searcher's float32 dataset when it holds them (no second copy).
+    embedding_dtype: realm_qa: the served embeddings, float32 (scores as evaluated) or
+      float16 (half the memory of the largest part of a loaded version). realm_qa_scann
+      holds none: it serves the index version's ScaNN shards and scores with them
+      (index_scann_shards).
+    scann_rows_per_shard: realm_qa_scann: rows of a ScaNN shard built here at most, where
+      the index version carries none (0: row_blocks.ROWS_PER_BLOCK).
+    scann_overrides: realm_qa_scann: ScannParams fields of the shards built here.
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -281,15 +322,13 @@ def build_module(run: ServingRun, kind: str,
     return ReaderModule(run.model, run.tokenizer, c.task.openqa.query_seq_length,
                         c.task.openqa.reader_seq_length - 3)
   if kind in ("realm_qa", "realm_qa_scann"):
-    searcher, handles, shared = None, (), None
+    searcher, handles = None, ()
     if kind == "realm_qa_scann":
-      embeddings, ids = index_embeddings(run.index), run.index.store.block_ids
-      states = _index_scann_states(run)
-      searcher, handles = scann_searcher(embeddings, ids, c.index.rescore, states=states)
-      shared = shared_dataset(handles, [s[1] for s in states] if states else [ids],
-                              embeddings, ids)
+      searcher, handles = qa.scann_searcher(
+          index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {})),
+          run.index.dimension)
     served = served_index_from(run.index, run.tokenizer, searcher=searcher,
-                               embedding_dtype=embedding_dtype, shared_embeddings=shared)
+                               embedding_dtype=embedding_dtype)
     return QAModule(run.model, served, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
                     scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,

@@ -23,12 +23,17 @@ Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
 
 Retrieval is either exact search (stock TensorFlow ops: exact_top_k's matmuls and top_k)
 or ScaNN's TensorFlow ops (`ScannHandle`: the searcher is deserialised by the first call,
-which the export's warm-up makes at load time, and reused by every later call).
+which the export's warm-up makes at load time, and reused by every later call). A ScaNN
+export serves the per-shard ScaNN states of its index version (or states built shard by
+shard where the version has none) and holds no embeddings: p(z|x)'s logits are the
+searcher's reordered scores, so its answers are the exact export's wherever ScaNN finds
+the same top-k with exact scores (float32 reordering; tests/test_export_scann.py).
 
 `ReaderModule` exports the reader alone: a question and K (title, text) blocks in, the
 best span's text, its score and each block's best span score out.
 """
-from typing import Optional, Sequence
+import contextlib
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +44,7 @@ from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
 # As a module: with a global `ScannSearcher` here, autograph's conversion of
 # _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
 from realm_tf.retrieval import scann_searcher as scann_backend
+from realm_tf.retrieval.row_blocks import RowBlocks, block_bounds
 from realm_tf.retrieval.searcher import Searcher
 from realm_tf.retrieval.sharded import ShardedSearcher
 from realm_tf.tasks import openqa_evaluation as evaluation
@@ -79,19 +85,50 @@ class ScannHandle(tf.Module):
   function (TF2) or the session (tensorflow_model_server), so the searcher is built by the
   first call, which the warm-up requests make at load time, and freed with the model. No
   shared_name: two loaded versions never share (or leak) a searcher.
+
+  One op per graph: every op node has a kernel, and so a searcher, of its own, so a graph
+  whose searches sit in several branches (a cond, a loop's body) would build one per
+  branch. `bound_handles` makes each handle's op once, at the top of the traced function,
+  for every branch to capture. Eagerly, TensorFlow caches one kernel per op signature,
+  which every shard's op would share (each shard would search the first one's data): an
+  eager call makes the op in a function of the handle's own.
   """
 
   def __init__(self, state: tf.Module, name: str = "scann_handle"):
     super().__init__(name=name)
     self.state = state  # scann_ops.ScannState (or its restored form): the searcher's data
+    self._made = _Untracked(bound=None, eager=None)
 
-  def handle(self) -> tf.Tensor:
-    """The searcher's resource handle, made in graph by a TensorsToScann op (see above)."""
+  def _make(self) -> tf.Tensor:
     from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
     s = self.state
     return scann_ops.tensors_to_scann(
         s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
         s.ah_codebook, s.hashed_dataset, s.int8_dataset, s.int8_multipliers, s.dp_norms)
+
+  def handle(self) -> tf.Tensor:
+    """The searcher's resource handle, made in graph by a TensorsToScann op (see above)."""
+    made = self._made
+    if made.bound is not None:
+      return made.bound
+    if tf.executing_eagerly():
+      if made.eager is None:
+        made.eager = tf.function(self._make)
+      return made.eager()
+    return self._make()
+
+
+@contextlib.contextmanager
+def bound_handles(handles: Sequence[ScannHandle]):
+  """Within: each handle's TensorsToScann op is made once, in the graph being traced, and
+  every search of that graph (its branches included) uses it (see ScannHandle)."""
+  for handle in handles:
+    handle._made.bound = handle._make()  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    for handle in handles:
+      handle._made.bound = None  # pylint: disable=protected-access
 
 
 class _GraphScann:
@@ -107,55 +144,84 @@ class _GraphScann:
         queries, final_num_neighbors, pre_reorder_num_neighbors, leaves_to_search)
 
 
-def scann_searcher(embeddings: np.ndarray, block_ids: np.ndarray, rescore: bool = False,
-                   states: Optional[Sequence[tuple[tf.Module, np.ndarray, np.ndarray]]] = None
-                   ) -> tuple[Searcher, list[ScannHandle]]:
-  """A Searcher over in-graph ScaNN handles (the project's ScannSearcher per shard).
+class ScannShard(NamedTuple):
+  """One shard of a ScaNN export: ScaNN's state and the block ids of its rows."""
+  state: tf.Module  # scann_ops.ScannState (or its restored form)
+  block_ids: np.ndarray  # [n] int64
+
+
+def gather_rows(embeddings, rows: np.ndarray) -> np.ndarray:
+  """[len(rows), P] float32: rows of `embeddings` (a RowBlocks, or an [N, P] array or
+  memmap), read block by block without a copy of the whole table."""
+  rows = np.asarray(rows, np.int64)
+  if not isinstance(embeddings, RowBlocks):
+    return np.asarray(embeddings[rows], np.float32)
+  parts = np.empty([len(rows), embeddings.dimension], np.float32)
+  for variable, (start, end) in zip(embeddings.blocks, embeddings.bounds):
+    mine = np.flatnonzero((rows >= start) & (rows < end))
+    if len(mine):
+      # From the read value: a gather from the variable would make it copy-on-read.
+      parts[mine] = tf.gather(tf.convert_to_tensor(variable), rows[mine] - start).numpy()
+  return parts
+
+
+def build_scann_shards(embeddings, block_ids: np.ndarray, rows: Optional[np.ndarray] = None,
+                       rows_per_shard: int = 0, **overrides) -> list[ScannShard]:
+  """ScaNN states over `rows` of `embeddings`, one shard of at most `rows_per_shard` rows
+  at a time: the fallback where an index version carries no ScaNN shards.
+
+  Why shard by shard: ScaNN's builder copies its dataset more than once, so one searcher
+  over REALM's 13.35M blocks needs about 30 GiB in the building process; a shard of
+  ROWS_PER_BLOCK rows needs about 2 GiB, and each builder's searcher is released once its
+  state is taken. The shards are searched together and merged (ShardedSearcher).
 
   Args:
-    embeddings: [N, P] float32 embeddings in row order (used when `states` is None).
-    block_ids: [N] int64 ids of those rows (used when `states` is None).
-    rescore: re-score ScaNN's candidates exactly with the embeddings.
-    states: optional, per shard, (ScannState, its block ids, its embeddings) as an index
-      export stores them; without, one ScaNN searcher is built over `embeddings` with
-      ScaNN's recommended configuration for the corpus size (scann_params_for).
+    embeddings: [N, P] in row order (a RowBlocks, or an array or memmap).
+    block_ids: [N] int64 ids of those rows.
+    rows: the rows to cover (default all), in the order the shards take them.
+    rows_per_shard: rows of a shard at most (0: ROWS_PER_BLOCK).
+    **overrides: ScannParams fields replacing scann_params_for's choices.
 
   Returns:
-    (a ShardedSearcher over the shards, the ScannHandles the module must track).
+    One ScannShard per piece of `rows`.
   """
-  if states is None:
-    embeddings = np.asarray(embeddings, np.float32)
-    built = scann_backend.build_scann(embeddings, scann_backend.scann_params_for(len(embeddings)))
-    states = [(built.serialize_to_module(), np.asarray(block_ids, np.int64), embeddings)]
-  handles, shards = [], []
-  for i, (state, ids, vectors) in enumerate(states):
-    handle = ScannHandle(state, name=f"scann_handle_{i}")
+  block_ids = np.asarray(block_ids, np.int64)
+  rows = np.arange(len(block_ids)) if rows is None else np.asarray(rows, np.int64)
+  shards = []
+  for start, end in block_bounds(len(rows), rows_per_shard):
+    piece = rows[start:end]
+    built = scann_backend.build_scann(
+        gather_rows(embeddings, piece),
+        scann_backend.scann_params_for(len(piece), **overrides))
+    shards.append(ScannShard(built.serialize_to_module(), block_ids[piece]))
+    scann_backend.release(built)
+  return shards
+
+
+def scann_searcher(shards: Sequence[ScannShard], dimension: int
+                   ) -> tuple[Searcher, list[ScannHandle]]:
+  """A Searcher over in-graph ScaNN handles, one per shard, merged (ShardedSearcher).
+
+  Its scores are ScaNN's (reordered inner products in the shards' reorder_dtype): a QA
+  export takes them as p(z|x)'s logits and holds no embeddings of its own.
+
+  Args:
+    shards: the ScaNN states and their block ids (an index version's, or
+      build_scann_shards').
+    dimension: P.
+
+  Returns:
+    (the searcher, the ScannHandles the module must track).
+  """
+  if not shards:
+    raise ValueError("a ScaNN export needs at least one ScaNN shard")
+  handles, searchers = [], []
+  for i, shard in enumerate(shards):
+    handle = ScannHandle(shard.state, name=f"scann_handle_{i}")
     handles.append(handle)
-    shards.append(scann_backend.ScannSearcher(
-        _GraphScann(handle), ids, int(np.shape(vectors)[1]),
-        rescore_embeddings=np.asarray(vectors, np.float32) if rescore else None,
-        name=f"scann_{i}"))
-  return ShardedSearcher(shards), handles
-
-
-def shared_dataset(handles: Sequence[ScannHandle], shard_ids: Sequence[np.ndarray],
-                   embeddings: np.ndarray, block_ids: np.ndarray) -> Optional[tf.Variable]:
-  """The ScaNN state's float32 dataset variable when it holds exactly `embeddings` [N, P]
-  in the rows of `block_ids` (one shard, reordering in float32), else None.
-
-  Why: the QA module needs the embeddings of the retrieved blocks (p(z|x)), and such a
-  state already holds them; sharing the variable saves N x P x 4 bytes per loaded version
-  (6.4 GiB at 13.35M blocks, benchmarks/scale.py)."""
-  if len(handles) != 1 or len(shard_ids) != 1:
-    return None
-  dataset = getattr(handles[0].state, "dataset", None)
-  if (dataset is None or dataset.dtype != tf.float32
-      or tuple(dataset.shape) != tuple(np.shape(embeddings))
-      or not np.array_equal(np.asarray(shard_ids[0], np.int64), block_ids)):
-    return None
-  if not np.array_equal(dataset.numpy(), np.asarray(embeddings, np.float32)):
-    return None
-  return dataset
+    searchers.append(scann_backend.ScannSearcher(
+        _GraphScann(handle), shard.block_ids, int(dimension), name=f"scann_{i}"))
+  return ShardedSearcher(searchers), handles
 
 
 # ------------------------------------------------------------------------------ QA module
@@ -322,9 +388,10 @@ class QAModule(tf.Module):
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
   def answer(self, question):
     """The served signature: [B] questions → the QA outputs (see predict)."""
-    if self.questions_per_pass:
-      return self.predict_in_groups(question)
-    return self.predict(question)
+    with bound_handles(self.scann_handles):
+      if self.questions_per_pass:
+        return self.predict_in_groups(question)
+      return self.predict(question)
 
   def signatures(self) -> dict:
     """serving_default and `answer`, both the `answer` function."""

@@ -7,7 +7,8 @@ version (benchmarks/scale.py measures each part). A served question needs only t
 blocks it retrieves, so an export holds:
 
   - the embeddings [N, P] (float32 as evaluated, or float16 at half the memory) and the
-    block ids [N] int64, as variables: what exact search scans on every question;
+    block ids [N] int64, as variables: what exact search scans on every question (a ScaNN
+    export keeps the block ids only: its searcher's state holds the embeddings);
   - the titles and texts in the run's block text store (realm_tf.data.block_texts, the
     one store evaluation reads too): zlib-compressed chunk files linked among the
     SavedModel's assets, read and inflated with core TensorFlow ops for the retrieved rows
@@ -38,7 +39,7 @@ class ServedBlocks(NamedTuple):
   document: dict  # BERT inputs [B, K, Lc] for the document tower
   body_ids: tf.Tensor  # [B, K, Lb] int32 body wordpieces (zero-padded)
   body_lengths: tf.Tensor  # [B, K] int32
-  embeddings: tf.Tensor  # [B, K, P] float32 indexed embeddings
+  embeddings: Optional[tf.Tensor]  # [B, K, P] float32 indexed embeddings (None: see ServedIndex)
   titles: tf.Tensor  # [B, K] string
   texts: tf.Tensor  # [B, K] string
 
@@ -48,7 +49,11 @@ class ServedIndex(tf.Module):
 
   Search is exact over the embeddings' row blocks (the KnowledgeIndex's exact search on one
   replica, so an export answers as evaluation does), or an attached in-graph Searcher
-  (ScaNN's ops) covering the same block ids.
+  (ScaNN's ops) covering the same block ids. With a searcher the index may hold no
+  embeddings (`embeddings=None`): gathered blocks then carry none, and the model takes
+  the searcher's scores as the relevance logits (OpenQAModel.retrieve). Why: a ScaNN
+  searcher already holds its own (quantized) copy of every embedding, and a second float32
+  one is 6.4 GiB per loaded version at REALM's 13.35M blocks.
   """
 
   def __init__(self, embeddings, block_ids: np.ndarray, texts: BlockTexts,
@@ -57,13 +62,15 @@ class ServedIndex(tf.Module):
                embedding_dtype: str = "float32", name: str = "served_index"):
     super().__init__(name=name)
     """embeddings: [N, P] in row order: an array; a RowBlocks to serve as it is (a
-    KnowledgeIndex's, so evaluation and the export share one copy); or a float32
-    tf.Variable to share (the ScaNN variant's searcher state holds the same dataset: one
-    copy serves both)."""
+    KnowledgeIndex's, so evaluation and the export share one copy); or None with a
+    searcher (see the class docstring)."""
     if embedding_dtype not in ("float32", "float16"):
       raise ValueError(f"embedding_dtype must be float32 or float16, got {embedding_dtype!r}")
     block_ids = np.asarray(block_ids, np.int64)
-    if len(embeddings.shape) != 2 or embeddings.shape[0] != len(block_ids):
+    if embeddings is None and searcher is None:
+      raise ValueError("a ServedIndex without embeddings needs a searcher (it scores)")
+    if embeddings is not None and (len(embeddings.shape) != 2
+                                   or embeddings.shape[0] != len(block_ids)):
       raise ValueError(f"embeddings {tuple(embeddings.shape)} do not match {len(block_ids)} "
                        f"blocks")
     if texts.num_blocks != len(block_ids):
@@ -74,16 +81,13 @@ class ServedIndex(tf.Module):
     if searcher is not None and searcher.num_blocks != len(block_ids):
       raise ValueError(f"the searcher covers {searcher.num_blocks} blocks, the index "
                        f"{len(block_ids)}")
-    self.num_blocks, self.dimension = (int(n) for n in embeddings.shape)
+    self.num_blocks = len(block_ids)
+    self.dimension = int(embeddings.shape[1] if embeddings is not None else searcher.dimension)
     self.version = version
     # Variables, not constants: a SavedModel stores them once, in its checkpoint, and no
     # graph meets protobuf's 2 GB limit. Row blocks: see realm_tf.retrieval.row_blocks.
-    if isinstance(embeddings, RowBlocks):
+    if embeddings is None or isinstance(embeddings, RowBlocks):
       self.embeddings = embeddings
-    elif isinstance(embeddings, tf.Variable):
-      if embeddings.dtype != tf.float32:
-        raise ValueError(f"a shared embedding variable must be float32, got {embeddings.dtype}")
-      self.embeddings = RowBlocks([embeddings])
     else:
       self.embeddings = RowBlocks.from_array(np.asarray(embeddings), embedding_dtype)
     self.block_ids = tf.Variable(block_ids, trainable=False, name="block_ids")
@@ -119,16 +123,17 @@ class ServedIndex(tf.Module):
     titles, texts = self.texts.lookup(rows)  # [B, K] each
     document, body_ids, body_lengths = block_texts_lib.block_inputs(
         titles, texts, self.tokenizer, self.block_seq_length, self.body_length)
-    embeddings = self.embeddings.take(rows)  # [B, K, P]
-    return ServedBlocks(document, body_ids, body_lengths, tf.cast(embeddings, tf.float32),
-                        titles, texts)
+    embeddings = None
+    if self.embeddings is not None:
+      embeddings = tf.cast(self.embeddings.take(rows), tf.float32)  # [B, K, P]
+    return ServedBlocks(document, body_ids, body_lengths, embeddings, titles, texts)
 
 
 def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
                       searcher: Optional[Searcher] = None,
                       embedding_dtype: str = "float32",
-                      blocks_per_chunk: int = block_texts_lib.BLOCKS_PER_CHUNK,
-                      shared_embeddings: Optional[tf.Variable] = None) -> ServedIndex:
+                      blocks_per_chunk: int = block_texts_lib.BLOCKS_PER_CHUNK
+                      ) -> ServedIndex:
   """The ServedIndex of a loaded exact-search KnowledgeIndex (its corpus and embeddings).
 
   An index in the text layout (built over a block text store, as evaluation and the
@@ -140,11 +145,10 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     tokenizer: the tokenizer the index's blocks were tokenized with.
     texts_dir: tables layout: where the text store is written; default a temporary
       directory that lives as long as the returned index.
-    searcher: an in-graph Searcher over the same blocks (the ScaNN variant).
+    searcher: an in-graph Searcher over the same blocks (the ScaNN variant): the served
+      index then holds no embeddings (it scores with the searcher).
     embedding_dtype: float32 (scores as evaluated) or float16 (half the memory).
     blocks_per_chunk: tables layout: blocks per compressed chunk of the text store.
-    shared_embeddings: a float32 variable holding exactly the index's embeddings in row
-      order (shared_dataset of the ScaNN variant's state), used instead of a copy.
 
   Returns:
     The ServedIndex, with the KnowledgeIndex's version.
@@ -166,8 +170,8 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     block_texts_lib.store_from_blocks(texts_dir, store, blocks_per_chunk)
     texts = BlockTexts(texts_dir)
     texts._owner = owner  # removes a temporary directory with the store  # pylint: disable=protected-access
-  embeddings = shared_embeddings
-  if embeddings is None:
+  embeddings = None
+  if searcher is None:
     blocks = index.embedding_blocks
     if embedding_dtype == "float32" and blocks.dtype == tf.float32:
       embeddings = blocks  # evaluation's variables, served as they are

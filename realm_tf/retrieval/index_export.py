@@ -161,6 +161,7 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
     searcher = scann_searcher.build_scann(embeddings, params)
     info["scann_build_seconds"] = round(time.time() - start, 3)
     tf.saved_model.save(searcher.serialize_to_module(), os.path.join(path, "scann"))
+    scann_searcher.release(searcher)  # a worker writes shard after shard
     info["scann"] = params.to_dict()
     # Checksummed here, on the worker that wrote it, in parallel with the other shards.
     files += [dict(e, name=f"{name}/scann/{e['name']}")

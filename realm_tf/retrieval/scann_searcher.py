@@ -14,18 +14,33 @@ from realm_tf.retrieval.searcher import Searcher, SearchResult
 # (AH) + exact reordering below ~100k, partitioning tree + AH + reordering above.
 BRUTE_FORCE_BELOW = 20_000
 TREE_ABOVE = 100_000
+REORDER_TYPES = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8,
+                 "bfloat16": ReorderType.BFLOAT16}
 
 
 @dataclasses.dataclass
 class ScannParams:
-  """How one shard's ScaNN searcher is built (all overridable)."""
+  """How one shard's ScaNN searcher is built (all overridable).
+
+  reorder_dtype: the data the candidates are re-scored with (and brute force scores with):
+  'int8' by default ('float32' for brute force, scann_params_for), 'float32' or
+  'bfloat16'. Why int8: a served searcher holds its
+  reordering data twice (the state's variables and the searcher its op builds from them),
+  and float32 data is 512 bytes a block at P = 128, 6.4 GiB twice at REALM's 13,353,718
+  blocks; int8 is a quarter of it (benchmarks/scann_scale.py measures both, and the recall
+  each gives). The served scores (p(z|x)'s logits in a ScaNN export) are then int8 inner
+  products, not float32 ones.
+  reorder_num_neighbors: candidates re-scored; 0 keeps asymmetric hashing's scores (no
+  reordering, as the REALM authors' searcher).
+  anisotropic_quantization_threshold: None is ScaNN's own default (no anisotropic loss).
+  """
   mode: str  # 'brute_force', 'ah_reorder' or 'tree_ah_reorder'
   num_leaves: int = 0
   num_leaves_to_search: int = 0
   dimensions_per_block: int = 2
-  anisotropic_quantization_threshold: float = 0.2
+  anisotropic_quantization_threshold: Optional[float] = 0.2
   reorder_num_neighbors: int = 100
-  reorder_dtype: str = "float32"  # or 'int8' (4x smaller reorder data)
+  reorder_dtype: str = "int8"
   training_sample_size: int = 100_000
 
   def to_dict(self) -> dict:
@@ -38,21 +53,26 @@ def scann_params_for(num_points: int, **overrides) -> ScannParams:
 
   Args:
     num_points: the shard's number of vectors.
-    **overrides: ScannParams fields to set instead.
+    **overrides: ScannParams fields to set instead (a `mode` given here picks that
+      mode's defaults for the size).
 
   Returns:
-    brute force for small shards, asymmetric hashing with reordering for mid-sized ones,
-    and a tree (about sqrt(N) leaves, 1/20 searched) above.
+    brute force in float32 for small shards (exact scores; their data is small), asymmetric
+    hashing with int8 reordering for mid-sized ones, and a tree (about sqrt(N) leaves,
+    1/20 searched) above.
   """
-  if num_points < BRUTE_FORCE_BELOW:
-    params = ScannParams(mode="brute_force")
-  elif num_points < TREE_ABOVE:
-    params = ScannParams(mode="ah_reorder")
-  else:
+  mode = overrides.get("mode") or ("brute_force" if num_points < BRUTE_FORCE_BELOW else
+                                   "ah_reorder" if num_points < TREE_ABOVE else
+                                   "tree_ah_reorder")
+  if mode == "brute_force":
+    params = ScannParams(mode=mode, reorder_dtype="float32")
+  elif mode == "tree_ah_reorder":
     leaves = max(1, int(round(math.sqrt(num_points))))
-    params = ScannParams(mode="tree_ah_reorder", num_leaves=leaves,
+    params = ScannParams(mode=mode, num_leaves=leaves,
                          num_leaves_to_search=max(1, leaves // 20),
                          training_sample_size=min(num_points, 250_000))
+  else:
+    params = ScannParams(mode=mode)
   return dataclasses.replace(params, **overrides)
 
 
@@ -72,7 +92,14 @@ def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int 
   """
   embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
   n = embeddings.shape[0]
-  reorder_type = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8}[params.reorder_dtype]
+  if params.reorder_dtype not in REORDER_TYPES:
+    raise ValueError(f"reorder_dtype must be one of {sorted(REORDER_TYPES)}, got "
+                     f"{params.reorder_dtype!r}")
+  if params.reorder_num_neighbors < 0:
+    raise ValueError(f"reorder_num_neighbors must be >= 0, got {params.reorder_num_neighbors}")
+  reorder_type = REORDER_TYPES[params.reorder_dtype]
+  threshold = params.anisotropic_quantization_threshold
+  threshold = float("nan") if threshold is None else threshold
   builder = scann_ops.builder(embeddings, num_neighbors, "dot_product")
   if params.mode == "brute_force":
     return builder.score_brute_force(quantize=reorder_type).build()
@@ -83,10 +110,21 @@ def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int 
   elif params.mode != "ah_reorder":
     raise ValueError(f"unknown ScaNN mode {params.mode!r}")
   builder = builder.score_ah(
-      params.dimensions_per_block,
-      anisotropic_quantization_threshold=params.anisotropic_quantization_threshold,
+      params.dimensions_per_block, anisotropic_quantization_threshold=threshold,
       training_sample_size=min(params.training_sample_size, n))
-  return builder.reorder(params.reorder_num_neighbors, quantize=reorder_type).build()
+  if params.reorder_num_neighbors:
+    builder = builder.reorder(params.reorder_num_neighbors, quantize=reorder_type)
+  return builder.build()
+
+
+def release(searcher: scann_ops.ScannSearcher) -> None:
+  """Frees a searcher that scann_ops' builder made.
+
+  Why: the builder registers its searcher under a unique shared name in TensorFlow's
+  resource manager, where it stays (dataset copy included) for the life of the process
+  once its Python object is gone; a process building shard after shard would hold them
+  all. Call once the searcher is no longer used (its serialised state is independent)."""
+  tf.raw_ops.DestroyResourceOp(resource=searcher.searcher_handle, ignore_lookup_error=True)
 
 
 class ScannSearcher(Searcher):
@@ -147,6 +185,9 @@ class ScannSearcher(Searcher):
     """ScaNN's own state module, to be saved with tf.saved_model.save."""
     return self._searcher.serialize_to_module()
 
+  # Plain TensorFlow calls, no tensor-dependent Python: autograph's conversion of it in a
+  # saved QA module's trace failed, calling another method's converted code (TypeError).
+  @tf.autograph.experimental.do_not_convert
   def search(self, queries: tf.Tensor, k: int, overfetch: int = 4) -> SearchResult:
     """Approximate top-k of `queries` [Q, P]; see Searcher.search.
 

@@ -130,15 +130,29 @@ class OpenQAModel(tf_keras.Model):
       return rows, scores, index.gather(rows)
     query = self.retriever.embed_queries(features["query"], training=training)  # [B, P]
     # MIPS picks the blocks; the logits are recomputed below so that they carry gradient.
-    rows = index.search(query, k).rows  # [B, k]
+    found = index.search(query, k)
+    rows = found.rows  # [B, k]
     if gold_rows is not None:
       rows, _ = gold_first(rows, gold_rows)
     blocks = index.gather(rows)
-    documents = tf.cast(blocks.embeddings, query.dtype)  # [B, k, P] the index's (fixed)
+    live = None
     if self.train_document_encoder and num_live:
       live = self.retriever.embed_documents(
           {key: value[:, :num_live] for key, value in blocks.document.items()},
           training=training)  # [B, num_live, P]
+    if blocks.embeddings is None:
+      # An index that keeps no embeddings (a ScaNN export: its searcher holds them) scores
+      # with the search's own inner products, which carry no gradient.
+      if gold_rows is not None:
+        raise ValueError("gold_rows reorder the retrieved blocks, whose logits come from "
+                         "an index without embeddings: train on an index with them")
+      logits = tf.cast(found.scores, query.dtype)  # [B, k]
+      if live is not None:
+        logits = tf.concat([Retriever.relevance(query, tf.cast(live, query.dtype)),
+                            logits[:, num_live:]], axis=1)
+      return rows, tf.cast(logits, tf.float32), blocks
+    documents = tf.cast(blocks.embeddings, query.dtype)  # [B, k, P] the index's (fixed)
+    if live is not None:
       documents = tf.concat([tf.cast(live, query.dtype), documents[:, num_live:]], axis=1)
     logits = Retriever.relevance(query, documents)
     return rows, tf.cast(logits, tf.float32), blocks

@@ -1,0 +1,218 @@
+"""The ScaNN QA export at small size: it serves the ScaNN shards its index version carries
+(built shard by shard where the version has none), holds no embeddings of its own, and,
+question by question, answers as the exact export does whenever ScaNN's top-k is exact's
+and its scores are exact (float32 reordering)."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf.corpus import schema
+from realm_tf.export import exporter, qa
+from realm_tf.io import versioned
+from realm_tf.retrieval import scann_searcher
+from realm_tf.retrieval.index_export import ShardData, write_export
+from tests import task_fixtures as tf_
+
+NUM_BLOCKS = 600
+NUM_TOPICS = 30
+DIMENSION = 16  # configs/tiny.yaml's projection
+# Asymmetric hashing, then the best candidates re-scored in float32: the top-k and scores
+# are then (almost always) exact's. A tree would miss more, but its k-means is not seeded:
+# which questions it misses changes from run to run.
+AH_FLOAT32 = dict(mode="ah_reorder", training_sample_size=NUM_BLOCKS, reorder_dtype="float32")
+_WORDS = ("river", "capital", "league", "harbour", "mountain", "poet", "bridge", "market",
+          "festival", "railway", "castle", "island")
+
+
+def _write_blocks(directory: str) -> np.ndarray:
+  """NUM_BLOCKS invented blocks in NUM_TOPICS topics; their ids, ascending."""
+  rng = np.random.default_rng(3)
+  os.makedirs(directory)
+  ids = np.sort(rng.choice(1 << 40, size=NUM_BLOCKS, replace=False)).astype(np.int64)
+  with tf.io.TFRecordWriter(os.path.join(directory, "blocks-00000-of-00001.tfrecord")) as w:
+    for i, block_id in enumerate(ids):
+      topic = i % NUM_TOPICS
+      words = " ".join(rng.choice(_WORDS, size=12))
+      w.write(schema.BLOCK.serialize(dict(
+          block_id=int(block_id), doc_uid=f"doc{topic}", title=f"Topic {topic}",
+          text=f"The {words} of topic {topic} is number {i}.")))
+  return ids
+
+
+def _questions() -> list[str]:
+  return [f"what is the {a} of topic {t}?" for t in range(0, NUM_TOPICS, 4)
+          for a in ("river", "poet")]
+
+
+def _embeddings(ids: np.ndarray) -> np.ndarray:
+  """[N, DIMENSION] clustered by topic, as a trained document tower's are."""
+  rng = np.random.default_rng(4)
+  centroids = rng.standard_normal((NUM_TOPICS, DIMENSION)).astype(np.float32)
+  topics = np.arange(len(ids)) % NUM_TOPICS
+  return centroids[topics] + 0.5 * rng.standard_normal((len(ids), DIMENSION),
+                                                       np.float32)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, repo_dir):
+  root = str(tmp_path_factory.mktemp("export_scann"))
+  ids = _write_blocks(os.path.join(root, "corpus"))
+  config = tf_.tiny_config(repo_dir, os.path.join(root, "corpus"), "openqa")
+  tf.keras.utils.set_random_seed(0)  # the model's initial weights (no training here)
+  run = exporter.build_run(config)
+  vectors = _embeddings(ids)
+  run.index.set_embeddings(vectors, version=0)
+  # The networks' variables exist once they have run (as exporter.load_run builds them).
+  exporter.build_module(run, "realm_qa").predict(tf.constant(["?"]))
+  return dict(root=root, ids=ids, vectors=vectors, run=run)
+
+
+def _swap_in(corpus, name: str, shards: int, build_scann: bool, **overrides):
+  """A committed index version over the corpus in `shards` shards, swapped into the run."""
+  index_dir = os.path.join(corpus["root"], name)
+  ids, vectors = corpus["ids"], corpus["vectors"]
+  parts = np.array_split(np.arange(len(ids)), shards)
+  write_export(index_dir, 1, [ShardData(vectors[p], ids[p]) for p in parts],
+               build_scann=build_scann, scann_overrides=overrides)
+  run = corpus["run"]
+  run.index.swap(versioned.latest_version(index_dir))
+  return run
+
+
+def _answers(module, questions) -> dict:
+  return {k: v.numpy() for k, v in module.answer(tf.constant(questions)).items()}
+
+
+def _exact(corpus, questions) -> dict:
+  """The exact export's answers and top-k (every index version here holds the same
+  embeddings, so they are computed once)."""
+  if "exact" not in corpus:
+    run = corpus["run"]
+    exact = exporter.build_module(run, "realm_qa")
+    features = {"query": run.tokenizer.encode(
+        tf.constant(questions), run.config.task.openqa.query_seq_length).as_dict()}
+    query = run.model.retriever.embed_queries(features["query"], training=False)
+    found = exact.index.search(query, exact.num_retrieved)
+    corpus["exact"] = dict(query=query, found=found, answers=_answers(exact, questions))
+  return corpus["exact"]
+
+
+def _compare(corpus, scann, questions) -> tuple[int, int]:
+  """Question by question: where ScaNN's top-k ids are exact's and its scores are exact's
+  (to float32 rounding), every output equals the exact export's. Returns (questions
+  where that held, questions where ScaNN's search differed)."""
+  exact = _exact(corpus, questions)
+  want = exact["found"]
+  got = scann.index.search(exact["query"], scann.num_retrieved)
+  same_search = [np.array_equal(w, g) and np.allclose(ws, gs, rtol=1e-5, atol=1e-5)
+                 for w, g, ws, gs in zip(want.block_ids.numpy(), got.block_ids.numpy(),
+                                         want.scores.numpy(), got.scores.numpy())]
+  a, b = exact["answers"], _answers(scann, questions)
+  for i, agreed in enumerate(same_search):
+    if not agreed:
+      continue
+    for name in ("answer", "answer_block", "block_ids", "block_titles", "block_texts"):
+      np.testing.assert_array_equal(b[name][i], a[name][i], err_msg=f"{name}: {questions[i]}")
+    for name in ("score", "retrieval_probs"):
+      np.testing.assert_allclose(b[name][i], a[name][i], rtol=1e-4, atol=1e-5,
+                                 err_msg=f"{name}: {questions[i]}")
+  return sum(same_search), len(questions) - sum(same_search)
+
+
+def test_scann_export_serves_the_index_versions_shards(corpus):
+  """Three shards carrying ScaNN states: the export searches exactly those (no searcher
+  built over the whole corpus), keeps no embedding table, and answers as the exact export
+  on every question where its search found exact's top-k with exact's scores."""
+  run = _swap_in(corpus, "index_with_scann", 3, True, **AH_FLOAT32)
+  scann = exporter.build_module(run, "realm_qa_scann")
+  assert scann.index.embeddings is None
+  export = run.index.export
+  assert len(scann.scann_handles) == 3
+  for i, handle in enumerate(scann.scann_handles):
+    saved = tf.saved_model.load(os.path.join(export.path, f"shard-{i:05d}-of-00003", "scann"))
+    np.testing.assert_array_equal(handle.state.dataset.numpy(), saved.dataset.numpy())
+    np.testing.assert_array_equal(handle.state.hashed_dataset.numpy(),
+                                  saved.hashed_dataset.numpy())
+  held, missed = _compare(corpus, scann, _questions())
+  # The comparison is not vacuous: most questions meet the condition.
+  assert held >= len(_questions()) - 2, (held, missed)
+  # Saved and loaded as a server loads it, the three shards answer the same.
+  published = exporter.save_export(scann, os.path.join(corpus["root"], "models"),
+                                   "realm_qa_scann", 1, {},
+                                   warmup=[dict(question=["who wrote the iliad?"])])
+  loaded = tf.saved_model.load(published).signatures["serving_default"]
+  questions = _questions()[:4]
+  want = _answers(scann, questions)
+  got = {k: v.numpy() for k, v in loaded(question=tf.constant(questions)).items()}
+  for name in ("answer", "block_ids"):
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  np.testing.assert_allclose(got["retrieval_probs"], want["retrieval_probs"], rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_without_index_shards_the_export_builds_them_shard_by_shard(corpus):
+  """An index version without ScaNN states: shards of at most scann_rows_per_shard rows
+  are built (never one over all blocks), and with brute-force float32 shards every
+  question's search is exact, so every answer is the exact export's."""
+  run = _swap_in(corpus, "index_without_scann", 2, False)
+  scann = exporter.build_module(run, "realm_qa_scann", scann_rows_per_shard=250,
+                                scann_overrides=dict(reorder_dtype="float32"))
+  sizes = [int(tf.shape(h.state.dataset)[0]) for h in scann.scann_handles]
+  assert sizes == [250, 250, 100]
+  covered = np.concatenate([s.block_ids.numpy() for s in scann.index.searcher.shards])
+  np.testing.assert_array_equal(np.sort(covered), corpus["ids"])
+  held, missed = _compare(corpus, scann, _questions())
+  assert missed == 0 and held == len(_questions())
+
+
+def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
+  """The shipped reordering data beyond brute force is int8 (ScannParams.reorder_dtype):
+  no float32 dataset in the state, [n, P] int8 instead, and the export's scores are int8
+  inner products, close to exact's but not equal."""
+  run = _swap_in(corpus, "index_int8", 1, True, mode="ah_reorder",
+                 training_sample_size=NUM_BLOCKS)
+  scann = exporter.build_module(run, "realm_qa_scann")
+  state = scann.scann_handles[0].state
+  assert state.dataset.shape.rank == 0  # ScaNN's placeholder: no float32 dataset
+  assert state.int8_dataset.dtype == tf.int8
+  assert tuple(state.int8_dataset.shape) == (NUM_BLOCKS, DIMENSION)
+  exact = exporter.build_module(run, "realm_qa")
+  query = tf.constant(corpus["vectors"][:8] + 0.1)
+  want = exact.index.search(query, 5).scores.numpy()
+  got = scann.index.search(query, 5).scores.numpy()
+  np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
+  assert not np.allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_shipped_parameters_by_shard_size():
+  """Small shards: brute force in float32 (exact); larger: int8 reordering; a mode given
+  as an override takes that mode's defaults for the size."""
+  assert scann_searcher.scann_params_for(5_000).reorder_dtype == "float32"
+  assert scann_searcher.scann_params_for(50_000).reorder_dtype == "int8"
+  tree = scann_searcher.scann_params_for(1 << 20)
+  assert (tree.mode, tree.reorder_dtype, tree.num_leaves_to_search) == (
+      "tree_ah_reorder", "int8", tree.num_leaves // 20)
+  forced = scann_searcher.scann_params_for(10_000, mode="tree_ah_reorder")
+  assert (forced.num_leaves, forced.num_leaves_to_search, forced.reorder_dtype) == (
+      100, 5, "int8")
+
+
+def test_a_released_builder_searcher_is_gone():
+  """scann_searcher.release frees a built searcher (the builder registers each one for
+  the life of the process otherwise)."""
+  vectors = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
+  built = scann_searcher.build_scann(vectors, scann_searcher.scann_params_for(300))
+  built.search_batched(vectors[:1])
+  scann_searcher.release(built)
+  with pytest.raises(tf.errors.NotFoundError):
+    built.search_batched(vectors[:1])
+
+
+def test_scann_shards_refuse_bad_input(corpus):
+  with pytest.raises(ValueError, match="at least one ScaNN shard"):
+    qa.scann_searcher([], DIMENSION)
+  with pytest.raises(ValueError, match="reorder_dtype"):
+    scann_searcher.build_scann(corpus["vectors"], scann_searcher.scann_params_for(
+        NUM_BLOCKS, reorder_dtype="int4"))
