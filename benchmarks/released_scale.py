@@ -300,15 +300,6 @@ def read_questions(count: int) -> list:
 # ------------------------------------------------------------------------------- serving
 
 
-def _describe_answer(answer: dict) -> dict:
-  blocks = answer.get("blocks") or []
-  texts = [b.get("text", "") for b in blocks]
-  return dict(answer=answer.get("answer"), version=answer.get("model", {}).get("version"),
-              block_text_chars=[len(t) for t in texts],
-              first_block_title=blocks[0].get("title") if blocks else None,
-              first_block_text_head=texts[0][:120] if texts else None)
-
-
 class AskingClient:
   """One client asking questions one at a time on its own thread until stopped; every
   request's outcome and the versions that answered are kept."""
@@ -353,6 +344,7 @@ def serve(args, work: str, policy: str, latency: bool) -> dict:
   then a hand-over to a hard-linked copy while a client keeps asking."""
   import grpc  # pylint: disable=g-import-not-at-top
   from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from benchmarks import scale  # pylint: disable=g-import-not-at-top
   from serving import client  # pylint: disable=g-import-not-at-top
   source_base = os.path.join(work, "models", "realm_qa")
   first = harness.versions(source_base)[-1]
@@ -384,7 +376,7 @@ def serve(args, work: str, policy: str, latency: bool) -> dict:
           client.ask(stub, [question], model="realm_qa", timeout=300)
           latencies.append(time.monotonic() - begin)
         result.update(harness.percentiles(latencies))
-        result["sample_answer"] = _describe_answer(
+        result["sample_answer"] = scale.describe_answer(
             client.ask(stub, [questions[0]], model="realm_qa", timeout=300)[0])
       before = harness.rss_bytes(server.process.pid)
       with AskingClient(address, "realm_qa", questions) as asking, \

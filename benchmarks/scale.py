@@ -478,7 +478,7 @@ def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
         result.update(harness.percentiles(latencies))
         answer = client.ask(service, ["what is the capital of france?"], model=kind,
                             timeout=120)[0]
-        result["sample_answer"] = _describe_answer(answer)
+        result["sample_answer"] = describe_answer(answer)
         result["rss_after_requests_bytes"] = rss_bytes(server.process.pid)
       before = rss_bytes(server.process.pid)
       with PeakSampler(server.process.pid) as handover_peak:
@@ -496,7 +496,7 @@ def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
   return result
 
 
-def _describe_answer(answer: dict) -> dict:
+def describe_answer(answer: dict) -> dict:
   """What a served answer carried: its text, and the length of its blocks' texts."""
   blocks = answer.get("blocks") or []
   texts = [b.get("text", "") for b in blocks]
