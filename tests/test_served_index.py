@@ -142,18 +142,16 @@ def test_a_store_of_another_format_or_size_is_refused(tokenizer, index, tmp_path
                              LC, LB)
 
 
-def test_float16_embeddings_and_a_shared_variable(tokenizer, index):
-  """float16 halves the embeddings and finds the same blocks here; a float32 variable
-  (the ScaNN state's dataset) is used as is, not copied."""
+def test_float16_embeddings_and_row_blocks_served_as_they_are(tokenizer, index):
+  """float16 halves the embeddings and finds the same blocks here; row blocks (a text-layout
+  KnowledgeIndex's, float32) are served as they are, not copied; no embeddings at all
+  needs a searcher."""
   half = served_index.served_index_from(index, tokenizer, embedding_dtype="float16")
   assert half.embeddings.dtype == tf.float16
   full = served_index.served_index_from(index, tokenizer)
   queries = tf.random.stateless_normal([4, P], seed=[5, 6])
   np.testing.assert_array_equal(half.search(queries, 3).rows.numpy(),
                                 full.search(queries, 3).rows.numpy())
-  variable = tf.Variable(full.embeddings.numpy(), name="dataset")
-  shared = served_index.served_index_from(index, tokenizer, shared_embeddings=variable)
-  assert shared.embeddings.blocks == [variable]
-  with pytest.raises(ValueError, match="float32"):
-    served_index.ServedIndex(tf.Variable(np.zeros([len(index.store), P], np.float16)),
-                             index.store.block_ids, full.texts, tokenizer, LC, LB)
+  assert full.embeddings is index.embedding_blocks  # float32: evaluation's own variables
+  with pytest.raises(ValueError, match="needs a searcher"):
+    served_index.ServedIndex(None, index.store.block_ids, full.texts, tokenizer, LC, LB)
