@@ -230,10 +230,6 @@ class StreamedEmbeddings:
       raise ValueError(f"index {self.export.path}: rows [{start}, {end}) are not all covered")
     return out
 
-  def values(self) -> np.ndarray:
-    """[N, P] float32, every row (for several replicas' shards)."""
-    return self.rows(0, self.num_blocks)
-
 
 def _replica_context():
   """(context, number of replicas, this replica's id) in a replica or default context."""
