@@ -88,7 +88,6 @@ def _main(usage_error):
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io.roles import HostRole  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   side_car = FLAGS.mode in ("eval", "continuous_eval")
@@ -129,18 +128,12 @@ def _main(usage_error):
   try:
     result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step,
                                       evaluate=FLAGS.mode == "train_and_eval")
-  except (tf.errors.UnavailableError, tf.errors.AbortedError,
-          tf.errors.DeadlineExceededError) as e:
+  except runtime.LOST_PEER_ERRORS as e:
     if not role.multi_process:
       raise
     # A collective failed: another process of the job died, stopped, hangs or cannot be
     # reached. TF's own message is a page of gRPC detail; say which peer, and what to do.
-    lost = runtime.describe_lost_peers(e, strategy, config.runtime)
-    step = layout.checkpoint_step(FLAGS.model_dir)
-    sys.exit(f"training stopped ({role.describe()}): another process of the job is "
-             f"unreachable: {lost}. Relaunch every process with the same command: training "
-             f"resumes from the chief's checkpoint at step {step} in "
-             f"{layout.checkpoint_dir(FLAGS.model_dir)}.")
+    sys.exit(train_lib.lost_peer_line(e, strategy, config, FLAGS.model_dir))
   print(json.dumps(result, indent=2, default=str))
 
 

@@ -96,7 +96,9 @@ _FORBIDDEN = re.compile(
 # Justified exceptions, each "file: the code it allows" (why in the comment).
 _ALLOWED = {
     # create-if-absent on local disk: link(2) is the atomic primitive tf.io.gfile lacks.
-    "realm_tf/io/storage.py": ["os.link(tmp, local)", "os.remove(tmp)"],
+    "realm_tf/io/storage.py": ["os.link(tmp, local)", "os.remove(tmp)",
+                               # link_or_copy's hard link, taken only when both are local.
+                               "os.remove(target)"],
     # Files inside the installed package (vocab, weights, demo data), never user paths.
     "realm_tf/pretrained/minilm.py": ["os.path.isdir(path)", "os.path.abspath(__file__)",
                                       "os.path.isfile(packaged)"],

@@ -485,7 +485,7 @@ class Storage(abc.ABC):
     bytes written: a 7 GB export is handed over in a moment), else a copy. Only for
     files never written in place afterwards, which committed versions are."""
     if is_local(source) and is_local(target):
-      os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+      self.makedirs(os.path.dirname(target) or ".")
       try:
         if os.path.lexists(target):
           os.remove(target)

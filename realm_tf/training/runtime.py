@@ -30,16 +30,20 @@ coordination service declares a process lost when its heartbeats stop
 (`runtime.heartbeat_timeout_seconds`: a process stopped, killed or cut off), and every
 collective gives up after `runtime.collective_timeout_seconds` (a process alive but stuck,
 whose heartbeats go on). Either way the step raises on every other process, and
-`describe_lost_peers` names the peer for the one line the process exits with. TPUStrategy
+`describe_lost_peers` names the peer for the one line the process exits with, and
+`end_if_exit_hangs` bounds how long that exit may take. TPUStrategy
 has neither knob to turn here: its collectives are compiled into the TPU program, and the
 coordination service that `experimental_connect_to_cluster` starts for a Cloud TPU keeps
 TensorFlow's heartbeat settings.
 """
 import dataclasses
+import faulthandler
 import json
 import logging
 import os
 import re
+import sys
+import threading
 import urllib.request
 from typing import Mapping, Optional, Sequence
 
@@ -282,13 +286,22 @@ def _answers(peer: Peer, seconds: float) -> bool:
     return False
 
 
+# Errors a multi-worker step raises when another process of the job is lost.
+LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
+                    tf.errors.DeadlineExceededError)
+# How long a process that lost a peer may take to exit before it is ended (os._exit).
+EXIT_GRACE_SECONDS = 30.0
+
+
 def describe_lost_peers(error: Exception, strategy: tf.distribute.Strategy,
-                        runtime: RuntimeConfig, probe_seconds: float = PROBE_SECONDS) -> str:
+                        runtime: RuntimeConfig,
+                        probe_seconds: Optional[float] = PROBE_SECONDS) -> str:
   """Which peer a failed collective lost, and how that is known, in one clause for the
   process's last line: the task TensorFlow's error names; else those that do not answer a
   health check within probe_seconds (a stopped or dead process, or the coordination
   service's host); else, after a collective timeout, every peer (alive, but one of them
-  never joined); else none (the error came from elsewhere, and says so)."""
+  never joined); else none (the error came from elsewhere, and says so). `probe_seconds`
+  None asks no peer (every peer is named when the error names none)."""
   resolver = strategy.cluster_resolver
   others = peers(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id)
   message = str(error)
@@ -307,6 +320,8 @@ def describe_lost_peers(error: Exception, strategy: tf.distribute.Strategy,
   lost = named_peers(message, others)
   if lost:
     how = "named by TensorFlow"
+  elif probe_seconds is None:
+    lost, how = others, "one of them, not asked which"
   else:
     lost = [p for p in others if not _answers(p, probe_seconds)]
     how = f"no answer to a health check within {probe_seconds:.0f}s"
@@ -315,3 +330,33 @@ def describe_lost_peers(error: Exception, strategy: tf.distribute.Strategy,
     if not lost:
       lost, how = others, "all answer a health check: one is alive but stuck"
   return f"{', '.join(map(str, lost))} lost ({how}; {waited})"
+
+
+def end_if_exit_hangs(line: str, seconds: float = EXIT_GRACE_SECONDS) -> threading.Timer:
+  """Ends the process (os._exit(1)) if it has not exited `seconds` from now.
+
+  Armed as soon as a multi-worker step fails for a lost peer. Unwinding after an aborted
+  collective reads variables, runs the tasks' on_train_end and probes the peers, and
+  interpreter shutdown joins threads that may be blocked on the coordination service; on
+  a loaded machine one of those has been seen not to return within 45 s. A job that never
+  exits is never relaunched, so the process writes `line` (the exit line, with the peers
+  not probed) and every thread's stack (where it hung), and ends.
+
+  Args:
+    line: the line to write before ending.
+    seconds: the grace period.
+
+  Returns:
+    The started daemon timer (cancel it to disarm).
+  """
+  def end():
+    sys.stderr.write(f"{line} (ended: the process had not exited {seconds:.0f}s after the "
+                     "failure; every thread's stack follows)\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(all_threads=True)
+    os._exit(1)  # pylint: disable=protected-access
+
+  timer = threading.Timer(seconds, end)
+  timer.daemon = True
+  timer.start()
+  return timer

@@ -32,7 +32,7 @@ from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
 from realm_tf.io.roles import HostRole
 from realm_tf.tasks.base import RealmTask, steps_per_loop
-from realm_tf.training import checkpoints, preemption
+from realm_tf.training import checkpoints, preemption, runtime
 from realm_tf.training.progress import ProgressReporter
 
 
@@ -283,8 +283,11 @@ class Run:
         else:
           controller.train(steps=steps)
       reached = self.global_step >= t.train_steps
-    except BaseException:
+    except BaseException as e:
       failed = True
+      if self.role.multi_process and isinstance(e, runtime.LOST_PEER_ERRORS):
+        runtime.end_if_exit_hangs(lost_peer_line(e, self.strategy, self.experiment,
+                                                 self.model_dir, probe_seconds=None))
       raise
     finally:
       # TRAINING_DONE (which stops index builders) only when the schedule is complete.
@@ -400,3 +403,26 @@ def run_experiment(experiment: ExperimentConfig, model_dir: str,
 
 __all__ = ["Run", "RealmTrainer", "check_numeric", "evaluate_checkpoint", "evaluation_config",
            "restore_model", "run_experiment", "save_params"]
+
+
+def lost_peer_line(error: Exception, strategy: tf.distribute.Strategy,
+                   experiment: ExperimentConfig, model_dir: str,
+                   probe_seconds: Optional[float] = runtime.PROBE_SECONDS) -> str:
+  """The one line a multi-worker process exits with when a step failed for a lost peer:
+  which peer (runtime.describe_lost_peers), and the relaunch that resumes the run.
+
+  Args:
+    error: the step's error (one of runtime.LOST_PEER_ERRORS).
+    strategy: the multi-worker strategy.
+    experiment: the run's config (its runtime section's timeouts are named).
+    model_dir: the run directory (its chief checkpoint is where the relaunch resumes).
+    probe_seconds: health-check the peers for this long; None asks none.
+
+  Returns:
+    The line.
+  """
+  lost = runtime.describe_lost_peers(error, strategy, experiment.runtime, probe_seconds)
+  return (f"training stopped ({HostRole(strategy).describe()}): another process of the job "
+          f"is unreachable: {lost}. Relaunch every process with the same command: training "
+          f"resumes from the chief's checkpoint at step {layout.checkpoint_step(model_dir)} "
+          f"in {layout.checkpoint_dir(model_dir)}.")
