@@ -33,13 +33,15 @@ lint: setup
 # waits on child processes and Beam's Python, so one worker leaves the second core idle
 # about a third of the time. xdist's own order is kept: handing the longest modules out
 # first (--no-loadscope-reorder and an order in tests/conftest.py) runs the heavy
-# multi-process modules side by side, each then takes longer, and so does the suite.
-# Timings of both: benchmarks/results/test_suite_runs.md.
+# multi-process modules side by side, each then takes longer, and so does the suite; only
+# the demo test (one long chain of child processes) is handed out first, so that it does not
+# run alone at the end (FIRST_MODULES in tests/conftest.py; --no-loadscope-reorder makes
+# that order xdist's). Timings: benchmarks/results/test_suite_runs.md.
 # The fuzz properties run at a quarter of their example counts here (REALM_FUZZ_FRACTION,
 # tests/test_fuzz_inputs.py); `pytest -m fuzz` runs the full counts.
 test: lint
 	REALM_FUZZ_FRACTION=0.25 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	  --durations=25 tests
+	  --no-loadscope-reorder --durations=25 tests
 
 # The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
 # SLOW_MODULES and single tests marked slow: training, Beam pipelines end to end, servers),
