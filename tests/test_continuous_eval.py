@@ -264,3 +264,28 @@ def test_a_read_only_refresher_writes_nothing_and_only_waits(tmp_path):
   assert refresher.builder is None
   assert os.stat(layout.training_done_path(model_dir)).st_mtime_ns == marker
   assert sorted(os.listdir(model_dir)) == [layout.TRAINING_DONE]
+
+
+def test_an_evaluation_of_a_run_with_its_index_builds_no_shadow_retriever(tmp_path,
+                                                                          monkeypatch):
+  """The snapshot exporter's shadow retriever is two more towers (0.9 GB at BERT-base):
+  built only by a refresher that may export a snapshot (it refreshes, or no index is
+  committed yet), never by an evaluation of a run that has its index."""
+  model_dir = str(tmp_path / "run")
+  index_dir = layout.index_dir(model_dir)
+  built = []
+  monkeypatch.setattr(snapshots, "SnapshotExporter",
+                      lambda *args: built.append(args) or types.SimpleNamespace())
+
+  def refresher(every):
+    settings = RefreshSettings(index_dir=index_dir, refresh_every_steps=every,
+                               train_steps=10, first_index_timeout_seconds=0.5,
+                               poll_seconds=0.1, start_builder=False)
+    return IndexRefresher(model_dir, types.SimpleNamespace(), settings,
+                          retriever=types.SimpleNamespace(), build_shadow=lambda: None)
+
+  assert refresher(0).exporter is not None  # no index yet: the first is built from one
+  tf_.publish_index(index_dir, 1, np.arange(4, dtype=np.int64),
+                    np.ones([4, 8], np.float32))
+  assert refresher(0).exporter is None and len(built) == 1
+  assert refresher(5).exporter is not None and len(built) == 2  # training refreshes

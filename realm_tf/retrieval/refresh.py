@@ -142,11 +142,23 @@ class IndexRefresher:
     # TRAINING_DONE (the chief of the training job; never a side-car evaluator).
     self.writes = self.role.is_chief and not settings.read_only
     self.exporter = None
-    if retriever is not None and self.writes:
+    if retriever is not None and self.writes and self._exports_snapshots():
       self.exporter = snapshots.SnapshotExporter(model_dir, retriever, build_shadow,
                                                  tokenizer, config)
     self.builder: Optional[IndexBuilderProcess] = None
     self._last_poll = 0.0
+
+  def _exports_snapshots(self) -> bool:
+    """Whether this refresher may ever export a snapshot: it refreshes, or no index is
+    committed yet (the first one is built from a snapshot). Why ask: the exporter builds a
+    shadow retriever, two more towers (0.9 GB at BERT-base), which an evaluation of a run
+    that has its index never uses."""
+    if self.settings.refresh_every_steps > 0:
+      return True
+    try:
+      return versioned.latest_version(self.settings.index_dir) is None
+    except OSError:  # the store did not answer: keep the way to build a first index
+      return True
 
   def start(self, global_step: int, training: bool = True):
     """Makes sure a first index is loaded before the first step.
