@@ -52,10 +52,11 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
 from realm_tf.data import pretraining_inputs
-from realm_tf.io import layout
+from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
 from realm_tf.retrieval import recall
 from realm_tf.retrieval.index_export import ShardData, write_export
+from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
 from realm_tf.training import train_lib
 
 EVAL_BATCH = 64  # held-out passes: batch size does not change what is measured
@@ -132,24 +133,102 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
   return load_config(args.config, overrides, experiment="realm/pretrain")
 
 
-def top1_blocks(config, retriever_queries, retriever_documents, world: dict) -> list[int]:
-  """The top-1 block id under these towers for each held-out sentence (masked as in
-  validation), in world["held_out"] order."""
+def _world_index(config):
+  """(the retrieval task, its KnowledgeIndex over the world's blocks, embeddings unset)."""
   task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=True))))
-  index = task.build_index(tf.distribute.get_strategy())
+  return task, task.build_index(tf.distribute.get_strategy())
+
+
+def heldout_queries(config, task, retriever_queries, world: dict) -> np.ndarray:
+  """[H, P] query embeddings of the held-out sentences (masked as in validation), in
+  world["held_out"] order."""
   m = config.model
-  index.set_embeddings(recall.embed_corpus(retriever_documents, index, task.tokenizer,
-                                           m.retriever.block_seq_length), version=0)
   data = pretraining_inputs.pretraining_dataset(
       os.path.join(world["dir"], "heldout-*"), task.tokenizer, m.retriever.query_seq_length,
       "salient_spans", config.task.pretrain.max_predictions_per_seq, 64,
       seed=config.trainer.seed, repeat=False, shuffle_buffer=0, drop_remainder=False)
+  out = np.concatenate([retriever_queries.embed_queries(batch["query"], training=False).numpy()
+                        for batch in data])
+  assert len(out) == len(world["held_out"]), (len(out), len(world["held_out"]))
+  return out
+
+
+def top1_blocks(config, retriever_queries, retriever_documents, world: dict) -> list[int]:
+  """The top-1 block id under these towers for each held-out sentence (masked as in
+  validation), in world["held_out"] order."""
+  task, index = _world_index(config)
+  index.set_embeddings(recall.embed_corpus(retriever_documents, index, task.tokenizer,
+                                           config.model.retriever.block_seq_length), version=0)
+  queries = heldout_queries(config, task, retriever_queries, world)
   top = []
-  for batch in data:
-    q = retriever_queries.embed_queries(batch["query"], training=False)  # [B, P]
-    top.extend(index.search(q, 1).block_ids.numpy()[:, 0].tolist())
-  assert len(top) == len(world["held_out"]), (len(top), len(world["held_out"]))
+  for start in range(0, len(queries), EVAL_BATCH):
+    top.extend(index.search(tf.constant(queries[start:start + EVAL_BATCH]), 1)
+               .block_ids.numpy()[:, 0].tolist())
   return top
+
+
+def top_k_overlap(queries: np.ndarray, stale: np.ndarray, fresh: np.ndarray, k: int) -> float:
+  """Mean over queries of |top-k under `stale` ∩ top-k under `fresh`| / k: recall@k of the
+  index in use against an exact search of the current document tower's embeddings."""
+  k = min(k, len(fresh))
+  top_stale = np.argsort(-(queries @ stale.T), axis=1)[:, :k]
+  top_fresh = np.argsort(-(queries @ fresh.T), axis=1)[:, :k]
+  return float(np.mean([len(set(a) & set(b)) / k for a, b in zip(top_stale, top_fresh)]))
+
+
+def mean_row_cosine(a: np.ndarray, b: np.ndarray) -> float:
+  """Mean cosine of row i of `a` to row i of `b` (how far block embeddings have moved)."""
+  norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+  return float(np.mean(np.sum(a * b, axis=1) / np.maximum(norms, 1e-12)))
+
+
+def index_version_in_use(model_dir: str, step: int) -> int:
+  """The index version the trainer searched at `step`: its newest training record at or
+  before `step` says (index_version); without one, the newest committed version numbered
+  at or before `step` (versions are numbered by their snapshot's step)."""
+  records = [r for r in layout.read_metrics(model_dir)
+             if r.get("mode") == "pretrain" and "index_version" in r and r["step"] <= step]
+  if records:
+    return int(max(records, key=lambda r: r["step"])["index_version"])
+  versions = [v.version for v in versioned.list_versions(layout.index_dir(model_dir))
+              if v.version <= step]
+  if not versions:
+    raise ValueError(f"{model_dir}: no index version at or before step {step}")
+  return max(versions)
+
+
+def index_embeddings(model_dir: str, version: int, block_ids: np.ndarray) -> np.ndarray:
+  """[N, P] embeddings of the run's committed index `version`, in row order."""
+  index_dir = layout.index_dir(model_dir)
+  export = versioned.read_version(versioned.manifest_path(index_dir, version))
+  return row_ordered_embeddings(export, block_ids)
+
+
+def staleness_point(config, model_dir: str, step: int, queries: np.ndarray,
+                    fresh: np.ndarray, step0: np.ndarray, block_ids: np.ndarray) -> dict:
+  """How stale the index the trainer searched at `step` was: the overlap of its top-k
+  with an exact search of that step's document tower (k = the run's num_candidates; 1.0:
+  refreshing could not have changed what was retrieved), and how far the document tower's
+  embeddings had moved from step 0 (mean cosine to their step-0 rows; 1.0: not at all).
+
+  Args:
+    config: the arm's config.
+    model_dir: the arm's run.
+    step: a checkpoint step.
+    queries: [H, P] held-out query embeddings under that step's query tower.
+    fresh: [N, P] block embeddings under that step's document tower.
+    step0: [N, P] block embeddings under the step-0 document tower.
+    block_ids: [N] the blocks' ids, in row order.
+
+  Returns:
+    {step, index_version, overlap_at_k, k, document_cosine_to_step0}.
+  """
+  version = index_version_in_use(model_dir, step)
+  k = config.task.pretrain.num_candidates
+  stale = index_embeddings(model_dir, version, block_ids)
+  return dict(step=step, index_version=version, k=k,
+              overlap_at_k=round(top_k_overlap(queries, stale, fresh, k), 4),
+              document_cosine_to_step0=round(mean_row_cosine(fresh, step0), 4))
 
 
 def top1_kinds(top: list[int], world: dict) -> dict:
@@ -216,14 +295,36 @@ def checkpoints(model_dir: str) -> list[tuple[int, str]]:
   return sorted((int(p.rsplit("-", 1)[1]), p) for p in paths)
 
 
+def final_staleness(config, model_dir: str, world: dict, start, trained) -> dict:
+  """staleness_point at the run's newest checkpoint, whose retriever is `trained` (`start`:
+  the step-0 retriever)."""
+  task, index = _world_index(config)
+  length = config.model.retriever.block_seq_length
+  step = checkpoints(model_dir)[-1][0]
+  return staleness_point(
+      config, model_dir, step, heldout_queries(config, task, trained, world),
+      recall.embed_corpus(trained, index, task.tokenizer, length),
+      recall.embed_corpus(start, index, task.tokenizer, length),
+      np.asarray(index.store.block_ids, np.int64))
+
+
 def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> list[dict]:
   """Gold top-1 at each kept checkpoint: that step's query tower against that step's
-  document tower (the index a refresh would publish), or the step-0 tower (frozen)."""
+  document tower (the index a refresh would publish), or the step-0 tower (frozen); with
+  the staleness of the index the trainer searched then (staleness_point)."""
+  task, index = _world_index(config)
+  block_ids = np.asarray(index.store.block_ids, np.int64)
+  length = config.model.retriever.block_seq_length
+  step0 = recall.embed_corpus(start, index, task.tokenizer, length)
   curve = [dict(step=0, gold_top1=gold_top1(config, start, start, world))]
   for step, path in checkpoints(model_dir):
     trained = retriever_from(config, path)
-    curve.append(dict(step=step, gold_top1=gold_top1(
-        config, trained, start if arm == "frozen" else trained, world)))
+    point = dict(step=step, gold_top1=gold_top1(
+        config, trained, start if arm == "frozen" else trained, world))
+    fresh = recall.embed_corpus(trained, index, task.tokenizer, length)
+    queries = heldout_queries(config, task, trained, world)
+    point.update(staleness_point(config, model_dir, step, queries, fresh, step0, block_ids))
+    curve.append(point)
     tf_keras.backend.clear_session()
   return curve
 
@@ -508,6 +609,20 @@ def markdown(payload: dict) -> str:
              f"{f(a['p_value_given_own_block'])}"
     for arm, attributes in with_attributes:
       lines.append(f"| {arm} | " + " | ".join(cell(a) for a in attributes.values()) + " |")
+  stale = [(arm, [p for p in r.get("gold_top1_curve", []) if "overlap_at_k" in p])
+           for arm, r in arms]
+  stale = [(arm, points) for arm, points in stale if points]
+  if stale:
+    lines += ["", "Staleness at each checkpoint: the overlap of the top-k of the index the "
+              "trainer searched (its version in parentheses) with an exact search of that "
+              "step's document tower (1.000: a refresh could not have changed what was "
+              "retrieved), and the mean cosine of the document embeddings to their step-0 "
+              "rows (1.000: the document tower has not moved):", "",
+              "| arm | step: overlap@k (index version) / cosine to step 0 |", "|---|---|"]
+    for arm, points in stale:
+      lines.append(f"| {arm} | " + "; ".join(
+          f"{p['step']}: {p['overlap_at_k']:.3f}@{p['k']} ({p['index_version']}) / "
+          f"{p['document_cosine_to_step0']:.3f}" for p in points) + " |")
   m = payload["machine"]
   lines += ["", "± one binomial standard error over the held-out sentences. Gold top-1: "
             "share of held-out sentences whose top-1 block is the entity's own (no "

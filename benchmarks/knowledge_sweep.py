@@ -42,12 +42,14 @@ def run_cell(world: dict, args, work: str, ict_dir: str, refresh: int) -> dict:
                                         curve_every=args.steps))
   model_dir = os.path.join(work, f"refresh-{refresh}")
   config = knowledge.arm_config(arm, world["dir"], cell_args, ict_dir)
-  result, final, wall, _, trained, documents = knowledge.train_arm(arm, config, model_dir)
+  result, final, wall, start, trained, documents = knowledge.train_arm(arm, config, model_dir)
   kinds = knowledge.top1_kinds(knowledge.top1_blocks(config, trained, documents, world), world)
+  # Whether refreshing could have mattered: the last index searched against the last towers.
+  staleness = knowledge.final_staleness(config, model_dir, world, start, trained)
   tf_keras.backend.clear_session()
   gc.collect()
   return dict(refresh_every=refresh, heldout_span_accuracy=final.get("span_accuracy"),
-              gold_top1=kinds["own"], top1_kinds=kinds,
+              gold_top1=kinds["own"], top1_kinds=kinds, staleness=staleness,
               index_refreshes=result.get("index_refreshes", 0), wall_seconds=round(wall, 1))
 
 
@@ -126,6 +128,19 @@ def markdown(payload: dict) -> str:
     lines.append(f"| {r['ict_steps']} | {r['step0_gold_top1']:.3f} | "
                  f"{r['refresh_every'] or 'never'} | {r['heldout_span_accuracy']:.3f} | "
                  f"{r['gold_top1']:.3f} | {r['index_refreshes']} | {r['wall_seconds']} |")
+  stale = [r for r in payload["cells"] if r.get("staleness")]
+  if stale:
+    lines += ["", "Staleness at the last step: the overlap of the top-k of the last index "
+              "searched with an exact search of the last document tower (1.000: a refresh "
+              "could not have changed what was retrieved), and the document embeddings' mean "
+              "cosine to their step-0 rows (1.000: the document tower has not moved):", "",
+              "| ICT steps | refresh every | index version searched | overlap@k | "
+              "document cosine to step 0 |", "|---|---|---|---|---|"]
+    for r in stale:
+      t = r["staleness"]
+      lines.append(f"| {r['ict_steps']} | {r['refresh_every'] or 'never'} | "
+                   f"{t['index_version']} | {t['overlap_at_k']:.3f}@{t['k']} | "
+                   f"{t['document_cosine_to_step0']:.3f} |")
   lines += ["", f"Refresh minus never (best refreshed cell; target: either gain >= "
             f"{knowledge.REFRESH_MARGIN} in at least one setting):", "",
             "| ICT steps | held-out accuracy gain | own-block top-1 gain | met |",

@@ -10,11 +10,13 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
-from benchmarks import harness, pretrain
+from benchmarks import harness, knowledge, pretrain
 from benchmarks.common import RESULTS_DIR
+from realm_tf.io import layout
 
 # Results written under another name than their benchmark's (--name).
 RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale",
@@ -456,3 +458,22 @@ def test_task_rows_of_another_run_are_kept_with_their_own_limit():
   assert merged["rows"][1]["run"]["matmul_flops_per_second"] == 1.5e11
   text = "\n".join(tasks_markdown(merged))
   assert "day1, load 0.1 (150.0 GFLOP/s)" in text and "day2, load 0.1 (120.0 GFLOP/s)" in text
+
+
+def test_staleness_is_the_overlap_of_two_searches_and_the_drift_of_the_documents(tmp_path):
+  """benchmarks.knowledge's staleness figures on hand-made embeddings: identical indexes
+  overlap fully; an index whose rows are swapped pairwise shares one of each top-2; the
+  version searched is the trainer's record's (else the newest committed one at or before)."""
+  queries = np.eye(4, dtype=np.float32)  # query i prefers block i, then block i+1
+  fresh = np.eye(4, dtype=np.float32) + 0.5 * np.roll(np.eye(4, dtype=np.float32), 1, axis=0)
+  assert knowledge.top_k_overlap(queries, fresh, fresh, 2) == 1.0
+  swapped = fresh[[1, 0, 3, 2]]  # each query's best block is now its neighbour
+  assert knowledge.top_k_overlap(queries, swapped, fresh, 1) == 0.0
+  assert knowledge.top_k_overlap(queries, swapped, fresh, 4) == 1.0
+  assert knowledge.mean_row_cosine(fresh, fresh) == pytest.approx(1.0)
+  assert knowledge.mean_row_cosine(np.eye(2), np.eye(2)[::-1]) == pytest.approx(0.0)
+  model_dir = str(tmp_path / "run")
+  for step, version in ((5, 0), (10, 0), (15, 10)):
+    layout.append_metrics(model_dir, dict(mode="pretrain", step=step, index_version=version))
+  assert knowledge.index_version_in_use(model_dir, 12) == 0
+  assert knowledge.index_version_in_use(model_dir, 15) == 10
