@@ -157,14 +157,10 @@ def top1_blocks(config, retriever_queries, retriever_documents, world: dict) -> 
   """The top-1 block id under these towers for each held-out sentence (masked as in
   validation), in world["held_out"] order."""
   task, index = _world_index(config)
-  index.set_embeddings(recall.embed_corpus(retriever_documents, index, task.tokenizer,
-                                           config.model.retriever.block_seq_length), version=0)
   queries = heldout_queries(config, task, retriever_queries, world)
-  top = []
-  for start in range(0, len(queries), EVAL_BATCH):
-    top.extend(index.search(tf.constant(queries[start:start + EVAL_BATCH]), 1)
-               .block_ids.numpy()[:, 0].tolist())
-  return top
+  documents = recall.embed_corpus(retriever_documents, index, task.tokenizer,
+                                  config.model.retriever.block_seq_length)
+  return top1_of(queries, documents, np.asarray(index.store.block_ids, np.int64))
 
 
 def top_k_overlap(queries: np.ndarray, stale: np.ndarray, fresh: np.ndarray, k: int) -> float:
@@ -295,17 +291,31 @@ def checkpoints(model_dir: str) -> list[tuple[int, str]]:
   return sorted((int(p.rsplit("-", 1)[1]), p) for p in paths)
 
 
-def final_staleness(config, model_dir: str, world: dict, start, trained) -> dict:
-  """staleness_point at the run's newest checkpoint, whose retriever is `trained` (`start`:
-  the step-0 retriever)."""
+def tower_embeddings(config, world: dict, retriever, task, index) -> tuple:
+  """([H, P] held-out query embeddings, [N, P] block embeddings in row order) under
+  `retriever`'s towers (task, index: _world_index's)."""
+  return (heldout_queries(config, task, retriever, world),
+          recall.embed_corpus(retriever, index, task.tokenizer,
+                              config.model.retriever.block_seq_length))
+
+
+def top1_of(queries: np.ndarray, documents: np.ndarray, block_ids: np.ndarray) -> list[int]:
+  """top1_blocks from embeddings already computed: each query's exact top-1 block id."""
+  return block_ids[np.argmax(queries @ documents.T, axis=1)].tolist()
+
+
+def final_point(config, model_dir: str, world: dict, start, trained,
+                frozen: bool) -> tuple[dict, dict]:
+  """(top1_kinds of the held-out sentences, staleness_point) at the run's newest
+  checkpoint, whose retriever is `trained` (`start`: the step-0 retriever; `frozen`: the
+  run searched the step-0 document tower's index)."""
   task, index = _world_index(config)
-  length = config.model.retriever.block_seq_length
+  block_ids = np.asarray(index.store.block_ids, np.int64)
+  _, step0 = tower_embeddings(config, world, start, task, index)
+  queries, fresh = tower_embeddings(config, world, trained, task, index)
+  kinds = top1_kinds(top1_of(queries, step0 if frozen else fresh, block_ids), world)
   step = checkpoints(model_dir)[-1][0]
-  return staleness_point(
-      config, model_dir, step, heldout_queries(config, task, trained, world),
-      recall.embed_corpus(trained, index, task.tokenizer, length),
-      recall.embed_corpus(start, index, task.tokenizer, length),
-      np.asarray(index.store.block_ids, np.int64))
+  return kinds, staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
 
 
 def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> list[dict]:
@@ -314,15 +324,14 @@ def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> lis
   the staleness of the index the trainer searched then (staleness_point)."""
   task, index = _world_index(config)
   block_ids = np.asarray(index.store.block_ids, np.int64)
-  length = config.model.retriever.block_seq_length
-  step0 = recall.embed_corpus(start, index, task.tokenizer, length)
-  curve = [dict(step=0, gold_top1=gold_top1(config, start, start, world))]
+  queries, step0 = tower_embeddings(config, world, start, task, index)
+  curve = [dict(step=0, gold_top1=top1_kinds(top1_of(queries, step0, block_ids),
+                                            world)["own"])]
   for step, path in checkpoints(model_dir):
     trained = retriever_from(config, path)
-    point = dict(step=step, gold_top1=gold_top1(
-        config, trained, start if arm == "frozen" else trained, world))
-    fresh = recall.embed_corpus(trained, index, task.tokenizer, length)
-    queries = heldout_queries(config, task, trained, world)
+    queries, fresh = tower_embeddings(config, world, trained, task, index)
+    top = top1_of(queries, step0 if arm == "frozen" else fresh, block_ids)
+    point = dict(step=step, gold_top1=top1_kinds(top, world)["own"])
     point.update(staleness_point(config, model_dir, step, queries, fresh, step0, block_ids))
     curve.append(point)
     tf_keras.backend.clear_session()

@@ -42,10 +42,11 @@ def run_cell(world: dict, args, work: str, ict_dir: str, refresh: int) -> dict:
                                         curve_every=args.steps))
   model_dir = os.path.join(work, f"refresh-{refresh}")
   config = knowledge.arm_config(arm, world["dir"], cell_args, ict_dir)
-  result, final, wall, start, trained, documents = knowledge.train_arm(arm, config, model_dir)
-  kinds = knowledge.top1_kinds(knowledge.top1_blocks(config, trained, documents, world), world)
-  # Whether refreshing could have mattered: the last index searched against the last towers.
-  staleness = knowledge.final_staleness(config, model_dir, world, start, trained)
+  result, final, wall, start, trained, _ = knowledge.train_arm(arm, config, model_dir)
+  # With whether refreshing could have mattered: the last index searched against the last
+  # towers.
+  kinds, staleness = knowledge.final_point(config, model_dir, world, start, trained,
+                                           frozen=arm == "frozen")
   tf_keras.backend.clear_session()
   gc.collect()
   return dict(refresh_every=refresh, heldout_span_accuracy=final.get("span_accuracy"),

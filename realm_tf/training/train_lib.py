@@ -401,10 +401,6 @@ def run_experiment(experiment: ExperimentConfig, model_dir: str,
   return run.train(stop_at_step)
 
 
-__all__ = ["Run", "RealmTrainer", "check_numeric", "evaluate_checkpoint", "evaluation_config",
-           "restore_model", "run_experiment", "save_params"]
-
-
 def lost_peer_line(error: Exception, strategy: tf.distribute.Strategy,
                    experiment: ExperimentConfig, model_dir: str,
                    probe_seconds: Optional[float] = runtime.PROBE_SECONDS) -> str:
@@ -426,3 +422,8 @@ def lost_peer_line(error: Exception, strategy: tf.distribute.Strategy,
           f"is unreachable: {lost}. Relaunch every process with the same command: training "
           f"resumes from the chief's checkpoint at step {layout.checkpoint_step(model_dir)} "
           f"in {layout.checkpoint_dir(model_dir)}.")
+
+
+__all__ = ["Run", "RealmTrainer", "check_numeric", "evaluate_checkpoint", "evaluation_config",
+           "lost_peer_line", "restore_model", "run_experiment", "save_params"]
+
