@@ -39,6 +39,16 @@ SLOW_MODULES = frozenset({
 })
 
 
+# The two tiers. `make test` (every change is checked with it) runs every test that is not
+# named here; `make test-system` runs those that are: the end-to-end and multi-process runs,
+# the object-store emulator, the learning checks that train for minutes. A key is a module
+# ("test_demo.py") or one test ("test_tasks.py::test_name"); the value says why it is
+# there and which test in `make test` covers the same code path at a small size. This
+# table is the one place a test's tier is decided (README and docs/testing.md point here).
+SYSTEM_TIER = {
+}
+
+
 def pytest_configure(config):
   config.addinivalue_line(
       "markers", "slow: trains a model, runs a pipeline end to end or starts servers (minutes "
@@ -53,6 +63,9 @@ def pytest_configure(config):
   config.addinivalue_line(
       "markers", "demo: the `make demo` pipeline end to end on the tiny config, every stage "
       "as its own process (`pytest -m demo`; part of the whole suite too).")
+  config.addinivalue_line(
+      "markers", "system: the system tier (`make test-system`): tests/conftest.py's "
+      "SYSTEM_TIER table names each one and says why.")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -60,9 +73,20 @@ def pytest_collection_modifyitems(config, items):
   if missing:  # a renamed module would silently join the fast tier
     warnings.warn(pytest.PytestConfigWarning(
         f"tests/conftest.py SLOW_MODULES names modules that do not exist: {missing}"))
+  collected = {item.path.name for item in items}
+  names = {f"{item.path.name}::{item.originalname}" for item in items}
+  unknown = sorted(key for key in SYSTEM_TIER  # a renamed test would silently change tier
+                   if not (REPO / "tests" / key.split("::")[0]).is_file()
+                   or ("::" in key and key.split("::")[0] in collected and key not in names))
+  if unknown:
+    warnings.warn(pytest.PytestConfigWarning(
+        f"tests/conftest.py SYSTEM_TIER names tests that do not exist: {unknown}"))
   for item in items:
     if item.path.name in SLOW_MODULES:
       item.add_marker(pytest.mark.slow)
+    if (item.path.name in SYSTEM_TIER
+        or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
+      item.add_marker(pytest.mark.system)
   if not getattr(config.option, "loadscopereorder", True):
     items[:] = _handed_out_order(items)
 
