@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from unittest import mock
 
 import grpc
 from grpc_health.v1 import health_pb2
@@ -32,6 +33,7 @@ from tensorflow_serving.config import model_server_config_pb2
 from realm_tf.export.serving_warmup import write_warmup_requests
 from serving import client
 from serving import config as config_lib
+from serving import servable as servable_lib
 from serving.server import ModelServer, ServerOptions, parse_flags
 from serving.servable import release_free_memory, resident_bytes
 from tests import serving_models
@@ -40,6 +42,7 @@ AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE
 UNLOADING = get_model_status_pb2.ModelVersionStatus.UNLOADING
 END = get_model_status_pb2.ModelVersionStatus.END
 RPC_TIMEOUT = 10.0
+WAIT_SECONDS = 60.0  # for a state a test waits on: generous, as the machine may be loaded
 QUESTIONS = ["who wrote the iliad?", "", "what is the capital of France?"]
 
 
@@ -123,13 +126,62 @@ def _rpc_error(call, *args, **kwargs) -> grpc.RpcError:
   return info.value
 
 
-def _wait_for(condition, timeout=15.0, what="condition"):
+def _wait_for(condition, timeout=WAIT_SECONDS, what="condition"):
   end = time.monotonic() + timeout
   while time.monotonic() < end:
     if condition():
       return
     time.sleep(0.05)
-  raise AssertionError(f"timed out waiting for {what}")
+  raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class HeldModelCalls:
+  """Every model call (Signature.run) waits at its start until `release()`, so a request
+  is provably still computing while the test looks at the server, however slow the
+  machine; a model that sleeps a fixed time only makes that likely."""
+
+  def __init__(self):
+    self._cond = threading.Condition()
+    self._released = False
+    self.started = 0
+    self.finished = 0
+
+  def wrap(self, run):
+    def held_run(signature, inputs):
+      with self._cond:
+        self.started += 1
+        self._cond.notify_all()
+        if not self._cond.wait_for(lambda: self._released, WAIT_SECONDS):
+          raise AssertionError(f"a model call was held {WAIT_SECONDS:.0f} s, never released")
+      try:
+        return run(signature, inputs)
+      finally:
+        with self._cond:
+          self.finished += 1
+    return held_run
+
+  def wait_started(self, count: int) -> None:
+    with self._cond:
+      if not self._cond.wait_for(lambda: self.started >= count, WAIT_SECONDS):
+        raise AssertionError(f"{self.started} model calls started in {WAIT_SECONDS:.0f} s, "
+                             f"not {count}")
+
+  def release(self) -> None:
+    with self._cond:
+      self._released = True
+      self._cond.notify_all()
+
+
+@contextlib.contextmanager
+def held_model_calls():
+  """HeldModelCalls over every model in this process; released (then unpatched) on exit,
+  before a server around it stops."""
+  held = HeldModelCalls()
+  with mock.patch.object(servable_lib.Signature, "run", held.wrap(servable_lib.Signature.run)):
+    try:
+      yield held
+    finally:
+      held.release()
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +468,7 @@ def test_new_version_under_load_is_picked_up_with_zero_failures(built, tmp_path)
 def test_retired_version_finishes_requests_in_flight(built, tmp_path):
   base = str(tmp_path / "slow")
   serving_models.publish(built["slower"], base, 1)  # 0.7 s per request
-  with running(_config(slow=base)) as (server, channel):
+  with running(_config(slow=base)) as (server, channel), held_model_calls() as held:
     results = []
     thread = threading.Thread(target=lambda: results.append(_prediction(channel).Predict(
         _request("slow", version=1, x=np.array([3.0], np.float32)), timeout=RPC_TIMEOUT)))
@@ -426,6 +478,7 @@ def test_retired_version_finishes_requests_in_flight(built, tmp_path):
     server.manager.poll()  # loads 2, retires 1 while its request still runs
     assert _status(channel, "slow")[1][0] == UNLOADING
     assert _status(channel, "slow")[2][0] == AVAILABLE
+    held.release()
     thread.join(RPC_TIMEOUT)
     assert results[0].model_spec.version.value == 1
     np.testing.assert_allclose(_outputs(results[0])["y"], [3.0])
@@ -443,7 +496,7 @@ def test_resource_preserving_policy_retires_the_old_version_before_loading(built
   base = str(tmp_path / "slow")
   serving_models.publish(built["slower"], base, 1)  # 0.7 s per request
   with running(_config(slow=base), aspired_version_policy="resource_preserving") as (
-      server, channel):
+      server, channel), held_model_calls() as held:
     results = []
     thread = threading.Thread(target=lambda: results.append(_prediction(channel).Predict(
         _request("slow", x=np.array([3.0], np.float32)), timeout=RPC_TIMEOUT)))
@@ -460,7 +513,12 @@ def test_resource_preserving_policy_retires_the_old_version_before_loading(built
     type(server.manager)._load = recording_load  # pylint: disable=protected-access
     try:
       serving_models.publish(staged, base, 2)
-      server.manager.poll()
+      poller = threading.Thread(target=server.manager.poll)
+      poller.start()
+      _wait_for(lambda: _status(channel, "slow")[1][0] == UNLOADING, what="version 1 retiring")
+      assert loaded_while == []  # version 2 waits for version 1's request
+      held.release()
+      poller.join(WAIT_SECONDS)
     finally:
       type(server.manager)._load = original  # pylint: disable=protected-access
     thread.join(RPC_TIMEOUT)
@@ -648,25 +706,32 @@ def test_warmup_requests_are_replayed_before_a_version_serves(built, tmp_path):
 # ------------------------------------------------------------------------------ limits
 
 
+# A deadline the held model call outlives; long enough for the request to reach its model
+# on a loaded machine (it is refused before it does once it has expired).
+DEADLINE = 2.0
+
+
 def test_concurrency_limit_and_deadlines(built, tmp_path):
   base = str(tmp_path / "slow")
-  serving_models.publish(built["slower"], base, 1)  # 0.7 s per request
+  serving_models.publish(built["slow1"], base, 1)
   with running(_config(slow=base), max_concurrent_requests=1,
-               request_timeout_seconds=0.2) as (_, channel):
+               request_timeout_seconds=DEADLINE) as (_, channel), held_model_calls() as held:
     stub, x = _prediction(channel), np.array([1.0], np.float32)
-    started = time.monotonic()
     error = _rpc_error(stub.Predict, _request("slow", x=x))
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "--request_timeout_seconds" in error.details()
-    assert time.monotonic() - started < 0.6
+    assert held.finished == 0  # answered at its deadline, not when the model returned
     # The timed-out computation still holds the only slot until the model returns.
+    held.wait_started(1)
     error = _rpc_error(stub.Predict, _request("slow", x=x))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "too many concurrent requests" in error.details()
-  with running(_config(slow=base), max_concurrent_requests=2) as (_, channel):
+  with running(_config(slow=base), max_concurrent_requests=2) as (_, channel), \
+      held_model_calls() as held:
     stub = _prediction(channel)
     error = _rpc_error(stub.Predict, _request("slow", x=x), timeout=0.2)  # the client's deadline
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    held.release()
     _wait_for(lambda: _try_predict(stub, x), what="the slot to be released")
 
 
@@ -686,7 +751,8 @@ def test_batching_merges_concurrent_requests_and_splits_results(built, tmp_path)
   base = str(tmp_path / "numeric")
   version_dir = serving_models.publish(built["numeric"], base, 1)
   batching_file = tmp_path / "batching.config"
-  batching_file.write_text("max_batch_size { value: 6 }\nbatch_timeout_micros { value: 2000000 }\n"
+  # The batch runs once full; its timeout (60 s) only bounds one that never fills.
+  batching_file.write_text("max_batch_size { value: 6 }\nbatch_timeout_micros { value: 60000000 }\n"
                            "num_batch_threads { value: 1 }\nmax_enqueued_batches { value: 4 }\n")
   rows = [np.random.RandomState(i).randn(1 + i % 2, 3).astype(np.float32) for i in range(4)]
   in_process = tf.saved_model.load(version_dir).signatures["serving_default"]
@@ -722,11 +788,11 @@ def test_batching_merges_concurrent_requests_and_splits_results(built, tmp_path)
 
 def test_batching_queue_bound_is_resource_exhausted(built, tmp_path):
   base = str(tmp_path / "slow")
-  serving_models.publish(built["slower"], base, 1)
+  serving_models.publish(built["slow1"], base, 1)
   options = config_lib.BatchingOptions(max_batch_size=1, batch_timeout_micros=0,
                                        max_enqueued_batches=1, num_batch_threads=1)
   with running(_config(slow=base), enable_batching=True, batching_options=options) as (
-      _, channel):
+      server, channel), held_model_calls() as held:
     stub, results = _prediction(channel), []
 
     def send():
@@ -735,13 +801,15 @@ def test_batching_queue_bound_is_resource_exhausted(built, tmp_path):
 
     running_one = threading.Thread(target=send)
     running_one.start()
-    time.sleep(0.2)  # now running on the only batch thread
+    held.wait_started(1)  # now running on the only batch thread
     queued_one = threading.Thread(target=send)
     queued_one.start()
-    time.sleep(0.2)  # now the one batch allowed in the queue
+    _wait_for(lambda: server.batcher.enqueued_batches == 1,
+              what="the one batch allowed in the queue")
     error = _rpc_error(stub.Predict, _request("slow", x=np.array([1.0], np.float32)))
     assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_enqueued_batches=1" in error.details()
+    held.release()
     running_one.join(RPC_TIMEOUT)
     queued_one.join(RPC_TIMEOUT)
     assert len(results) == 2
@@ -749,18 +817,23 @@ def test_batching_queue_bound_is_resource_exhausted(built, tmp_path):
 
 def test_client_deadline_drops_a_request_still_queued_for_a_batch(built, tmp_path):
   base = str(tmp_path / "slow")
-  serving_models.publish(built["slower"], base, 1)
+  serving_models.publish(built["slow1"], base, 1)
   options = config_lib.BatchingOptions(max_batch_size=1, batch_timeout_micros=0,
                                        max_enqueued_batches=4, num_batch_threads=1)
   with running(_config(slow=base), enable_batching=True, batching_options=options) as (
-      server, channel):
+      server, channel), held_model_calls() as held:
     stub, x = _prediction(channel), np.array([1.0], np.float32)
     first = threading.Thread(target=lambda: stub.Predict(_request("slow", x=x),
                                                          timeout=RPC_TIMEOUT))
     first.start()
-    time.sleep(0.2)  # the first request occupies the only batch thread
-    error = _rpc_error(stub.Predict, _request("slow", x=x), timeout=0.3)
+    held.wait_started(1)  # the first request occupies the only batch thread
+    error = _rpc_error(stub.Predict, _request("slow", x=x), timeout=DEADLINE)
     assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert server.batcher.enqueued_batches == 1  # it reached the queue, and waits there
+    # The server gives the request up at its own copy of the deadline (its version's
+    # in-flight count drops); only then may the batch thread come to it.
+    _wait_for(lambda: _in_flight(server, "slow", 1) == 1, what="the server to drop it")
+    held.release()
     first.join(RPC_TIMEOUT)
     stub.Predict(_request("slow", x=x), timeout=RPC_TIMEOUT)
     # The expired request was dropped from the queue, never run: 2 batches, not 3.
