@@ -72,11 +72,20 @@ flags.DEFINE_string("eval_name", "", "eval / continuous_eval: what its files are
                     "(<model_dir>/eval/<name>.jsonl, eval/<name>/; default: the mode).")
 flags.DEFINE_integer("eval_timeout", None, "continuous_eval: give up after this many seconds "
                      "without a new checkpoint (default trainer.continuous_eval_timeout).")
+flags.DEFINE_boolean("watchdog", True, "Multi-worker (TF_CONFIG naming two or more tasks): "
+                     "run training as the child of a watchdog process that ends the job "
+                     "with one line naming the stopped process when it makes no progress "
+                     "for runtime.progress_stall_seconds (realm_tf.training.watchdog).")
 FLAGS = flags.FLAGS
 
 
 def main(argv):
   del argv
+  # The watchdog never imports TensorFlow: it must outlive whatever TensorFlow does.
+  from realm_tf.training import watchdog  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  if FLAGS.watchdog and watchdog.should_supervise(os.environ):
+    sys.exit(watchdog.supervise([sys.executable, "-m", "realm_tf.train", *sys.argv[1:]]))
+  watchdog.started_by_watchdog()
   from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   with command_line.errors_reported("realm_tf.train",
                                     command_line.debug_requested(FLAGS.verbosity)):
@@ -87,7 +96,7 @@ def _main(usage_error):
   """The command; a user's mistake raises `usage_error` (one line, exit 2)."""
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  from realm_tf.training import runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.training import peer_failures, runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io.roles import HostRole  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   side_car = FLAGS.mode in ("eval", "continuous_eval")
@@ -118,6 +127,8 @@ def _main(usage_error):
     evaluate(config, strategy, usage_error)
     return
   role = HostRole(strategy)
+  if role.multi_process:
+    peer_failures.introduce(strategy, role, config.runtime, FLAGS.model_dir)
   # {title, text} JSON lines as index.blocks: through the corpus pipeline once, first, by
   # the chief; the other processes then find its output and reuse it.
   if role.is_chief:
@@ -128,12 +139,12 @@ def _main(usage_error):
   try:
     result = train_lib.run_experiment(config, FLAGS.model_dir, strategy, FLAGS.stop_at_step,
                                       evaluate=FLAGS.mode == "train_and_eval")
-  except runtime.LOST_PEER_ERRORS as e:
+  except peer_failures.LOST_PEER_ERRORS as e:
     if not role.multi_process:
       raise
     # A collective failed: another process of the job died, stopped, hangs or cannot be
     # reached. TF's own message is a page of gRPC detail; say which peer, and what to do.
-    sys.exit(train_lib.lost_peer_line(e, strategy, config, FLAGS.model_dir))
+    sys.exit(peer_failures.lost_peer_line(e, strategy, config, FLAGS.model_dir))
   print(json.dumps(result, indent=2, default=str))
 
 

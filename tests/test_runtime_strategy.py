@@ -9,12 +9,8 @@ and `initialize_tpu_system` replaced by recorders, and stops before building a s
 """
 import dataclasses
 import json
-import pathlib
 import re
 import shlex
-import subprocess
-import sys
-import time
 
 import pytest
 import tensorflow as tf
@@ -307,86 +303,3 @@ def test_bad_timeouts_are_refused_by_name(repo_dir, key, value, message):
   with pytest.raises(ValueError, match=f"runtime.{key} {message}"):
     load_config(str(repo_dir / "configs" / "tiny.yaml"), [f"runtime.{key}={value}"],
                 experiment="realm/ict")
-
-
-class _Resolver:
-  task_type, task_id = "worker", 0
-
-  def cluster_spec(self):
-    return tf.train.ClusterSpec({"worker": ["10.0.0.1:2222", "10.0.0.2:2222",
-                                            "10.0.0.3:2222"]})
-
-
-class _Strategy:
-  cluster_resolver = _Resolver()
-
-
-HEARTBEATS_STOPPED = (
-    "Collective ops is aborted by: Error reported from /job:worker/task:2: The following "
-    "tasks are unhealthy (stopped sending heartbeats):\n/job:worker/replica:0/task:2\nThe "
-    "tasks have crashed.")
-COLLECTIVE_TIMED_OUT = ("Graph execution error:\n\nDetected at node CollectiveReduceV2\n"
-                        "Collective has timed out during execution.")
-
-
-def test_the_lost_peer_is_named_with_its_address(repo_dir, monkeypatch):
-  """The peer TensorFlow names; else the one that does not answer a health check; else,
-  all answering after a collective timeout, every peer (one of them is alive but stuck);
-  else none."""
-  config = load_config(str(repo_dir / "configs" / "tiny.yaml"),
-                       ["runtime.collective_timeout_seconds=30"], experiment="realm/ict")
-  probed = []
-  silent = {"/job:worker/replica:0/task:1"}
-  monkeypatch.setattr(runtime, "_answers",
-                      lambda peer, seconds: probed.append(peer) or peer.device not in silent)
-  said = runtime.describe_lost_peers(tf.errors.UnavailableError(None, None, HEARTBEATS_STOPPED),
-                                     _Strategy(), config.runtime)
-  assert said.startswith("worker:2 (10.0.0.3:2222) lost (named by TensorFlow; heartbeats")
-  assert not probed
-  said = runtime.describe_lost_peers(
-      tf.errors.DeadlineExceededError(None, None, COLLECTIVE_TIMED_OUT), _Strategy(),
-      config.runtime)
-  assert said == ("worker:1 (10.0.0.2:2222) lost (no answer to a health check within 5s; a "
-                  "collective waited 30s (runtime.collective_timeout_seconds))")
-  assert [p.index for p in probed] == [1, 2]  # never itself
-  silent.clear()
-  said = runtime.describe_lost_peers(
-      tf.errors.DeadlineExceededError(None, None, COLLECTIVE_TIMED_OUT), _Strategy(),
-      config.runtime)
-  assert said.startswith("worker:1 (10.0.0.2:2222), worker:2 (10.0.0.3:2222) lost (all "
-                         "answer a health check: one is alive but stuck")
-  # Unprobed (the line armed for an exit that hangs): every peer, none asked.
-  probed.clear()
-  said = runtime.describe_lost_peers(
-      tf.errors.DeadlineExceededError(None, None, COLLECTIVE_TIMED_OUT), _Strategy(),
-      config.runtime, probe_seconds=None)
-  assert said.startswith("worker:1 (10.0.0.2:2222), worker:2 (10.0.0.3:2222) lost (one of "
-                         "them, not asked which; a collective waited 30s")
-  assert not probed
-  # An error that is no collective's (a storage outage, say) blames no peer.
-  said = runtime.describe_lost_peers(
-      tf.errors.UnavailableError(None, None, "GCS answered 503\nretry later"), _Strategy(),
-      config.runtime)
-  assert said == ("no peer found lost, every one answers a health check (UnavailableError: "
-                  "GCS answered 503)")
-
-
-# A process whose exit hangs: sys.exit while a non-daemon thread waits for good (as a thread
-# blocked on the coordination service would).
-_EXIT_HANGS = """
-import sys, threading
-from realm_tf.training import runtime
-threading.Thread(target=threading.Event().wait, name="stuck").start()
-runtime.end_if_exit_hangs("training stopped: worker:1 lost", seconds=2)
-sys.exit("exiting")
-"""
-
-
-def test_a_process_whose_exit_hangs_is_ended_with_its_line_and_stacks():
-  started = time.time()
-  done = subprocess.run([sys.executable, "-c", _EXIT_HANGS], capture_output=True, text=True,
-                        timeout=120, cwd=pathlib.Path(__file__).parent.parent, check=False)
-  assert done.returncode == 1, done.stderr[-2000:]
-  assert "training stopped: worker:1 lost (ended: the process had not exited 2s" in done.stderr
-  assert "Thread 0x" in done.stderr and "in wait" in done.stderr  # the stuck thread's stack
-  assert time.time() - started < 100

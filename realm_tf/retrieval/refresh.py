@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from realm_tf.io import layout, storage, versioned
+from realm_tf.io import heartbeat, layout, storage, versioned
 from realm_tf.io.roles import HostRole
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.retrieval import snapshots
@@ -96,8 +96,8 @@ class RefreshSettings:
     first_index_timeout_seconds: how long `start` (and a staleness wait) waits for an
       index before raising TimeoutError.
     poll_seconds: minimum seconds between polls for a newer index (one process).
-    start_builder: run `beam.index_builder` as a child process of the chief.
-    builder_args: extra command-line arguments of that child.
+    start_builder: run `beam.index_builder` as a child process of the chief when it has
+      an index to build (IndexRefresher.start_builder).
     max_staleness_steps: the most steps the index may lag the step reached before
       training waits for the builder.
     read_only: a side-car evaluator's refresher (see below).
@@ -108,7 +108,6 @@ class RefreshSettings:
   first_index_timeout_seconds: float
   poll_seconds: float
   start_builder: bool = False
-  builder_args: Sequence[str] = ()
   max_staleness_steps: int = 0  # 0: never wait for the builder
   # A side-car evaluator's refresher: it loads the run's committed indexes and nothing else
   # (no snapshot, no builder, TRAINING_DONE untouched); it waits for a first index.
@@ -183,7 +182,7 @@ class IndexRefresher:
     if training and writes:  # a new training slice: builders must follow it again
       layout.clear_training_done(self.model_dir)
     if self.settings.start_builder and writes:
-      self.builder = IndexBuilderProcess(self.model_dir, self.settings.builder_args)
+      self.builder = self.start_builder()
     # The chief's view decides (a collective: every process takes the same branch).
     if self.settings.read_only:
       if versioned.latest_version(self.settings.index_dir) is None:
@@ -215,6 +214,17 @@ class IndexRefresher:
             f"{self.settings.first_index_timeout_seconds:.0f}s (index.first_index_timeout_"
             f"seconds); build one with `python -m beam.embed_corpus` or run the index builder")
       time.sleep(min(self.settings.poll_seconds, 1.0))
+
+  def start_builder(self) -> Optional[IndexBuilderProcess]:
+    """The builder child, started only for work it will have: with refreshes, one that
+    builds every snapshot until TRAINING_DONE; with a fixed index (refresh_every_steps 0),
+    one that builds the first index and exits, or none when an index is committed (it
+    would wait, a TensorFlow process idle, for snapshots that never come)."""
+    if self.settings.refresh_every_steps > 0:
+      return IndexBuilderProcess(self.model_dir)
+    if versioned.latest_version(self.settings.index_dir) is not None:
+      return None
+    return IndexBuilderProcess(self.model_dir, ("--max_builds", "1"))
 
   def after_loop(self, global_step: int):
     """Between train loops: hand over a snapshot when due, swap in a newer index.
@@ -284,6 +294,8 @@ class IndexRefresher:
             f"(index.max_staleness_steps); is the index builder running?")
       time.sleep(min(self.settings.poll_seconds, 1.0) or 0.1)
       self.index.maybe_swap(self.settings.index_dir)
+      # Each round is a collective of every process: the job is alive, only waiting.
+      heartbeat.current().wait_round("waiting for a fresher index")
 
   def logs(self, global_step: int) -> dict[str, float]:
     """Scalars for a train loop's logs.

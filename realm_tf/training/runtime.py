@@ -25,25 +25,13 @@ follows):
   names one outright; `tpu` there needs a TPU address (`--tpu`, `runtime.tpu`, or the
   `TPU_NAME` environment variable, as Google's own TF-on-TPU tests run tf-models).
 
-A lost peer, multi-worker (docs/scale_out.md says what the operator does): TensorFlow's
-coordination service declares a process lost when its heartbeats stop
-(`runtime.heartbeat_timeout_seconds`: a process stopped, killed or cut off), and every
-collective gives up after `runtime.collective_timeout_seconds` (a process alive but stuck,
-whose heartbeats go on). Either way the step raises on every other process, and
-`describe_lost_peers` names the peer for the one line the process exits with, and
-`end_if_exit_hangs` bounds how long that exit may take. TPUStrategy
-has neither knob to turn here: its collectives are compiled into the TPU program, and the
-coordination service that `experimental_connect_to_cluster` starts for a Cloud TPU keeps
-TensorFlow's heartbeat settings.
+A lost or stalled peer, multi-worker: realm_tf.training.peer_failures and
+realm_tf.training.watchdog (docs/scale_out.md says what the operator sees).
 """
 import dataclasses
-import faulthandler
 import json
 import logging
 import os
-import re
-import sys
-import threading
 import urllib.request
 from typing import Mapping, Optional, Sequence
 
@@ -239,124 +227,3 @@ def multi_worker_strategy(runtime: RuntimeConfig) -> tf.distribute.MultiWorkerMi
                "TensorFlow's default")
   return tf.distribute.MultiWorkerMirroredStrategy(
       cluster_resolver=resolver, communication_options=communication_options(runtime))
-
-
-@dataclasses.dataclass(frozen=True)
-class Peer:
-  """Another process of a multi-worker job: its TF_CONFIG task and address."""
-  task_type: str
-  index: int
-  address: str
-
-  def __str__(self) -> str:
-    return f"{self.task_type}:{self.index} ({self.address})"
-
-  @property
-  def device(self) -> str:
-    return f"/job:{self.task_type}/replica:0/task:{self.index}"
-
-
-# A task as TensorFlow's errors name it: /job:worker/replica:0/task:1 or /job:worker/task:1.
-_TASK = re.compile(r"/job:(\w+)(?:/replica:\d+)?/task:(\d+)")
-PROBE_SECONDS = 5.0
-_CAUSES = ("grpc_message", "connect", "unhealthy", "abort", "reset", "unavailable")
-
-
-def peers(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> list:
-  """Every other chief and worker task of `cluster` ({job: [address, ...]})."""
-  return [Peer(job, i, address) for job in ("chief", "worker")
-          for i, address in enumerate(cluster.get(job, ()))
-          if (job, i) != (task_type, index)]
-
-
-def named_peers(message: str, candidates: Sequence[Peer]) -> list:
-  """The candidates an error message names (TensorFlow names the task it lost when the
-  coordination service or a failed RPC knows it)."""
-  named = {(m.group(1), int(m.group(2))) for m in _TASK.finditer(message)}
-  return [p for p in candidates if (p.task_type, p.index) in named]
-
-
-def _answers(peer: Peer, seconds: float) -> bool:
-  try:
-    context.context().check_collective_ops_peer_health(peer.device,
-                                                       timeout_in_ms=int(seconds * 1000))
-    return True
-  except (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-          tf.errors.FailedPreconditionError, tf.errors.AbortedError):
-    return False
-
-
-# Errors a multi-worker step raises when another process of the job is lost.
-LOST_PEER_ERRORS = (tf.errors.UnavailableError, tf.errors.AbortedError,
-                    tf.errors.DeadlineExceededError)
-# How long a process that lost a peer may take to exit before it is ended (os._exit).
-EXIT_GRACE_SECONDS = 30.0
-
-
-def describe_lost_peers(error: Exception, strategy: tf.distribute.Strategy,
-                        runtime: RuntimeConfig,
-                        probe_seconds: Optional[float] = PROBE_SECONDS) -> str:
-  """Which peer a failed collective lost, and how that is known, in one clause for the
-  process's last line: the task TensorFlow's error names; else those that do not answer a
-  health check within probe_seconds (a stopped or dead process, or the coordination
-  service's host); else, after a collective timeout, every peer (alive, but one of them
-  never joined); else none (the error came from elsewhere, and says so). `probe_seconds`
-  None asks no peer (every peer is named when the error names none)."""
-  resolver = strategy.cluster_resolver
-  others = peers(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id)
-  message = str(error)
-  timed_out = "timed out" in message and "ollective" in message
-  if timed_out:
-    waited = (f"a collective waited {runtime.collective_timeout_seconds:.0f}s "
-              f"(runtime.collective_timeout_seconds)")
-  elif "heartbeat" in message.lower():
-    waited = "heartbeats stopped (runtime.heartbeat_timeout_seconds)"
-  else:
-    # The line of TensorFlow's page of gRPC detail that says what failed.
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    detail = next((line for line in lines if any(word in line.lower() for word in _CAUSES)),
-                  lines[0] if lines else "")
-    waited = f"{type(error).__name__}: {detail}"
-  lost = named_peers(message, others)
-  if lost:
-    how = "named by TensorFlow"
-  elif probe_seconds is None:
-    lost, how = others, "one of them, not asked which"
-  else:
-    lost = [p for p in others if not _answers(p, probe_seconds)]
-    how = f"no answer to a health check within {probe_seconds:.0f}s"
-    if not lost and not timed_out:
-      return f"no peer found lost, every one answers a health check ({waited})"
-    if not lost:
-      lost, how = others, "all answer a health check: one is alive but stuck"
-  return f"{', '.join(map(str, lost))} lost ({how}; {waited})"
-
-
-def end_if_exit_hangs(line: str, seconds: float = EXIT_GRACE_SECONDS) -> threading.Timer:
-  """Ends the process (os._exit(1)) if it has not exited `seconds` from now.
-
-  Armed as soon as a multi-worker step fails for a lost peer. Unwinding after an aborted
-  collective reads variables, runs the tasks' on_train_end and probes the peers, and
-  interpreter shutdown joins threads that may be blocked on the coordination service; on
-  a loaded machine one of those has been seen not to return within 45 s. A job that never
-  exits is never relaunched, so the process writes `line` (the exit line, with the peers
-  not probed) and every thread's stack (where it hung), and ends.
-
-  Args:
-    line: the line to write before ending.
-    seconds: the grace period.
-
-  Returns:
-    The started daemon timer (cancel it to disarm).
-  """
-  def end():
-    sys.stderr.write(f"{line} (ended: the process had not exited {seconds:.0f}s after the "
-                     "failure; every thread's stack follows)\n")
-    sys.stderr.flush()
-    faulthandler.dump_traceback(all_threads=True)
-    os._exit(1)  # pylint: disable=protected-access
-
-  timer = threading.Timer(seconds, end)
-  timer.daemon = True
-  timer.start()
-  return timer

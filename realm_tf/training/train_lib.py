@@ -32,7 +32,8 @@ from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import layout
 from realm_tf.io.roles import HostRole
 from realm_tf.tasks.base import RealmTask, steps_per_loop
-from realm_tf.training import checkpoints, preemption, runtime
+from realm_tf.io import heartbeat
+from realm_tf.training import checkpoints, peer_failures, preemption
 from realm_tf.training.progress import ProgressReporter
 
 
@@ -64,16 +65,30 @@ class RealmTrainer(base_trainer.Trainer):
     if not hasattr(config, "trainer") or not hasattr(config, "task"):
       raise AttributeError("the experiment config needs trainer and task sections")
 
+  def train_loop_begin(self):
+    """tf-models' loop start; the watchdog's heartbeat counts the loop."""
+    heartbeat.current().loop_begun("train")
+    super().train_loop_begin()
+
   def train_loop_end(self):
     """tf-models' loop logs plus the task's host_logs."""
     logs = super().train_loop_end()
-    logs.update(self.task.host_logs(int(self.global_step.numpy())))
+    step = int(self.global_step.numpy())
+    heartbeat.current().loop_ended("train", step)
+    logs.update(self.task.host_logs(step))
     return logs
+
+  def eval_begin(self):
+    """tf-models' evaluation start; the watchdog's heartbeat counts the loop."""
+    heartbeat.current().loop_begun("evaluate")
+    super().eval_begin()
 
   def eval_end(self, aggregated_logs=None):
     """tf-models' evaluation logs, handed to the task's on_evaluate_end."""
     logs = super().eval_end(aggregated_logs)
-    self.task.on_evaluate_end(int(self.global_step.numpy()), logs)
+    step = int(self.global_step.numpy())
+    heartbeat.current().loop_ended("evaluate", step)
+    self.task.on_evaluate_end(step, logs)
     return logs
 
 
@@ -150,7 +165,7 @@ def distribute(strategy, task: RealmTask, data_config):
   """The task's dataset for `data_config`, one pipeline per host; only numbers reach the
   devices (the nest is checked: a string or variant component is an error)."""
   dataset = strategy.distribute_datasets_from_function(
-      lambda context: task.build_inputs(data_config, context))
+      lambda context: peer_failures.counted(task.build_inputs(data_config, context)))
   check_numeric(dataset.element_spec, data_config.input_path)
   return dataset
 
@@ -239,6 +254,9 @@ class Run:
           model_dir, self.trainer.global_step, experiment.trainer.train_steps,
           task_config.train_data.global_batch_size, experiment.task.type,
           write_metrics=self.role.is_chief)]
+      if self.role.multi_process and heartbeat.current().enabled:
+        actions.append(peer_failures.CheckpointSeen(
+            model_dir, self.trainer.global_step, experiment.trainer.checkpoint_interval))
     self.evaluate_enabled = evaluate
     self.runner = RealmExperimentRunner(
         self.strategy, self.task, "train_and_eval" if train else "eval", self.params,
@@ -283,11 +301,8 @@ class Run:
         else:
           controller.train(steps=steps)
       reached = self.global_step >= t.train_steps
-    except BaseException as e:
+    except BaseException:
       failed = True
-      if self.role.multi_process and isinstance(e, runtime.LOST_PEER_ERRORS):
-        runtime.end_if_exit_hangs(lost_peer_line(e, self.strategy, self.experiment,
-                                                 self.model_dir, probe_seconds=None))
       raise
     finally:
       # TRAINING_DONE (which stops index builders) only when the schedule is complete.
@@ -401,29 +416,6 @@ def run_experiment(experiment: ExperimentConfig, model_dir: str,
   return run.train(stop_at_step)
 
 
-def lost_peer_line(error: Exception, strategy: tf.distribute.Strategy,
-                   experiment: ExperimentConfig, model_dir: str,
-                   probe_seconds: Optional[float] = runtime.PROBE_SECONDS) -> str:
-  """The one line a multi-worker process exits with when a step failed for a lost peer:
-  which peer (runtime.describe_lost_peers), and the relaunch that resumes the run.
-
-  Args:
-    error: the step's error (one of runtime.LOST_PEER_ERRORS).
-    strategy: the multi-worker strategy.
-    experiment: the run's config (its runtime section's timeouts are named).
-    model_dir: the run directory (its chief checkpoint is where the relaunch resumes).
-    probe_seconds: health-check the peers for this long; None asks none.
-
-  Returns:
-    The line.
-  """
-  lost = runtime.describe_lost_peers(error, strategy, experiment.runtime, probe_seconds)
-  return (f"training stopped ({HostRole(strategy).describe()}): another process of the job "
-          f"is unreachable: {lost}. Relaunch every process with the same command: training "
-          f"resumes from the chief's checkpoint at step {layout.checkpoint_step(model_dir)} "
-          f"in {layout.checkpoint_dir(model_dir)}.")
-
-
 __all__ = ["Run", "RealmTrainer", "check_numeric", "evaluate_checkpoint", "evaluation_config",
-           "lost_peer_line", "restore_model", "run_experiment", "save_params"]
+           "restore_model", "run_experiment", "save_params"]
 

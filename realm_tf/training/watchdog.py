@@ -1,0 +1,445 @@
+"""The watchdog: the parent of every multi-worker training process, ending a stalled job.
+
+A multi-worker step is a collective, so one worker that stops stops them all. TensorFlow's
+own answers (closed connections, the coordination service's heartbeats, the collective
+timeout) reach Python only through its error path, and after a collective timeout
+TensorFlow 2.20 has been seen to abort the waiting process ("Mutex corrupt") or wedge it
+before any Python ran: no line, or a hang that nothing relaunches. The watchdog needs
+neither that path nor the trainer's GIL, as torchrun's agent does for PyTorch: it is a
+small process of its own that never imports TensorFlow.
+
+  python -m realm_tf.train ...  (TF_CONFIG naming ≥ 2 tasks)
+    └─ watchdog (this module): starts the same command as its child, serves its status
+       on a TCP port, reads the child's heartbeat file (realm_tf.io.heartbeat)
+         └─ the training process: bumps counters, publishes the watchdog's address to
+            its peers through the coordination service's key-value store
+
+When the heartbeat's progress counters have not moved for the limit — until the first
+train loop has ended (it traces and compiles) runtime.collective_timeout_seconds + 30 s,
+then runtime.progress_stall_seconds — the watchdog asks every peer's watchdog how its
+trainer is, judges which process stopped the job (`judge`), saves every thread's stack of
+its own trainer (faulthandler, on SIGUSR1: no GIL needed), kills it and exits 1 with one
+line naming the culprit(s) and the relaunch. Each watchdog does the same for its own
+process, so the whole job ends within the limit plus a few seconds, and a scheduler that
+relaunches on a non-zero exit resumes it from the chief's checkpoint.
+
+Also: a trainer that wrote its own line (TensorFlow raised) but has not exited 30 s later
+is ended; one killed by a signal (an abort) gets the line it could not write; SIGTERM and
+SIGINT are passed on (preemption saves, exit 42); when the watchdog dies, the kernel kills
+its child (PR_SET_PDEATHSIG), so a peer sees the process gone.
+"""
+import dataclasses
+import json
+import os
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Callable, Mapping, Optional, Sequence
+
+from realm_tf.io import heartbeat
+
+EXIT_GRACE_SECONDS = 30.0  # a trainer that wrote its exit line must be gone by then
+QUERY_SECONDS = 5.0  # a peer's watchdog that does not answer within this is named
+HEARTBEAT_STALE_SECONDS = 10.0  # no heartbeat for this long: the interpreter is blocked
+STACKS_WAIT_SECONDS = 5.0
+POLL_SECONDS = 0.5
+_KEY_PREFIX = "realm_tf/watchdog/"
+
+
+@dataclasses.dataclass(frozen=True)
+class Peer:
+  """A process of a multi-worker job: its TF_CONFIG task and address."""
+  task_type: str
+  index: int
+  address: str
+
+  @property
+  def name(self) -> str:
+    return f"{self.task_type}:{self.index}"
+
+  def __str__(self) -> str:
+    return f"{self.name} ({self.address})"
+
+  @property
+  def device(self) -> str:
+    return f"/job:{self.task_type}/replica:0/task:{self.index}"
+
+  @property
+  def watchdog_key(self) -> str:
+    """The coordination-service key under which this task's watchdog address is shared."""
+    return f"{_KEY_PREFIX}{self.task_type}/{self.index}"
+
+
+def peers(cluster: Mapping[str, Sequence[str]], task_type: str, index: int) -> list:
+  """Every other chief and worker task of `cluster` ({job: [address, ...]})."""
+  return [Peer(job, i, address) for job in ("chief", "worker")
+          for i, address in enumerate(cluster.get(job, ()))
+          if (job, i) != (task_type, index)]
+
+
+def this_task(env: Mapping[str, str]) -> Optional[Peer]:
+  """This process's task when TF_CONFIG names a job of two or more chief/worker tasks
+  (a multi-worker job), else None. Malformed TF_CONFIG: None (the trainer reports it)."""
+  try:
+    config = json.loads(env.get("TF_CONFIG") or "{}")
+    cluster, task = config.get("cluster") or {}, config.get("task") or {}
+    size = sum(len(cluster.get(job, ())) for job in ("chief", "worker"))
+    task_type, index = task["type"], int(task["index"])
+    return Peer(task_type, index, cluster[task_type][index]) if size >= 2 else None
+  except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+    return None
+
+
+def should_supervise(env: Mapping[str, str]) -> bool:
+  """A multi-worker task, not already the watchdog's child."""
+  return this_task(env) is not None and not env.get(heartbeat.WATCHDOG_DIR_ENV)
+
+
+def stop_line(role: str, cause: str, checkpoint_step, checkpoint_dir: str) -> str:
+  """The one line a multi-worker process exits with when the job cannot go on."""
+  step = "?" if checkpoint_step is None else checkpoint_step
+  return (f"training stopped ({role}): {cause}. Relaunch every process with the same "
+          f"command: training resumes from the chief's checkpoint at step {step} in "
+          f"{checkpoint_dir}.")
+
+
+# ------------------------------------------------------------------------------ the verdict
+
+
+def judge(statuses: Mapping[str, Optional[dict]], addresses: Mapping[str, str]) -> list:
+  """Which processes stopped a stalled job, each as "task (address) <how>".
+
+  A process that is gone, stopped, not answering or whose interpreter is blocked is named
+  for that. If every process is alive, those whose input pipelines delivered fewer batches
+  than the others are starved (in lockstep every process has consumed the same batches;
+  one waiting in a collective already holds its next batch). If none is, all are named:
+  alive, fed, and stuck elsewhere.
+
+  Args:
+    statuses: {task: its watchdog's status, None if it did not answer}, this process
+      included.
+    addresses: {task: address in TF_CONFIG}.
+
+  Returns:
+    The descriptions, in task order.
+  """
+  named, alive = [], {}
+  for task in sorted(statuses):
+    who, status = f"{task} ({addresses.get(task, '?')})", statuses[task]
+    if status is None:
+      named.append(f"{who} does not answer (its host is down, frozen or cut off)")
+    elif status.get("trainer") == "exited":
+      named.append(f"{who} has exited ({status.get('exit')})")
+    elif status.get("trainer") == "stopped":
+      named.append(f"{who} is stopped (SIGSTOP, a debugger or a frozen VM)")
+    elif (status.get("heartbeat_age") is None
+          or status["heartbeat_age"] > HEARTBEAT_STALE_SECONDS):
+      named.append(f"{who} is not responding (its Python interpreter is blocked)")
+    else:
+      alive[task] = status
+  if named or not alive:
+    return named
+  most = max(s.get("batches", 0) for s in alive.values())
+  for task, status in alive.items():
+    if status.get("batches", 0) < most:
+      named.append(f"{task} ({addresses.get(task, '?')}) is stuck in its input pipeline "
+                   f"(alive; {status.get('batches', 0)} batches delivered, the others "
+                   f"{most}; at step {status.get('step')})")
+  if named:
+    return named
+  return [f"{task} ({addresses.get(task, '?')}) is alive and fed but not advancing"
+          for task in alive]
+
+
+def ask(address: str, timeout: float = QUERY_SECONDS) -> Optional[dict]:
+  """A watchdog's status at `address` (host:port), None if it does not answer in time."""
+  host, _, port = address.rpartition(":")
+  try:
+    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+      connection.settimeout(timeout)
+      data = b""
+      while True:
+        chunk = connection.recv(65536)
+        if not chunk:
+          break
+        data += chunk
+    return json.loads(data.decode())
+  except (OSError, ValueError):
+    return None
+
+
+def _process_state(pid: int) -> Optional[str]:
+  """The kernel's one-letter state of `pid` (R, S, D, T, Z, ...), None where /proc is not."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return None
+
+
+def _die_with_parent() -> None:
+  """In the child: the kernel kills it when its watchdog dies (Linux), and it exits if the
+  watchdog was already gone before that was set."""
+  try:
+    import ctypes  # noqa: PLC0415  only the watchdog's child needs it, and only on Linux
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
+# ------------------------------------------------------------------------------- the parent
+
+
+class _StatusHandler(socketserver.StreamRequestHandler):
+
+  def handle(self):
+    self.wfile.write(json.dumps(self.server.status()).encode())
+
+
+class _StatusServer(socketserver.ThreadingTCPServer):
+  daemon_threads = True
+  allow_reuse_address = True
+
+  def __init__(self, status: Callable[[], dict]):
+    super().__init__(("", 0), _StatusHandler)
+    self.status = status
+
+
+class Watchdog:
+  """Starts `command` as its child and watches it (see the module docstring).
+
+  Args:
+    command: the training process's command line.
+    env: its environment (TF_CONFIG names this task).
+    exit_grace_seconds: how long a trainer that wrote its exit line may take to exit, and
+      what the first train loop may take beyond the collective timeout.
+    query_seconds: how long a peer's watchdog has to answer.
+  """
+
+  def __init__(self, command: Sequence[str], env: Mapping[str, str],
+               exit_grace_seconds: float = EXIT_GRACE_SECONDS,
+               query_seconds: float = QUERY_SECONDS):
+    self.task = this_task(env)
+    if self.task is None:
+      raise ValueError("the watchdog supervises a task of a multi-worker TF_CONFIG")
+    self.exit_grace_seconds = exit_grace_seconds
+    self.query_seconds = query_seconds
+    # After a verdict, the status (with the verdict) is served this long before exiting,
+    # so that a peer's watchdog that judges a moment later names the same culprit instead
+    # of one that "does not answer".
+    self.linger_seconds = 2 * query_seconds
+    self.clock = time.monotonic
+    self.directory = tempfile.mkdtemp(prefix=f"realm-watchdog-{self.task.task_type}"
+                                             f"{self.task.index}-")
+    self._progress = None
+    self._progress_at = self.clock()
+    self._reported_at = None
+    self._verdict = None
+    self._served = None
+    self._ended_by_us = False
+    self.server = _StatusServer(self.status)
+    threading.Thread(target=self.server.serve_forever, name="watchdog-status",
+                     daemon=True).start()
+    host = self.task.address.rpartition(":")[0]
+    child_env = dict(env)
+    child_env[heartbeat.WATCHDOG_DIR_ENV] = self.directory
+    child_env[heartbeat.WATCHDOG_ADDRESS_ENV] = f"{host}:{self.server.server_address[1]}"
+    self.child = subprocess.Popen(list(command), env=child_env)  # pylint: disable=consider-using-with
+    sys.stderr.write(f"Watchdog of {self.task}: training process pid {self.child.pid}, "
+                     f"status on port {self.server.server_address[1]}, heartbeat and stacks "
+                     f"in {self.directory}\n")
+    sys.stderr.flush()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+      signal.signal(signum, self._forward)
+
+  def _forward(self, signum, frame):
+    del frame
+    if self.child.poll() is None:
+      self.child.send_signal(signum)
+
+  # ----------------------------------------------------------------------- observation
+
+  def _observe(self) -> Optional[dict]:
+    beat = heartbeat.read(self.directory)
+    if beat is not None:
+      progress = tuple(beat.get(k) for k in ("loops", "batches", "step", "waits", "phase"))
+      if progress != self._progress:
+        self._progress, self._progress_at = progress, self.clock()
+      if beat.get("reported") and self._reported_at is None:
+        self._reported_at = self.clock()
+    return beat
+
+  def status(self) -> dict:
+    """What a peer's watchdog is told about this process (and what `judge` reads): once
+    this watchdog has decided to end the job, the state its trainer stalled in, and the
+    verdict."""
+    if self._served is not None:
+      return dict(self._served, verdict=self._verdict)
+    beat = heartbeat.read(self.directory) or {}
+    code = self.child.poll()
+    state = _process_state(self.child.pid) if code is None else None
+    trainer = "exited" if code is not None else (
+        "stopped" if state in ("T", "t") else "running")
+    return dict(task=self.task.name, trainer=trainer, exit=code, process_state=state,
+                heartbeat_age=(time.time() - beat["time"]) if "time" in beat else None,
+                batches=beat.get("batches", 0), step=beat.get("step"),
+                phase=beat.get("phase"), idle_seconds=self.clock() - self._progress_at,
+                verdict=self._verdict)
+
+  def limit(self, beat: Optional[dict]) -> Optional[tuple]:
+    """(seconds, what they are) the child may go without progress now, None: unwatched."""
+    if not beat:
+      return None
+    watch, reported = beat.get("watch"), beat.get("reported")
+    if reported:
+      return self.exit_grace_seconds, "the grace to exit after its line"
+    if not watch or not beat.get("loops"):
+      return None  # starting up: the first index wait and the like have their own bounds
+    if not beat.get("first_loop_ended"):
+      return (watch["collective_timeout_seconds"] + self.exit_grace_seconds,
+              f"runtime.collective_timeout_seconds + {self.exit_grace_seconds:.0f}s, for "
+              "the first loop's compilation")
+    return watch["stall_seconds"], "runtime.progress_stall_seconds"
+
+  # ---------------------------------------------------------------------------- ending
+
+  def _peer_statuses(self, watch: dict) -> dict:
+    answers = {}
+
+    def one(task, address):
+      answers[task] = ask(address, self.query_seconds) if address else None
+
+    threads = [threading.Thread(target=one, args=(task, peer.get("watchdog")), daemon=True)
+               for task, peer in watch.get("peers", {}).items()]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(self.query_seconds + 1)
+    return {task: answers.get(task) for task in watch.get("peers", {})}
+
+  def _save_stacks(self) -> str:
+    """Every thread's stack of the child into the stacks file (its faulthandler, on
+    SIGUSR1; a stopped child is continued so that it can handle the signal)."""
+    path = heartbeat.stacks_path(self.directory)
+    if self.child.poll() is not None:
+      return path
+    stopped = _process_state(self.child.pid) in ("T", "t")
+    self.child.send_signal(signal.SIGUSR1)
+    if stopped:
+      self.child.send_signal(signal.SIGCONT)
+    deadline, size = time.monotonic() + STACKS_WAIT_SECONDS, -1
+    while time.monotonic() < deadline:
+      time.sleep(0.25)
+      now = os.path.getsize(path) if os.path.exists(path) else 0
+      if now and now == size:
+        break
+      size = now
+    return path
+
+  def _kill(self):
+    self._ended_by_us = True
+    if self.child.poll() is None:
+      self.child.kill()
+    self.child.wait()
+
+  def _end_stalled(self, beat: dict, limit: tuple) -> int:
+    watch = beat.get("watch") or {}
+    if beat.get("reported"):
+      stacks = self._save_stacks()
+      self._kill()
+      sys.stderr.write(f"Watchdog of {self.task}: the training process had not exited "
+                       f"{limit[0]:.0f}s after its line; ended (every thread's stack: "
+                       f"{stacks})\n")
+      return 1
+    # Every watchdog of the job decides within moments of the others (a collective stalls
+    # them together). The state the trainer stalled in is taken and served from now on,
+    # its stacks saved, and then it is frozen: while the watchdogs ask each other and
+    # judge, no trainer can drop its connections (which would make a peer's TensorFlow
+    # raise and write a line of its own) or change what its watchdog reports.
+    own = self.status()
+    stacks = self._save_stacks()
+    if self.child.poll() is None:
+      self.child.send_signal(signal.SIGSTOP)
+    self._served = own
+    statuses = self._peer_statuses(watch)
+    statuses[self.task.name] = own
+    addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
+    addresses[self.task.name] = self.task.address
+    # A peer that judged first decides for the job: every line names the same culprit.
+    verdicts = [s["verdict"] for s in statuses.values() if s and s.get("verdict")]
+    self._verdict = verdicts[0] if verdicts else judge(statuses, addresses)
+    beat = heartbeat.read(self.directory) or beat
+    if not beat.get("reported"):  # else the trainer wrote its own line before it was frozen
+      cause = (f"the job made no progress for {limit[0]:.0f}s ({limit[1]}): "
+               f"{'; '.join(self._verdict)}. Every thread's stack of this process: {stacks}")
+      self._write_line(watch, beat, cause)
+    # Killed once the peers have had the time to ask (run's finally).
+    return 1
+
+  def _write_line(self, watch: dict, beat: dict, cause: str):
+    role = watch.get("role") or self.task.name
+    sys.stderr.write(stop_line(role, cause, beat.get("checkpoint_step"),
+                               watch.get("checkpoint_dir", "?")) + "\n")
+    sys.stderr.flush()
+
+  def _ended(self, code: int) -> int:
+    """The child exited by itself: its code, and for a death by signal the line it could
+    not write (an abort in TensorFlow, the OOM killer)."""
+    if code >= 0 or self._ended_by_us:
+      return code if code >= 0 else 1
+    beat = heartbeat.read(self.directory) or {}
+    watch = beat.get("watch")
+    if watch and not beat.get("reported"):
+      statuses = self._peer_statuses(watch)
+      statuses[self.task.name] = self.status()  # exited: always named
+      addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
+      addresses[self.task.name] = self.task.address
+      try:
+        name = signal.Signals(-code).name
+      except ValueError:
+        name = f"signal {-code}"
+      self._write_line(watch, beat, f"the training process was ended by {name}; "
+                                    f"{'; '.join(judge(statuses, addresses))}")
+    return 128 - code
+
+  def run(self) -> int:
+    """Watches until the child exits or is ended; returns the exit code for the job."""
+    try:
+      while True:
+        code = self.child.poll()
+        if code is not None:
+          return self._ended(code)
+        beat = self._observe()
+        limit = self.limit(beat)
+        if limit is not None:
+          since = self._reported_at if beat.get("reported") else self._progress_at
+          if self.clock() - since > limit[0]:
+            return self._end_stalled(beat, limit)
+        time.sleep(POLL_SECONDS)
+    finally:
+      if self._verdict is not None:
+        time.sleep(self.linger_seconds)
+      if self.child.poll() is None:
+        self._kill()
+      self.server.shutdown()
+
+
+def supervise(command: Sequence[str], env: Optional[Mapping[str, str]] = None) -> int:
+  """Runs `command` under a Watchdog; the job's exit code."""
+  return Watchdog(command, os.environ if env is None else env).run()
+
+
+def started_by_watchdog() -> bool:
+  """In the training process a watchdog started: makes it die with its watchdog and starts
+  its heartbeat (and the stack dump on SIGUSR1) before anything can block. False
+  elsewhere."""
+  if not os.environ.get(heartbeat.WATCHDOG_DIR_ENV):
+    return False
+  _die_with_parent()
+  heartbeat.current()
+  return True
