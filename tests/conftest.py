@@ -33,7 +33,10 @@ SLOW_MODULES = frozenset({
     "test_export_qa.py", "test_gcs_protocol.py", "test_import_released.py",
     "test_openqa_corpus.py",
     "test_openqa_finetune.py", "test_preprocess_pipeline.py", "test_retrieval.py",
-    "test_scale.py", "test_serving_realm.py", "test_serving_rest.py", "test_serving_server.py",
+    "test_scale.py", "test_serving_batching.py", "test_serving_client.py",
+    "test_serving_limits.py", "test_serving_model_manager.py", "test_serving_realm.py",
+    "test_serving_rest.py", "test_serving_server.py", "test_serving_tensors.py",
+    "test_serving_warmup.py",
     "test_storage_gcs_emulator.py", "test_storage_publishers.py", "test_tf_gcs.py",
     "test_train_on_object_store.py", "test_training.py",
 })
