@@ -33,6 +33,7 @@ from realm_tf.retrieval import encoders
 from tests.test_storage_publishers import _HashEncoder
 
 TIMEOUT = 180.0  # seconds a builder may take for what a test waits for (a loaded machine)
+WAIT_SECONDS = 60.0  # for a state of a claim in this process (a loaded machine)
 
 
 @pytest.fixture(params=["local", "ram"])
@@ -75,14 +76,43 @@ def test_a_live_claim_stands_and_a_released_one_is_superseded(root):
   assert _generations(root, 10) == [0, 1]
 
 
+def _wait_for_claim(root: str, version: int, condition, what: str) -> dict:
+  """The claim object as read once `condition(claim)` holds; fails after WAIT_SECONDS."""
+  end = time.monotonic() + WAIT_SECONDS
+  while time.monotonic() < end:
+    claim = versioned.current_claim(root, version)
+    if condition(claim):
+      return claim
+    time.sleep(0.02)
+  raise AssertionError(f"timed out after {WAIT_SECONDS:.0f} s waiting for {what}; the claim "
+                       f"is {versioned.current_claim(root, version)}")
+
+
 def test_a_held_claim_is_kept_alive_and_a_dead_holders_claim_expires(root):
-  holder = versioned.Claim(root, 5, holder="alive", ttl_seconds=0.6)
+  ttl = 0.6
+  holder = versioned.Claim(root, 5, holder="alive", ttl_seconds=ttl)
   assert holder.acquire()
-  time.sleep(1.5)  # more than twice the TTL: only the refreshes keep it live
-  assert not versioned.Claim(root, 5, ttl_seconds=0.6).acquire()
+  lapses_at = holder.record["expires_at"]  # when the claim would lapse without refreshes
+  # The keep-alive rewrites expires_at (its write time + ttl) every ttl/3: seen rewritten 3
+  # times, the last time after the moment the claim would have lapsed. Waited for in the
+  # claim object itself, whatever the refreshes' timing on a loaded machine.
+  expiries = [lapses_at]
+
+  def refreshed_past_its_first_expiry(claim):
+    if claim["expires_at"] != expiries[-1]:
+      expiries.append(claim["expires_at"])
+    return len(expiries) > 3 and claim["expires_at"] - ttl > lapses_at
+
+  refreshed = _wait_for_claim(root, 5, refreshed_past_its_first_expiry,
+                              "3 refreshes of the claim, one after its first expiry")
+  assert expiries == sorted(expiries)  # each refresh moves the expiry later
+  assert refreshed["generation"] == 0 and refreshed["claimer"] == holder.claimer
+  # A claimer judging it when it would have lapsed unrefreshed finds it held.
+  assert versioned.superseded_because(refreshed, now=lapses_at) is None
   # The holder hangs (or dies): nothing refreshes the claim, and it lapses.
   holder._keep_alive.stop()  # pylint: disable=protected-access
-  time.sleep(0.7)
+  _wait_for_claim(root, 5, lambda claim: not versioned.claim_is_live(claim),
+                  "the unrefreshed claim to lapse")
   successor = versioned.Claim(root, 5, holder="successor", ttl_seconds=60)
   assert successor.acquire() and successor.generation == 1
   assert successor.record["after"]["why"] == "expired"
