@@ -10,6 +10,8 @@
   limits         the server binds to 127.0.0.1 unless told otherwise, and message size,
                  concurrency, request time and batch size are capped (none can be switched
                  off); the limits themselves are exercised in tests/test_serving_server.py
+                 (address, message size), test_serving_limits.py (concurrency, request
+                 time) and test_serving_tensors.py (batch size, decoded size)
 """
 import ast
 import json
