@@ -9,14 +9,17 @@ What a multi-worker job must do, checked on real processes:
     into a temporary directory of its own;
   - index swaps are collective: both workers load the same versions at the same steps;
   - the chief's checkpoints restore in a single process;
-  - a worker stopped (SIGSTOP) or killed mid-run stops the job with one line naming it,
-    within a bound; launching both again resumes from the chief's last checkpoint, with the
-    losses the stopped run had computed past it.
+  - a worker stopped (SIGSTOP) or starved by its input pipeline mid-run ends the job, on
+    every process, with one line naming it, within runtime.progress_stall_seconds + 30 s
+    (the watchdogs; TensorFlow's own timeouts are set far beyond); one killed ends it
+    through TensorFlow's error; launching both again resumes from the chief's last
+    checkpoint, with the losses the failed run had computed past it.
 """
 import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,6 +30,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.io import layout, versioned
+from realm_tf.training import watchdog
 from tests.synthetic_corpus import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -34,11 +38,15 @@ pytestmark = pytest.mark.slow
 # Bounds, generous for a loaded 2-core machine (make test runs two test modules at once).
 RUN_TIMEOUT = 420.0
 KILL_TIMEOUT = 90.0  # from SIGKILL of one worker to the other's exit
-# The hung worker: runtime.collective_timeout_seconds for that run, and what its peer may
-# take beyond it to exit (a 5 s health check of the peer, the error's way out of the train
-# loop and the process, on a loaded machine).
-HANG_TIMEOUT = 30.0
-HANG_MARGIN = 45.0
+# A stalled job: runtime.progress_stall_seconds for those runs; the job must end (every
+# process's line written) within it + 30 s, and the watchdogs exit after serving their
+# verdict a little longer (watchdog.QUERY_SECONDS twice). TensorFlow's own detectors are
+# set far beyond: a collective timeout of 300 s, heartbeats of 600 s (a process stopped or
+# starved goes on heartbeating from TensorFlow's point of view only with them that long).
+STALL = 15.0
+STALL_SETTINGS = [f"runtime.progress_stall_seconds={STALL:.0f}",
+                  "runtime.collective_timeout_seconds=300",
+                  "runtime.heartbeat_timeout_seconds=600"]
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +131,12 @@ class Job:
   def text(self, i: int) -> str:
     with open(self.logs[i]) as f:
       return f.read()
+
+  def trainer_pid(self, i: int) -> int:
+    """The training process of worker i (the child of its watchdog)."""
+    found = re.search(r"training process pid (\d+)", self.text(i))
+    assert found, self.text(i)[-2000:]
+    return int(found.group(1))
 
   def result(self, i: int = 0) -> dict:
     """The JSON summary the process printed last."""
@@ -259,92 +273,146 @@ def _stop_line(text: str) -> str:
   return lines[0]
 
 
-@pytest.mark.fault
-def test_a_hung_or_killed_worker_stops_the_job_and_a_relaunch_resumes(
-    repo_dir, corpus, tmp_path):
-  """1. Worker 1 stopped with SIGSTOP a few steps past a checkpoint: worker 0 exits,
-  non-zero, within the collective timeout plus a margin, with one line naming worker 1 and
-  its address. TensorFlow's coordination service would notice a stopped process by its
-  missing heartbeats alone (10 s by default); they are set far longer here, so that the
-  stop stands for what only the collective timeout catches, a process alive but stuck (an
-  input pipeline that never returns goes on heartbeating). Without the timeout worker 0
-  waits on and the test fails.
-  2. Both relaunched (the stopped one killed): the job resumes from the chief's checkpoint,
-  and the steps the stopped run had taken past it have the same losses again.
-  3. Worker 1 killed with SIGKILL: worker 0 exits with the same kind of line.
-  4. Relaunched to a stop step: resumed from that checkpoint, the retriever exported once.
-  """
-  model_dir = str(tmp_path / "ict")
-  settings = ["trainer.train_steps=2000", "trainer.checkpoint_interval=10"]
-  hung = Job(repo_dir, model_dir, "ict", corpus, settings + [
-      f"runtime.collective_timeout_seconds={HANG_TIMEOUT:.0f}",
-      "runtime.heartbeat_timeout_seconds=600"])
-
-  def past_a_checkpoint():
+def _past_a_checkpoint(model_dir, interval):
+  def check():
     try:
       records = _train_records(model_dir)
     except ValueError:  # a line being written
       return False
     checkpoint = layout.checkpoint_step(model_dir)
-    return checkpoint >= 10 and records and checkpoint + 3 <= records[-1]["step"] <= checkpoint + 6
+    return (checkpoint >= interval and records
+            and checkpoint + 2 <= records[-1]["step"] <= checkpoint + interval - 1)
+  return check
 
+
+def _ended_by_the_watchdogs(job, started, culprit):
+  """Both processes exit 1 within the stall limit + 30 s (+ the watchdogs' linger) of the
+  culprit stopping, each with one line naming `culprit`; every trainer is gone and each
+  process's stacks are saved."""
+  deadline = started + STALL + 30 + 2 * watchdog.QUERY_SECONDS + 5
   try:
-    _wait_for(past_a_checkpoint, RUN_TIMEOUT, "steps past a checkpoint", interval=0.1)
-    hung.processes[1].send_signal(signal.SIGSTOP)
-    stopped_at = time.time()
-    try:
-      code = hung.processes[0].wait(HANG_TIMEOUT + HANG_MARGIN)
-    except subprocess.TimeoutExpired:
-      raise AssertionError(f"worker 0 still waits {HANG_TIMEOUT + HANG_MARGIN:.0f}s after "
-                           f"worker 1 stopped: {hung.text(0)[-2000:]}") from None
-    stopped_after = time.time() - stopped_at
+    codes = [p.wait(max(1.0, deadline - time.time())) for p in job.processes]
+  except subprocess.TimeoutExpired:
+    raise AssertionError("the job did not end: " + "\n\n".join(
+        job.text(i)[-3000:] for i in range(2))) from None
   finally:
-    hung.kill()  # SIGKILL ends the stopped worker too
+    job.kill()
+  assert codes == [1, 1], [job.text(i)[-2000:] for i in range(2)]
+  for i in range(2):
+    line = _stop_line(job.text(i))
+    assert f"the job made no progress for {STALL:.0f}s (runtime.progress_stall_seconds)" \
+        in line, line
+    assert culprit in line, line
+    assert "Relaunch every process with the same command" in line, line
+    stacks = line.split("Every thread's stack of this process: ")[1].split(". Relaunch")[0]
+    with open(stacks) as f:
+      assert "most recent call first" in f.read()  # faulthandler's dump of the trainer
+    pid = job.trainer_pid(i)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().rsplit(
+        ")", 1)[1].split()[0] == "Z", f"worker {i}'s trainer still runs"
+
+
+@pytest.mark.fault
+def test_a_stopped_worker_ends_the_job_with_one_line_naming_it(repo_dir, corpus, tmp_path):
+  """Worker 1's training process stopped (SIGSTOP) a few steps past a checkpoint: nothing
+  raises in TensorFlow (its timeouts are set far beyond), and the watchdogs end the job,
+  each naming worker 1 as stopped."""
+  model_dir = str(tmp_path / "ict")
+  job = Job(repo_dir, model_dir, "ict", corpus, ["trainer.train_steps=2000",
+                                                 "trainer.checkpoint_interval=5",
+                                                 *STALL_SETTINGS])
+  try:
+    _wait_for(_past_a_checkpoint(model_dir, 5), RUN_TIMEOUT, "steps past a checkpoint",
+              interval=0.1)
+    os.kill(job.trainer_pid(1), signal.SIGSTOP)
+  except BaseException:
+    job.kill()
+    raise
+  _ended_by_the_watchdogs(job, time.time(), f"worker:1 ({job.addresses[1]}) is stopped "
+                                            "(SIGSTOP, a debugger or a frozen VM)")
+
+
+@pytest.mark.fault
+def test_a_worker_starved_by_its_input_ends_the_job_with_one_line_naming_it(
+    repo_dir, corpus, tmp_path):
+  """Worker 1's input file replaced by a FIFO nobody writes: its next epoch's open never
+  returns, the process stays alive and heartbeating, and the watchdogs name it as stuck in
+  its input pipeline (it delivered fewer batches than worker 0, which waits in the
+  collective holding its next one)."""
+  small = tmp_path / "corpus"
+  shutil.copytree(corpus, small)
+  for path in glob.glob(str(small / "ict-*")):  # 2 steps an epoch: a stall soon after
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)][:4]
+    with tf.io.TFRecordWriter(path) as w:
+      for record in records:
+        w.write(record)
+  starved = str(small / "ict-00001-of-00002.tfrecord")
+  model_dir = str(tmp_path / "ict")
+  job = Job(repo_dir, model_dir, "ict", str(small), ["trainer.train_steps=2000",
+                                                     "trainer.checkpoint_interval=5",
+                                                     *STALL_SETTINGS])
+  try:
+    _wait_for(_past_a_checkpoint(model_dir, 5), RUN_TIMEOUT, "steps past a checkpoint",
+              interval=0.1)
+    os.remove(starved)
+    os.mkfifo(starved)
+    started = time.time()
+  except BaseException:
+    job.kill()
+    raise
+  _ended_by_the_watchdogs(job, started, f"worker:1 ({job.addresses[1]}) is stuck in its "
+                                        "input pipeline (alive;")
+
+
+@pytest.mark.fault
+def test_a_killed_worker_stops_the_job_and_a_relaunch_resumes(repo_dir, corpus, tmp_path):
+  """1. Worker 1 killed (SIGKILL of its watchdog; the kernel ends its trainer with it) a few
+  steps past a checkpoint: worker 0's TensorFlow raises, and it exits non-zero within
+  KILL_TIMEOUT with one line naming worker 1 and its address.
+  2. Both relaunched to a stop step: the job resumes from the chief's checkpoint, the steps
+  the failed run had taken past it have the same losses again, and the retriever is
+  exported once, at the stop step (the failed run published none)."""
+  model_dir = str(tmp_path / "ict")
+  settings = ["trainer.train_steps=2000", "trainer.checkpoint_interval=10"]
+  job = Job(repo_dir, model_dir, "ict", corpus, settings)
+  try:
+    _wait_for(_past_a_checkpoint(model_dir, 10), RUN_TIMEOUT, "steps past a checkpoint",
+              interval=0.1)
+    trainer = job.trainer_pid(1)
+    job.processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.time()
+    code = job.processes[0].wait(KILL_TIMEOUT)
+    stopped_after = time.time() - killed_at
+  finally:
+    job.kill()
   assert code != 0
-  line = _stop_line(hung.text(0))
-  assert f"worker:1 ({hung.addresses[1]}) lost" in line, line
-  assert "runtime.collective_timeout_seconds" in line, line
+  line = _stop_line(job.text(0))
+  assert "another process of the job is unreachable" in line, line
+  assert f"worker:1 ({job.addresses[1]}) lost" in line, line
   assert "Relaunch every process with the same command" in line
-  assert HANG_TIMEOUT - 5 <= stopped_after <= HANG_TIMEOUT + HANG_MARGIN, stopped_after
+  assert stopped_after < KILL_TIMEOUT
+  assert not os.path.exists(f"/proc/{trainer}") or open(f"/proc/{trainer}/stat").read(
+  ).rsplit(")", 1)[1].split()[0] == "Z", "the killed watchdog's trainer lives on"
   checkpoint = layout.checkpoint_step(model_dir)
   before = _train_records(model_dir)
   past = {r["step"]: r["loss"] for r in before if r["step"] > checkpoint}
   assert past, (checkpoint, [r["step"] for r in before])
-
-  relaunched = Job(repo_dir, model_dir, "ict", corpus, settings, tag="relaunched")
-  try:
-    _wait_for(lambda: layout.checkpoint_step(model_dir) >= checkpoint + 10, RUN_TIMEOUT,
-              f"a checkpoint after step {checkpoint + 10}")
-    again = _train_records(model_dir)[len(before):]
-    assert again[0]["step"] == checkpoint + 1, again[:2]
-    redone = {r["step"]: r["loss"] for r in again if r["step"] in past}
-    assert sorted(redone) == sorted(past)
-    for step, loss in past.items():
-      assert redone[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
-    relaunched.processes[1].send_signal(signal.SIGKILL)
-    killed_at = time.time()
-    code = relaunched.processes[0].wait(KILL_TIMEOUT)
-    stopped_after = time.time() - killed_at
-  finally:
-    relaunched.kill()
-  assert code != 0
-  text = relaunched.text(0)
-  line = _stop_line(text)
-  assert "another process of the job is unreachable" in line, line
-  assert f"worker:1 ({relaunched.addresses[1]}) lost" in line, line
-  assert "Relaunch every process with the same command" in line
-  assert stopped_after < KILL_TIMEOUT
-  assert "restored from the chief's" in relaunched.text(1)
-  checkpoint = layout.checkpoint_step(model_dir)
-  # The failed runs published no retriever: their weights were past their last checkpoint.
-  assert "retriever exported" not in hung.text(0) + text
+  assert "retriever exported" not in job.text(0)
   assert versioned.list_versions(layout.query_encoder_dir(model_dir)) == []
 
-  resumed = Job(repo_dir, model_dir, "ict", corpus, settings,
-                stop_at_step=checkpoint + 5, tag="resumed")
+  stop = max(past) + 1
+  resumed = Job(repo_dir, model_dir, "ict", corpus, settings, stop_at_step=stop,
+                tag="resumed")
   resumed.check_ok(resumed.wait())
   for i in range(2):
     assert resumed.result(i)["start_step"] == checkpoint
-    assert resumed.result(i)["step"] == checkpoint + 5
+    assert resumed.result(i)["step"] == stop
+  assert "restored from the chief's" in resumed.text(1)
+  again = _train_records(model_dir)[len(before):]
+  assert again[0]["step"] == checkpoint + 1, again[:2]
+  redone = {r["step"]: r["loss"] for r in again if r["step"] in past}
+  assert sorted(redone) == sorted(past)
+  for step, loss in past.items():
+    assert redone[step] == pytest.approx(loss, rel=1e-5, abs=1e-6), step
   assert [v.version for v in versioned.list_versions(
-      layout.query_encoder_dir(model_dir))] == [checkpoint + 5]
+      layout.query_encoder_dir(model_dir))] == [stop]

@@ -11,8 +11,8 @@ dies, hangs or is preempted", says what the operator sees in each case):
   process (realm_tf.training.watchdog), sees the heartbeat's progress stop and ends the
   job with the same kind of line. What the trainer feeds it is here: `introduce` shares
   the watchdogs' addresses through the coordination service, `counted` counts the batches
-  an input pipeline delivers (a starved process delivers fewer), and `CheckpointSeen`
-  keeps the relaunch step current; realm_tf.io.heartbeat carries it all.
+  an input pipeline delivers (a starved process delivers fewer); the checkpoint manager
+  (training.train_lib) reports each save's step; realm_tf.io.heartbeat carries it all.
 """
 import logging
 import os
@@ -182,28 +182,5 @@ def counted(dataset: tf.data.Dataset) -> tf.data.Dataset:
   return dataset.map(count)
 
 
-class CheckpointSeen:
-  """A train action: keeps the heartbeat's checkpoint step (the relaunch step the
-  watchdog's line names) current, reading the chief's checkpoint directory once per
-  checkpoint interval."""
-
-  def __init__(self, model_dir: str, global_step: tf.Variable, interval: int):
-    self.model_dir = model_dir
-    self.global_step = global_step
-    self.interval = max(int(interval or 1), 1)
-    self._period = int(global_step.numpy()) // self.interval
-    self._due = False
-
-  def __call__(self, output) -> None:
-    del output
-    # The controller saves a loop's checkpoint after its actions: read one loop later.
-    if self._due:
-      self._due = False
-      heartbeat.current().checkpoint_seen(layout.checkpoint_step(self.model_dir))
-    period = int(self.global_step.numpy()) // self.interval
-    if period != self._period:
-      self._period, self._due = period, True
-
-
-__all__ = ["CheckpointSeen", "LOST_PEER_ERRORS", "counted", "describe_lost_peers",
+__all__ = ["LOST_PEER_ERRORS", "counted", "describe_lost_peers",
            "introduce", "lost_peer_line", "named_peers"]

@@ -92,6 +92,17 @@ class RealmTrainer(base_trainer.Trainer):
     return logs
 
 
+class _CheckpointManager(tf.train.CheckpointManager):
+  """tf.train.CheckpointManager that tells the watchdog's heartbeat the step of each save:
+  the step a relaunch resumes from, which the watchdog's exit line names."""
+
+  def save(self, checkpoint_number=None, check_interval=True, options=None):
+    path = super().save(checkpoint_number, check_interval=check_interval, options=options)
+    if path is not None and self._step_counter is not None:
+      heartbeat.current().checkpoint_seen(int(self._step_counter.numpy()))
+    return path
+
+
 class _EvaluationCheckpointManager(tf.train.CheckpointManager):
   """Restores the model only: an evaluation-only run creates no optimizer slots, and the
   stock restore would log one warning per slot variable left in the checkpoint (thousands
@@ -104,7 +115,7 @@ class _EvaluationCheckpointManager(tf.train.CheckpointManager):
     return self.latest_checkpoint
 
 
-class _WorkerCheckpointManager(tf.train.CheckpointManager):
+class _WorkerCheckpointManager(_CheckpointManager):
   """A non-chief worker's manager, as tf-models builds it: every worker takes part in a
   save (variables may synchronise on read), so non-chief workers save into a temporary
   directory of their own, keeping one. What tf-models leaves out is the resume: a worker
@@ -143,8 +154,7 @@ class RealmExperimentRunner(tfm_train_lib.OrbitExperimentRunner):
     directory = layout.checkpoint_dir(self.model_dir)
     if not self.role.is_chief:
       return _WorkerCheckpointManager(self.trainer.checkpoint, directory, **settings)
-    manager = (tf.train.CheckpointManager if "train" in self._mode
-               else _EvaluationCheckpointManager)
+    manager = _CheckpointManager if "train" in self._mode else _EvaluationCheckpointManager
     return manager(self.trainer.checkpoint, directory=directory, **settings)
 
   def _build_controller(self, trainer, evaluator, save_summary=True, train_actions=None,
@@ -254,9 +264,6 @@ class Run:
           model_dir, self.trainer.global_step, experiment.trainer.train_steps,
           task_config.train_data.global_batch_size, experiment.task.type,
           write_metrics=self.role.is_chief)]
-      if self.role.multi_process and heartbeat.current().enabled:
-        actions.append(peer_failures.CheckpointSeen(
-            model_dir, self.trainer.global_step, experiment.trainer.checkpoint_interval))
     self.evaluate_enabled = evaluate
     self.runner = RealmExperimentRunner(
         self.strategy, self.task, "train_and_eval" if train else "eval", self.params,

@@ -241,6 +241,7 @@ class Watchdog:
     self._reported_at = None
     self._verdict = None
     self._served = None
+    self._stacks_due = False
     self._ended_by_us = False
     self.server = _StatusServer(self.status)
     threading.Thread(target=self.server.serve_forever, name="watchdog-status",
@@ -362,7 +363,13 @@ class Watchdog:
     # judge, no trainer can drop its connections (which would make a peer's TensorFlow
     # raise and write a line of its own) or change what its watchdog reports.
     own = self.status()
-    stacks = self._save_stacks()
+    if own["trainer"] == "stopped":
+      # Continued for its stacks only after the verdict (run's finally): continued now, it
+      # would join the step its peers wait in and reset their clocks.
+      stacks = heartbeat.stacks_path(self.directory)
+      self._stacks_due = True
+    else:
+      stacks = self._save_stacks()
     if self.child.poll() is None:
       self.child.send_signal(signal.SIGSTOP)
     self._served = own
@@ -424,6 +431,8 @@ class Watchdog:
     finally:
       if self._verdict is not None:
         time.sleep(self.linger_seconds)
+      if self._stacks_due:
+        self._save_stacks()
       if self.child.poll() is None:
         self._kill()
       self.server.shutdown()
