@@ -309,7 +309,8 @@ class PretrainTaskConfig(cfg.TaskConfig):
       (0: never).
     start_index_builder: run `beam.index_builder` as a child process of the trainer
       (else: builders run on other machines sharing model_dir, or an index built once by
-      `beam.embed_corpus` stays fixed).
+      `beam.embed_corpus` stays fixed); with refresh_every_steps 0 the child only builds
+      a first index, and none is started when one is committed.
     salient_span_fallback: salient-span masking of a sentence with no salient span:
       'skip' it (the authors' choice: a random span there rarely needs world knowledge)
       or mask 'random_spans' instead.
@@ -503,17 +504,23 @@ class RuntimeConfig(cfg.RuntimeConfig):
       collective fails: it catches a process that is stopped, dead or cut off from the
       network, not one whose program is stuck while its runtime lives. 0 keeps
       TensorFlow's default (10 s).
-    progress_stall_seconds: the side-car evaluator and the index builders watch the
-      trainer: after this long without a new checkpoint or retriever snapshot they log,
-      and put in their status, that it is stalled, and keep waiting (a slow trainer is not
-      a dead one). Set it above the trainer's time between checkpoints.
+    progress_stall_seconds: how long the trainer may go without progress before it is
+      called stalled. Multi-worker, each process's watchdog (realm_tf.training.watchdog)
+      ends the job after this long without a batch, a train or evaluation loop or a
+      round of a collective wait, naming the process that stopped; keep it below
+      collective_timeout_seconds (or TensorFlow's timeout comes first) and above the
+      longest gap between two batches (a checkpoint save, a snapshot export, an index
+      swap, an evaluation's first compilation). The side-car evaluator and the index
+      builders log, and put in their status, that the trainer is stalled after this long
+      without a new checkpoint or retriever snapshot, and keep waiting (a slow trainer is
+      not a dead one): set it above the trainer's time between checkpoints.
   """
   distribution_strategy: str = ""
   enable_xla: bool = True
   mixed_precision_dtype: Optional[str] = ""
   collective_timeout_seconds: float = 1800.0
   heartbeat_timeout_seconds: float = 0.0
-  progress_stall_seconds: float = 1800.0
+  progress_stall_seconds: float = 1200.0
 
 
 # ----------------------------------------------------------------------------- experiment
