@@ -7,9 +7,11 @@ import types
 import numpy as np
 import pytest
 
+from realm_tf.data.block_store import BlockStore
 from realm_tf.io import layout, versioned
-from realm_tf.training import train_lib
+from realm_tf.retrieval import refresh
 from realm_tf.retrieval.refresh import IndexRefresher, RefreshSettings
+from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
 
 
@@ -39,28 +41,35 @@ def test_ict_trains_and_exports_the_retriever(ict_run):
 def test_pretraining_refreshes_the_index_while_training(tmp_path, repo_dir, corpus, ict_run):
   """The trainer hands snapshots to a child `beam.index_builder`, which re-embeds the
   corpus; newer indexes are swapped in while training goes on. index.max_staleness_steps
-  bounds how far the builder may fall behind, so the test does not depend on the relative
-  speed of trainer and builder on a loaded machine."""
+  makes the trainer wait for the builder (a state, polled, within
+  index.first_index_timeout_seconds), so the test does not depend on the relative speed
+  of trainer and builder on a loaded machine."""
   model_dir = str(tmp_path / "realm")
-  # 120 steps: by step 80 the index must come from a snapshot of step 20 or later, by step
-  # 100 from step 40 or later, so a run this long needs the first index and two refreshes.
+  loop, every, bound, steps = 2, 4, 2, 12
+  # A loop's record is written before the loop end's snapshot and staleness wait, so the
+  # record at step t shows an index from a snapshot in [t - loop - bound, t - loop], and
+  # snapshots fall every 4 steps: the records at 2 and 4 show the first index (0), at 6
+  # and 8 the snapshot of step 4, at 10 and 12 that of step 8. These are the fewest
+  # snapshots and builds (0, 4, 8 and the one the last step's wait asks for) that show two
+  # refreshes in the records whatever the relative speed of trainer and builder.
   config = tf_.tiny_config(
-      repo_dir, corpus, "pretrain", trainer__train_steps=120, trainer__steps_per_loop=20,
-      trainer__summary_interval=20, trainer__checkpoint_interval=100,
-      task__pretrain__refresh_every_steps=20, task__pretrain__init_checkpoint=ict_run[0],
-      task__pretrain__start_index_builder=True, index__max_staleness_steps=60,
+      repo_dir, corpus, "pretrain", trainer__train_steps=steps, trainer__steps_per_loop=loop,
+      trainer__summary_interval=loop, trainer__checkpoint_interval=steps,
+      task__pretrain__refresh_every_steps=every, task__pretrain__init_checkpoint=ict_run[0],
+      task__pretrain__start_index_builder=True, index__max_staleness_steps=bound,
       index__first_index_timeout_seconds=300)
   result = train_lib.run_experiment(config, model_dir)
   history = layout.read_metrics(model_dir)
   versions = [r["index_version"] for r in history]
+  assert [r["step"] for r in history] == list(range(loop, steps + 1, loop))
   assert result["index_refreshes"] >= 2, (versions, result)
-  assert len(set(versions)) >= 3  # the first index and at least two refreshes
+  assert len(set(versions)) >= 3, versions  # the first index and at least two refreshes
   for before, after in zip(history, history[1:]):
     if after["index_version"] != before["index_version"]:
       # A newer index was built from a newer snapshot: staleness falls back.
       assert after["index_version"] > before["index_version"]
-      assert after["index_staleness_steps"] < before["index_staleness_steps"] + 20
-  assert all(0 <= r["index_staleness_steps"] <= 60 + 20 for r in history)
+      assert after["index_staleness_steps"] < before["index_staleness_steps"] + loop
+  assert all(0 <= r["index_staleness_steps"] <= bound + loop for r in history), history
   assert all(np.isfinite(r["loss"]) for r in history)
   assert history[-1]["loss"] < history[0]["loss"]
   assert all(r["trivial_block_retrieved"] == 0.0 for r in history)
@@ -69,15 +78,47 @@ def test_pretraining_refreshes_the_index_while_training(tmp_path, repo_dir, corp
 
 
 def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run, mirrored_strategy):
+  """Two replicas over a committed index. refresh_every_steps 0 with start_index_builder:
+  the builder would have nothing to build, so none is started (no builder log)."""
   model_dir = str(tmp_path / "mirrored")
   config = tf_.tiny_config(repo_dir, corpus, "pretrain", trainer__train_steps=10,
                            task__pretrain__refresh_every_steps=0,
                            task__pretrain__init_checkpoint=ict_run[0],
                            task__pretrain__start_index_builder=True)
+  store = BlockStore.from_tfrecords(os.path.join(corpus, "blocks-*"))
+  tf_.publish_index(layout.index_dir(model_dir), 0, store.block_ids,
+                    np.random.default_rng(0).normal(size=[len(store), 16]))
   result = train_lib.run_experiment(config, model_dir, mirrored_strategy)
   assert mirrored_strategy.num_replicas_in_sync == 2 and result["step"] == 10
+  assert result["final_index_version"] == 0
+  assert not os.path.exists(layout.builder_log_path(model_dir))
   history = layout.read_metrics(model_dir)
   assert all(np.isfinite(r["loss"]) and 0 <= r["mlm_accuracy"] <= 1 for r in history)
+
+
+class _StartedBuilder:
+  """Stands in for refresh.IndexBuilderProcess: records the arguments it was started with."""
+
+  def __init__(self, model_dir, extra_args=()):
+    self.model_dir, self.extra_args = model_dir, tuple(extra_args)
+
+
+@pytest.mark.parametrize("refresh_every, committed, expected", [
+    (5, False, ()), (5, True, ()),  # refreshes: builds every snapshot until TRAINING_DONE
+    (0, False, ("--max_builds", "1")),  # a fixed index: its first build, then it exits
+    (0, True, None),  # a fixed index already committed: nothing to build, no child
+])
+def test_the_builder_child_is_started_only_for_builds_it_will_have(
+    tmp_path, monkeypatch, refresh_every, committed, expected):
+  monkeypatch.setattr(refresh, "IndexBuilderProcess", _StartedBuilder)
+  settings = RefreshSettings(index_dir=str(tmp_path / "index"),
+                             refresh_every_steps=refresh_every, train_steps=20,
+                             first_index_timeout_seconds=1, poll_seconds=0, start_builder=True)
+  if committed:
+    tf_.publish_index(settings.index_dir, 0, np.arange(4, dtype=np.int64),
+                      np.ones([4, 16], np.float32))
+  builder = IndexRefresher(str(tmp_path / "run"), None, settings).start_builder()
+  assert (builder.extra_args if builder else None) == expected
 
 
 def test_staleness_wait_exports_a_snapshot_when_the_due_ones_were_skipped(tmp_path):

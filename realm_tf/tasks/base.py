@@ -438,7 +438,7 @@ class RetrievalTask(RealmTask):
       global_step: the step training or evaluation starts from.
       train: whether this is a training run (an evaluation never exports snapshots).
       **settings: the RefreshSettings fields that differ per task (refresh_every_steps,
-        start_builder, max_staleness_steps, builder_args).
+        start_builder, max_staleness_steps).
     """
     index = self.experiment.index
     self.refresher = refresh.IndexRefresher(

@@ -26,7 +26,7 @@ import tensorflow as tf
 from realm_tf.data import block_store
 from realm_tf.data import block_texts
 from realm_tf.data import openqa_inputs
-from realm_tf.io import layout, versioned
+from realm_tf.io import layout
 from realm_tf.modeling import factory, losses, spans
 from realm_tf.modeling.models.openqa import OpenQAModel
 from realm_tf.retrieval.bm25 import BM25Retriever
@@ -445,15 +445,11 @@ class OpenQATask(base.RetrievalTask):
     if not self.dense:
       return
     i, c = self.experiment.index, self.task_config
-    index_dir = layout.index_dir(self.model_dir, i.index_dir)
     refreshing = train and c.refresh_index
-    needs_build = versioned.latest_version(index_dir) is None
     self.start_refresher(
         model, global_step, train,
-        refresh_every_steps=c.refresh_every_steps if refreshing else 0,
-        start_builder=refreshing or needs_build,
-        max_staleness_steps=i.max_staleness_steps if refreshing else 0,
-        builder_args=() if refreshing else ("--max_builds", "1"))
+        refresh_every_steps=c.refresh_every_steps if refreshing else 0, start_builder=True,
+        max_staleness_steps=i.max_staleness_steps if refreshing else 0)
 
   def on_train_begin(self, model, global_step: int):
     """Dense retrieval: loads (or has built) the first index; see start_index."""
