@@ -9,6 +9,9 @@ question), and scores the held-out sentences, whose values only the block states
 own output matrix the reader copies every attribute's value; tied, learning the closed
 sets' priors pulls each set's rows of the shared table together, and at least one
 attribute stays near chance.
+
+Those learning checks train for minutes (the system tier, tests/conftest.py); the tests
+without `slow` run the same code paths at a handful of steps on a 24-entity world.
 """
 import numpy as np
 import pytest
@@ -23,6 +26,8 @@ from realm_tf.modeling.spans import pack_reader_inputs
 from realm_tf.training import train_lib
 
 STEPS, BATCH, LEARNING_RATE = 400, 64, 3e-3
+# The mechanics tests' size: enough steps for Adam's first updates to lower the loss.
+FEW_STEPS, FEW_ENTITIES = 6, 24
 
 
 def _config(repo_dir, *overrides):
@@ -58,7 +63,8 @@ def _packed(rows, blocks, tokenizer, config):
 
 
 def train_own_block_reader(config, world, tokenizer, steps=STEPS, seed=0):
-  """A knowledge-augmented encoder trained on X's (sentence, own block) pairs."""
+  """(a knowledge-augmented encoder trained on X's (sentence, own block) pairs, its loss at
+  each step)."""
   blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
   train, _ = _packed(world["x"], blocks, tokenizer, config)
   tf_keras.utils.set_random_seed(seed)
@@ -75,15 +81,15 @@ def train_own_block_reader(config, world, tokenizer, steps=STEPS, seed=0):
     return loss
 
   rng = np.random.default_rng(seed)
+  losses = []
   for _ in range(steps):
-    rows = rng.choice(n, BATCH, replace=False)
-    step({k: tf.gather(v, rows) for k, v in train.items()})
-  return model
+    rows = rng.choice(n, min(BATCH, n), replace=False)
+    losses.append(float(step({k: tf.gather(v, rows) for k, v in train.items()})))
+  return model, losses
 
 
-def own_block_reader_accuracy(config, world, tokenizer, steps=STEPS, seed=0) -> dict:
-  """Held-out accuracy per attribute of a reader trained on (sentence, own block) pairs."""
-  model = train_own_block_reader(config, world, tokenizer, steps, seed)
+def heldout_accuracy(model, config, world, tokenizer) -> dict:
+  """`model`'s accuracy per attribute on the held-out sentences, each with its own block."""
   blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
   heldout, labels = _packed(world["held_out"], blocks, tokenizer, config)
   predictions = np.concatenate([
@@ -95,10 +101,55 @@ def own_block_reader_accuracy(config, world, tokenizer, steps=STEPS, seed=0) -> 
   return {a: float(right[attributes == a].mean()) for a in knowledge_world.ATTRIBUTES}
 
 
+def own_block_reader_accuracy(config, world, tokenizer, steps=STEPS, seed=0) -> dict:
+  """Held-out accuracy per attribute of a reader trained on (sentence, own block) pairs."""
+  model, _ = train_own_block_reader(config, world, tokenizer, steps, seed)
+  return heldout_accuracy(model, config, world, tokenizer)
+
+
 @pytest.fixture(scope="module")
 def small_world():
   return knowledge_world.make_world(knowledge_world.WorldConfig(
       seed=0, entities=600, x_templates=1))
+
+
+@pytest.fixture(scope="module")
+def few_entities():
+  return knowledge_world.make_world(knowledge_world.WorldConfig(
+      seed=0, entities=FEW_ENTITIES, x_templates=1))
+
+
+def test_a_sentence_is_packed_before_its_own_block(repo_dir, tokenizer, few_entities):
+  """What the reader tests read: `[CLS] sentence with [MASK] [SEP] own block [SEP]`, the
+  mask at masked_lm_positions, its value (the label) in the block's segment only."""
+  config = _config(repo_dir)
+  blocks = {b["block_id"]: b["text"] for b in few_entities["blocks"]}
+  inputs, labels = _packed(few_entities["x"], blocks, tokenizer, config)
+  ids = inputs["input_word_ids"].numpy()[:, 0]  # [N, Lr]
+  segment = inputs["input_type_ids"].numpy()[:, 0]
+  positions = inputs["masked_lm_positions"].numpy()[:, 0]
+  assert len(ids) == len(few_entities["x"]) == len(labels)
+  np.testing.assert_array_equal(inputs["masked_lm_ids"].numpy()[:, 0], labels)
+  for row, position, label, kinds in zip(ids, positions, labels, segment):
+    assert row[0] == tokenizer.cls_id and row[position] == tokenizer.mask_id
+    assert kinds[position] == 0 and label not in row[kinds == 0]
+    assert label in row[kinds == 1]  # the value is there to be copied
+    assert list(row[kinds == 1][-1:]) == [tokenizer.sep_id]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_own_block_reader_trains_and_is_scored_on_held_out_sentences(
+    repo_dir, tokenizer, few_entities, tied):
+  """The reader learning tests below at a handful of steps, with the output matrix tied
+  and untied: the compiled step lowers the loss and the held-out scoring covers every
+  attribute."""
+  config = _config(repo_dir, f"model.reader.tie_output_embeddings={str(tied).lower()}")
+  model, losses = train_own_block_reader(config, few_entities, tokenizer, steps=FEW_STEPS)
+  assert model.tied == tied
+  assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1, losses
+  accuracy = heldout_accuracy(model, config, few_entities, tokenizer)
+  assert set(accuracy) == set(knowledge_world.ATTRIBUTES)
+  assert all(0.0 <= value <= 1.0 for value in accuracy.values()), accuracy
 
 
 @pytest.mark.slow
@@ -173,22 +224,23 @@ def test_the_untied_matrix_is_saved_restored_and_copied_from_a_warm_table(repo_d
                                 model.encoder.get_embedding_table().numpy() * 2.0)
 
 
-@pytest.fixture(scope="module")
-def weak_start(tmp_path_factory, repo_dir, tokenizer):
-  """A 300-entity world, a reader that reads (trained on own blocks, as above) saved as a
-  pre-training checkpoint, and a weak ICT warm start of the retriever (3 steps)."""
-  work = tmp_path_factory.mktemp("signal")
+def _weak_start(work, repo_dir, tokenizer, entities: int, batch_size: int, reader_steps: int,
+                ict_steps: int, realm_steps: int):
+  """A world of `entities`, a reader that reads (trained on own blocks, as above) saved as a
+  pre-training checkpoint, and a weak ICT warm start of the retriever; the knowledge
+  benchmark's arguments for `realm_steps` of REALM from them."""
   args = knowledge.parse_args(
-      ["--entities", "300", "--batch_size", "32", "--ict_steps", "3", "--steps", "200",
-       "--curve_every", "200", "--refresh_every", "200", "--work_dir", str(work),
+      ["--entities", str(entities), "--batch_size", str(batch_size), "--ict_steps",
+       str(ict_steps), "--steps", str(realm_steps), "--curve_every", str(realm_steps),
+       "--refresh_every", str(realm_steps), "--work_dir", str(work),
        "--no_write", "--override=trainer.retriever_frozen_steps=0",
        # The reader reads from step 0 here, and the index is the step-0 one: the query
        # tower may move at the reader's rate (knowledge.yaml slows it for refreshed runs).
        "--override=trainer.retriever_learning_rate_multiplier=1.0"])
   world = knowledge_world.write_world(str(work / "world"), knowledge_world.WorldConfig(
-      seed=0, entities=300, x_templates=1))
+      seed=0, entities=entities, x_templates=1))
   world["dir"] = str(work / "world")
-  reader = train_own_block_reader(_config(repo_dir), world, tokenizer, steps=300)
+  reader, _ = train_own_block_reader(_config(repo_dir), world, tokenizer, steps=reader_steps)
   reader_checkpoint = tf.train.Checkpoint(model=tf.train.Checkpoint(
       knowledge_augmented_encoder=reader)).write(str(work / "reader" / "ckpt-1"))
   tf_keras.backend.clear_session()
@@ -198,9 +250,28 @@ def weak_start(tmp_path_factory, repo_dir, tokenizer):
   return work, args, world, reader_checkpoint, ict_dir
 
 
-def _own_block_top1_after_realm(weak_start, name: str, *overrides) -> tuple[float, float]:
-  """(own-block top-1 at step 0, after 200 REALM steps): the MLM loss over the step-0
-  index (benchmarks.knowledge's frozen arm: the query tower trains, the documents stay)."""
+@pytest.fixture(scope="module")
+def weak_start(tmp_path_factory, repo_dir, tokenizer):
+  """300 entities, a reader trained 300 steps, ICT 3 steps; REALM 200 steps."""
+  return _weak_start(tmp_path_factory.mktemp("signal"), repo_dir, tokenizer, entities=300,
+                     batch_size=32, reader_steps=300, ict_steps=3, realm_steps=200)
+
+
+@pytest.fixture(scope="module")
+def weak_start_briefly(tmp_path_factory, repo_dir, tokenizer):
+  """The same chain at the mechanics size. The reader is saved untrained (its training is
+  the test above's; a random reader's p(y|z,x) still differs between blocks, so the MLM
+  loss still has a gradient on the retriever); the schedules' learning rate is 0 at the
+  first step, so 2 ICT and 4 REALM steps are about the fewest that move anything."""
+  return _weak_start(tmp_path_factory.mktemp("signal_briefly"), repo_dir, tokenizer,
+                     entities=FEW_ENTITIES, batch_size=8, reader_steps=0, ict_steps=2,
+                     realm_steps=4)
+
+
+def _realm_from(weak_start, name: str, *overrides) -> dict:
+  """REALM's MLM loss over the step-0 index (benchmarks.knowledge's frozen arm: the query
+  tower trains, the documents stay): the own-block top-1 at step 0 and after, and the
+  retriever's weights at both."""
   work, args, world, reader_checkpoint, ict_dir = weak_start
   config = knowledge.arm_config("frozen", world["dir"], args, ict_dir).replace(
       task=dict(pretrain=dict(mlm_init_checkpoint=reader_checkpoint)))
@@ -213,8 +284,9 @@ def _own_block_top1_after_realm(weak_start, name: str, *overrides) -> tuple[floa
   train_lib.run_experiment(config, model_dir)
   trained = knowledge.retriever_from(config, model_dir)
   after = knowledge.gold_top1(config, trained, start, world)
+  weights = [w.numpy() for w in start.weights], [w.numpy() for w in trained.weights]
   tf_keras.backend.clear_session()
-  return step0, after
+  return dict(step0=step0, after=after, weights=weights)
 
 
 @pytest.mark.slow
@@ -224,9 +296,28 @@ def test_the_mlm_loss_alone_teaches_the_retriever_its_own_blocks(weak_start):
   top-1 on held-out sentences well above its start; with the retriever's gradient
   stopped (its learning rate multiplier 0: the gradient is neither computed nor
   applied) the same run leaves it where it started."""
-  step0, after = _own_block_top1_after_realm(weak_start, "realm")
+  realm = _realm_from(weak_start, "realm")
+  step0, after = realm["step0"], realm["after"]
   assert step0 <= 0.4, step0  # a weak start
   assert after >= step0 + 0.3, (step0, after)
-  stopped0, stopped = _own_block_top1_after_realm(
+  stopped = _realm_from(
       weak_start, "stopped", dict(trainer=dict(retriever_learning_rate_multiplier=0.0)))
-  assert stopped0 == step0 and stopped == pytest.approx(step0, abs=1e-9), (step0, stopped)
+  assert stopped["step0"] == step0
+  assert stopped["after"] == pytest.approx(step0, abs=1e-9), (step0, stopped["after"])
+
+
+def test_the_mlm_loss_reaches_the_retriever_through_the_knowledge_chain(weak_start_briefly):
+  """The test above at 4 steps on 24 entities: the reader checkpoint (mlm_init_checkpoint),
+  the ICT warm start, the published step-0 index and the frozen arm's run wired as there;
+  the MLM loss moves the retriever, and with its gradient stopped not one weight moves
+  and the own-block top-1 stays exactly where it started."""
+  realm = _realm_from(weak_start_briefly, "realm")
+  start, trained = realm["weights"]
+  assert len(start) == len(trained) > 0
+  assert any(not np.array_equal(a, b) for a, b in zip(start, trained))
+  assert 0.0 <= realm["after"] <= 1.0
+  stopped = _realm_from(
+      weak_start_briefly, "stopped", dict(trainer=dict(retriever_learning_rate_multiplier=0.0)))
+  start, trained = stopped["weights"]
+  assert all(np.array_equal(a, b) for a, b in zip(start, trained))
+  assert stopped["step0"] == realm["step0"] and stopped["after"] == stopped["step0"]
