@@ -24,13 +24,32 @@ def _config(repo_dir, corpus, questions, task, *overrides, **named):
   return tf_.tiny_config(repo_dir, corpus, task, questions, *overrides, **named)
 
 
+@pytest.fixture(scope="module")
+def built(repo_dir, corpus, questions, mirrored_strategy):
+  """`built(task_type, replicas)`: (config, task, model), built once per module for the
+  step-level tests below. One device: XLA on (the compile test); 2 replicas: off (XLA maps
+  the logical CPUs to one device). Open-QA reads every block (k = 12), so each question has
+  an answer to learn from. A test may step a model's weights; none depends on their
+  values (the 2-replica test copies the single device's)."""
+  made = {}
+
+  def get(task_type, replicas):
+    if (task_type, replicas) not in made:
+      config = _config(repo_dir, corpus, questions, task_type, task__openqa__num_candidates=12,
+                       runtime__enable_xla=replicas == 1)
+      strategy = mirrored_strategy if replicas == 2 else None
+      made[task_type, replicas] = (config, *tf_.build(config, strategy))
+    return made[task_type, replicas]
+
+  return get
+
+
 # ------------------------------------------------------------------------------------- XLA
 
 
 @pytest.mark.parametrize("task_type", tf_.TASKS)
-def test_train_and_eval_steps_compile_with_xla(repo_dir, corpus, questions, task_type):
-  config = _config(repo_dir, corpus, questions, task_type, runtime__enable_xla=True)
-  task, model = tf_.build(config)
+def test_train_and_eval_steps_compile_with_xla(built, task_type):
+  config, task, model = built(task_type, 1)
   assert task.jit_compile
   optimizer = task.create_task_optimizer()
   features = tf_.first_batch(task, config)
@@ -153,16 +172,13 @@ def _loss_and_grads(task, model, features):
 
 
 @pytest.mark.parametrize("task_type", tf_.TASKS)
-def test_two_replica_step_equals_single_device(repo_dir, corpus, questions, mirrored_strategy,
-                                               task_type):
-  # Open-QA reads every block (k = 12), so each question has an answer to learn from.
-  config = _config(repo_dir, corpus, questions, task_type, task__openqa__num_candidates=12)
-  single_task, single = tf_.build(config)
+def test_two_replica_step_equals_single_device(built, mirrored_strategy, task_type):
+  config, single_task, single = built(task_type, 1)
   features = tf_.first_batch(single_task, config)  # global batch of 4
   single_loss, single_grads = _loss_and_grads(single_task, single, features)
 
   strategy = mirrored_strategy
-  mirrored_task, mirrored = tf_.build(config, strategy)
+  _, mirrored_task, mirrored = built(task_type, 2)
   for target, source in zip(mirrored.variables, single.variables):
     target.assign(source)
 
@@ -194,10 +210,8 @@ def test_two_replica_step_equals_single_device(repo_dir, corpus, questions, mirr
 
 
 @pytest.mark.parametrize("task_type", tf_.TASKS)
-def test_distributed_inputs_hold_numbers_only(repo_dir, corpus, questions, mirrored_strategy,
-                                              task_type):
-  config = _config(repo_dir, corpus, questions, task_type)
-  task, _ = tf_.build(config, mirrored_strategy)
+def test_distributed_inputs_hold_numbers_only(built, mirrored_strategy, task_type):
+  config, task, _ = built(task_type, 2)
   dataset = train_lib.distribute(mirrored_strategy, task, config.task_config.train_data)
   specs = tf.nest.flatten(dataset.element_spec, expand_composites=True)
   assert specs and all(s.dtype != tf.string for s in specs)
