@@ -107,9 +107,12 @@ _ALLOWED = {
     # is_inside: absolute paths only when neither path has a scheme (both local).
     "realm_tf/io/layout.py": ["os.path.abspath(path), os.path.abspath(model_dir)"],
 }
-# Packages that take local paths only: the demo is a single-machine program (child
-# processes, pip, a local server) and refuses any URL among its paths (DemoOptions.validate).
-_LOCAL_ONLY_PACKAGES = ("realm_tf/demo/",)
+# Code that takes local paths only: the demo is a single-machine program (child processes,
+# pip, a local server) and refuses any URL among its paths (DemoOptions.validate); a
+# training process and its watchdog share a heartbeat file in a temporary directory of
+# their own machine, which the watchdog creates (it never sees a user path).
+_LOCAL_ONLY_PACKAGES = ("realm_tf/demo/", "realm_tf/io/heartbeat.py",
+                        "realm_tf/training/watchdog.py")
 
 
 def _violations(repo: pathlib.Path = REPO):
