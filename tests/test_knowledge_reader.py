@@ -306,6 +306,7 @@ def test_the_mlm_loss_alone_teaches_the_retriever_its_own_blocks(weak_start):
   assert stopped["after"] == pytest.approx(step0, abs=1e-9), (step0, stopped["after"])
 
 
+@pytest.mark.slow  # three training runs: make test, not test-fast
 def test_the_mlm_loss_reaches_the_retriever_through_the_knowledge_chain(weak_start_briefly):
   """The test above at 4 steps on 24 entities: the reader checkpoint (mlm_init_checkpoint),
   the ICT warm start, the published step-0 index and the frozen arm's run wired as there;
