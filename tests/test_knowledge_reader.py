@@ -10,8 +10,8 @@ own output matrix the reader copies every attribute's value; tied, learning the 
 sets' priors pulls each set's rows of the shared table together, and at least one
 attribute stays near chance.
 
-Those learning checks train for minutes (the system tier, tests/conftest.py); the tests
-without `slow` run the same code paths at a handful of steps on a 24-entity world.
+Those learning checks train for minutes (the system tier, tests/conftest.py); the other
+tests run the same code paths at a handful of steps on a 24-entity world.
 """
 import numpy as np
 import pytest
