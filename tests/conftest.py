@@ -49,7 +49,48 @@ SLOW_MODULES = frozenset({
 # there and which test in `make test` covers the same code path at a small size. This
 # table is the one place a test's tier is decided (README and docs/testing.md point here).
 SYSTEM_TIER = {
+    # End to end.
+    "test_demo.py": "`python -m realm_tf.demo` end to end: ~20 child processes, each loading "
+                    "TensorFlow (10 min); make test: test_demo_stages.py wires every default "
+                    "stage at the smallest size",
+    # Several processes of one job, and faults injected into them.
+    "test_multi_worker.py": "2-worker jobs on 127.0.0.1, a worker stopped, starved and "
+                            "killed (1-4 min each); make test: test_peer_failures.py (the "
+                            "watchdog on stand-in processes), test_runtime_strategy.py, "
+                            "test_tasks.py's two-replica steps",
+    "test_faults.py::test_trainer_survives_sigkill_sigterm_and_a_damaged_checkpoint":
+        "a trainer process killed, preempted and restarted three times; make test: "
+        "test_faults.py's in-process preemption and damaged-checkpoint tests",
+    "test_faults.py::test_index_builder_killed_mid_export_never_publishes_a_partial_index":
+        "a builder process killed mid-export; make test: test_storage_versioned.py's "
+        "commit protocol, test_faults.py's damaged-export tests",
+    "test_index_builder_scale_out.py::test_two_builder_processes_build_each_snapshot_once":
+        "two builder processes beside a trainer; make test: the module's claim tests",
+    "test_index_builder_scale_out.py::test_without_claims_both_builders_embed_one_snapshot":
+        "two builder processes, claims off; make test: the module's claim tests",
+    "test_continuous_eval.py::test_side_car_evaluates_each_checkpoint_beside_the_trainer":
+        "a trainer and a side-car evaluator process side by side (5 min loaded); make test: "
+        "the module's in-process evaluator tests",
+    # The object-store emulator (network and mount namespaces, fake-gcs-server).
+    "test_gcs_protocol.py": "every protocol against the GCS emulator, through processes in "
+                            "its namespaces; make test: the same protocols on local disk and "
+                            "ram:// (test_storage_*.py, test_train_on_object_store.py)",
+    "test_tf_gcs.py": "TensorFlow's gs:// client against the emulator; make test: "
+                      "test_storage_*.py",
+    "test_storage_gcs_emulator.py": "the emulator itself; make test: test_storage_*.py",
+    # Learning checks that train for minutes, and measurements.
+    "test_tagger_trained.py": "MiniLM fine-tuned into the tagger (3 min) and its entity F1; "
+                              "make test: test_tagger.py on a tiny random-init tagger",
+    "test_knowledge_world.py::test_per_attribute_splits_the_held_out_accuracy_the_run_reports":
+        "benchmarks.knowledge's arms trained on the world; make test: the world's "
+        "properties and test_benchmark_reports.py",
+    "test_knowledge_world.py::test_ict_on_the_world_finds_each_entitys_own_block":
+        "ICT trained until it finds own blocks; make test: test_tasks.py's ICT steps",
+    "test_scale.py": "benchmarks.scale run at a small size (4 min loaded); make test: "
+                     "test_benchmark_harness.py and test_benchmark_reports.py",
 }
+# Full-count fuzzing: test_fuzz_inputs.py runs in both tiers, at a quarter of its example
+# counts in `make test` (REALM_FUZZ_FRACTION) and at full counts in `make test-system`.
 
 
 def pytest_configure(config):
@@ -95,10 +136,10 @@ def pytest_collection_modifyitems(config, items):
 
 
 # Modules that run one long chain of child processes, a core at a time: handed out first
-# (`make test` passes --no-loadscope-reorder so that the order below is xdist's). xdist's
-# own order, most tests first, hands a one-test module out last: the demo test (11.6 min on
-# a fresh clone) then ran alone at the end with the other worker idle.
-FIRST_MODULES = ("test_demo.py",)
+# (both tiers pass --no-loadscope-reorder so that the order below is xdist's). xdist's own
+# order, most tests first, hands a one-test module out last, where it runs alone with the
+# other worker idle. Each tier collects one of them.
+FIRST_MODULES = ("test_demo.py", "test_demo_stages.py")
 
 
 def _handed_out_order(items):
