@@ -1,9 +1,12 @@
 """Serving exports of a fine-tuned tiny Open-QA run: served answers are the evaluated ones,
 TF Serving's layout, warm-up and provenance, stock ops only for realm_qa, a ScaNN handle
 made once per load for realm_qa_scann, and `saved_model_cli show --all`."""
+import fcntl
 import json
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -13,6 +16,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
+from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.export import exporter, qa
 from realm_tf.io import layout, versioned
@@ -27,7 +31,8 @@ VENV_BIN = os.path.dirname(sys.executable)
 
 def finetune_and_export(root: str, repo_dir, kinds=exporter.KINDS) -> dict:
   """Fine-tunes the tiny model briefly over the invented corpus (with a committed index,
-  so no index builder starts), evaluates it, and exports `kinds` under <root>/models."""
+  so no index builder starts), evaluates it, and exports `kinds` under <root>/models.
+  Returns JSON values only (shared_export passes them between processes)."""
   corpus = os.path.join(root, "corpus")
   write_corpus(corpus)
   questions = tf_.write_questions(os.path.join(root, "questions.jsonl"))
@@ -44,24 +49,42 @@ def finetune_and_export(root: str, repo_dir, kinds=exporter.KINDS) -> dict:
   train_lib.run_experiment(config, model_dir, strategy)
   evaluated = config.replace(task=dict(openqa=dict(validation_data=dict(
       input_path=questions, max_examples=0))), trainer=dict(validation_steps=-1))
-  metrics, run = train_lib.evaluate_checkpoint(evaluated, model_dir, strategy=strategy)
+  _, run = train_lib.evaluate_checkpoint(evaluated, model_dir, strategy=strategy)
   out = os.path.join(root, "models")
   published = exporter.export_run(model_dir, out, kinds)
-  return dict(model_dir=model_dir, out=out, published=published, metrics=metrics,
-              predictions=list(run.task.predictions), config=config,
+  return dict(model_dir=model_dir, out=out, published=published,
+              predictions=list(run.task.predictions),
               questions=[p["question"] for p in run.task.predictions])
 
 
-_SHARED = {}
+def _session_dir(tmp_path_factory) -> pathlib.Path:
+  """The session's temporary directory, which all its xdist workers see: a worker's base
+  temp is <session>/popen-gwN. Without xdist the base temp itself (its parent holds every
+  session's)."""
+  base = tmp_path_factory.getbasetemp()
+  return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 def shared_export(tmp_path_factory, repo_dir) -> dict:
-  """One fine-tuned run and its exports per test session (this module and
-  tests/test_serving_realm.py use the same), so fine-tuning is paid once."""
-  if "exported" not in _SHARED:
-    _SHARED["exported"] = finetune_and_export(str(tmp_path_factory.mktemp("export_qa")),
-                                              repo_dir)
-  return _SHARED["exported"]
+  """One fine-tuned run and its exports per test session, for this module and
+  tests/test_serving_realm.py in whichever xdist workers run them: the first to take the
+  lock builds them, the others wait and read them. The record is renamed into place last,
+  so a build that failed is built again, never read half made. Tests read what it names
+  and write only to copies."""
+  root = _session_dir(tmp_path_factory) / "export_qa"
+  record = root / "exported.json"
+  with open(f"{root}.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+    if not record.is_file():
+      shutil.rmtree(root, ignore_errors=True)  # a failed build's files
+      root.mkdir()
+      built = finetune_and_export(str(root), repo_dir)
+      partial = root / "exported.json.tmp"
+      partial.write_text(json.dumps(built))
+      os.replace(partial, record)
+    exported = json.loads(record.read_text())
+  exported["config"] = load_config(layout.params_path(exported["model_dir"]))
+  return exported
 
 
 @pytest.fixture(scope="module")
@@ -268,12 +291,16 @@ def test_exports_are_published_in_tf_serving_layout_with_warmup_and_provenance(e
       loaded.signatures[request.model_spec.signature_name](**inputs)
 
 
-def test_a_published_version_is_never_overwritten(exported):
+def test_a_published_version_is_never_overwritten(exported, tmp_path):
+  # Tried on a copy: were the refusal broken, the shared export would be overwritten
+  # under the other tests.
+  shutil.copytree(os.path.join(exported["out"], "query_encoder"), tmp_path / "query_encoder")
   run = exporter.load_run(exported["model_dir"])
   with pytest.raises(FileExistsError, match="already published"):
-    exporter.save_export(exporter.build_module(run, "query_encoder"), exported["out"],
+    exporter.save_export(exporter.build_module(run, "query_encoder"), str(tmp_path),
                          "query_encoder", TRAIN_STEPS, run.provenance("query_encoder"),
                          exporter.warmup_requests("query_encoder", run))
+  assert sorted(os.listdir(tmp_path)) == ["query_encoder"]  # nothing staged either
   with pytest.raises(ValueError, match="unknown export kind"):
     exporter.build_module(run, "realm")
 
