@@ -320,7 +320,8 @@ def test_two_replicas_train_and_evaluate(tmp_path, repo_dir, data, mirrored_stra
   model_dir = str(tmp_path / "mirrored")
   store = BlockStore.from_tfrecords(os.path.join(corpus, "blocks-*"))
   tf_.publish_index(layout.index_dir(model_dir), 0, store.block_ids,
-                    np.random.default_rng(0).normal(size=[len(store), 16]))
+                    np.random.default_rng(0).normal(
+                        size=[len(store), config.model.retriever.projection_size]))
   result = train_lib.run_experiment(config, model_dir, strategy)
   assert strategy.num_replicas_in_sync == 2
   assert result["step"] == 2 and result["reached_train_steps"]

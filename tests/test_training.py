@@ -87,7 +87,8 @@ def test_multi_replica_pretraining(tmp_path, repo_dir, corpus, ict_run, mirrored
                            task__pretrain__start_index_builder=True)
   store = BlockStore.from_tfrecords(os.path.join(corpus, "blocks-*"))
   tf_.publish_index(layout.index_dir(model_dir), 0, store.block_ids,
-                    np.random.default_rng(0).normal(size=[len(store), 16]))
+                    np.random.default_rng(0).normal(
+                        size=[len(store), config.model.retriever.projection_size]))
   result = train_lib.run_experiment(config, model_dir, mirrored_strategy)
   assert mirrored_strategy.num_replicas_in_sync == 2 and result["step"] == 10
   assert result["final_index_version"] == 0
