@@ -23,31 +23,12 @@ tf.config.set_logical_device_configuration(
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-# Whole modules in the slow tier: they train models, run Beam pipelines end to end, start
-# servers or child processes. `make test-fast` runs the rest (`-m "not slow and not fault
-# and not fuzz and not demo"`); `make test` runs everything. A test that is slow in an
-# otherwise fast module carries `@pytest.mark.slow` itself. Kept here, not in the modules,
-# so that a module's tier is one list to read; a name that no longer exists is warned of.
-SLOW_MODULES = frozenset({
-    "test_answer_quality.py", "test_continuous_eval.py", "test_embed_corpus.py",
-    "test_export_qa.py", "test_gcs_protocol.py", "test_import_released.py",
-    "test_openqa_corpus.py",
-    "test_openqa_finetune.py", "test_preprocess_pipeline.py", "test_retrieval.py",
-    "test_scale.py", "test_serving_batching.py", "test_serving_client.py",
-    "test_serving_limits.py", "test_serving_model_manager.py", "test_serving_realm.py",
-    "test_serving_rest.py", "test_serving_server.py", "test_serving_tensors.py",
-    "test_serving_warmup.py",
-    "test_storage_gcs_emulator.py", "test_storage_publishers.py", "test_tf_gcs.py",
-    "test_train_on_object_store.py", "test_training.py",
-})
-
-
 # The two tiers. `make test` (every change is checked with it) runs every test that is not
 # named here; `make test-system` runs those that are: the end-to-end and multi-process runs,
 # the object-store emulator, the learning checks that train for minutes. A key is a module
 # ("test_demo.py") or one test ("test_tasks.py::test_name"); the value says why it is
 # there and which test in `make test` covers the same code path at a small size. This
-# table is the one place a test's tier is decided (README and docs/testing.md point here).
+# table is the one place a test's tier is decided (README's "Tests" points here).
 SYSTEM_TIER = {
     # End to end.
     "test_demo.py": "`python -m realm_tf.demo` end to end: ~20 child processes, each loading "
@@ -95,9 +76,6 @@ SYSTEM_TIER = {
 
 def pytest_configure(config):
   config.addinivalue_line(
-      "markers", "slow: trains a model, runs a pipeline end to end or starts servers (minutes "
-      "on 2 CPU cores); `make test-fast` leaves them out, `make test` runs them.")
-  config.addinivalue_line(
       "markers", "fault: kills or stops (SIGKILL/SIGTERM/SIGSTOP) or corrupts processes and "
       "files on purpose; each is bounded by subprocess timeouts. Run them alone with "
       "`pytest -m fault`.")
@@ -113,10 +91,6 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-  missing = sorted(m for m in SLOW_MODULES if not (REPO / "tests" / m).is_file())
-  if missing:  # a renamed module would silently join the fast tier
-    warnings.warn(pytest.PytestConfigWarning(
-        f"tests/conftest.py SLOW_MODULES names modules that do not exist: {missing}"))
   collected = {item.path.name for item in items}
   names = {f"{item.path.name}::{item.originalname}" for item in items}
   unknown = sorted(key for key in SYSTEM_TIER  # a renamed test would silently change tier
@@ -126,8 +100,6 @@ def pytest_collection_modifyitems(config, items):
     warnings.warn(pytest.PytestConfigWarning(
         f"tests/conftest.py SYSTEM_TIER names tests that do not exist: {unknown}"))
   for item in items:
-    if item.path.name in SLOW_MODULES:
-      item.add_marker(pytest.mark.slow)
     if (item.path.name in SYSTEM_TIER
         or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
       item.add_marker(pytest.mark.system)

@@ -367,7 +367,6 @@ def test_embedding_sizing_by_hand():
   assert steady_state(64, 10.0, 1064, 9.5)["blocks_per_second"] is None
 
 
-@pytest.mark.slow
 def test_embedding_benchmark_on_the_tiny_config(tmp_path, monkeypatch):
   """The whole benchmark on configs/tiny.yaml over a few invented articles (no ../shared):
   both paths embed the same blocks alike, every rate and FLOP figure is finite and

@@ -7,7 +7,6 @@ import pytest
 
 from realm_tf.io import command_line
 
-pytestmark = pytest.mark.slow  # each case starts a Python process that loads TensorFlow
 
 CASES = {
     "realm_tf.train": ["--experiment", "realm/ict", "--config", "configs/tiny.yaml",

@@ -333,7 +333,6 @@ def _data_dirs(index_dir: str) -> list:
   return sorted(n for n in os.listdir(index_dir) if re.match(r"^\d{12}\.[0-9a-f]{32}$", n))
 
 
-@pytest.mark.slow
 def test_two_builder_processes_build_each_snapshot_once(model_dir, builders):
   """Snapshots 10 and 20 overlap (20 appears while 10 is being built), 30 is raced for by
   two idle builders, and 40's builder is killed mid-build: the other takes 40 over once
@@ -400,7 +399,6 @@ def test_two_builder_processes_build_each_snapshot_once(model_dir, builders):
   assert "Traceback" not in survivor_log
 
 
-@pytest.mark.slow
 def test_without_claims_both_builders_embed_one_snapshot(model_dir, builders):
   """What the claim prevents, shown by switching it off: both builders embed snapshot 10.
   The commit still publishes one version; the second build's copy is dropped."""

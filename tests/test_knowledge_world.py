@@ -147,7 +147,6 @@ _TINY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                      "tiny.yaml")
 
 
-@pytest.mark.slow
 def test_ict_on_the_world_finds_each_entitys_own_block(tmp_path):
   """The retriever half of the learning signal, at tiny scale: an ICT warm start on Z's
   blocks alone (no X, no held-out sentence) makes the entity's own block the top-1 for
@@ -215,7 +214,6 @@ def test_top1_kinds_tell_the_own_block_from_namesakes_towns_and_other_entities(w
   assert kinds == dict(own=0.25, namesake=0.25, town=0.25, other_entity=0.25)
 
 
-@pytest.mark.slow
 def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_path):
   """benchmarks.knowledge.per_attribute re-reads the held-out sentences with a trained
   checkpoint over the arm's index: its per-attribute accuracies, weighted by their

@@ -33,7 +33,6 @@ from realm_tf.io import layout, versioned
 from realm_tf.training import watchdog
 from tests.synthetic_corpus import write_corpus
 
-pytestmark = pytest.mark.slow
 
 # Bounds, generous for a loaded 2-core machine (make test runs two test modules at once).
 RUN_TIMEOUT = 420.0

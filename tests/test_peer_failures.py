@@ -184,7 +184,7 @@ RUN_WATCHDOG = """
 import sys
 from realm_tf.training import watchdog
 sys.exit(watchdog.Watchdog(sys.argv[1:], __import__("os").environ,
-                           exit_grace_seconds=2, query_seconds=3).run())
+                           exit_grace_seconds=2, query_seconds=1).run())
 """
 
 

@@ -30,7 +30,6 @@ from tests.data.invented_conll import (
   write_conll,
 )
 
-pytestmark = pytest.mark.slow  # the fixture fine-tunes MiniLM: minutes on 2 cores
 
 
 @pytest.fixture(scope="module")

@@ -232,10 +232,8 @@ def _losses(model_dir):
   return {r["step"]: r["loss"] for r in layout.read_metrics(model_dir) if "loss" in r}
 
 
-# Whole training runs (run_experiment to train_steps: resume, the in-place index swap,
-# TRAINING_DONE) are in the slow tier with the other training tests (tests/conftest.py):
-# `make test` runs them; `make test-fast` keeps the step-level checks above.
-@pytest.mark.slow
+# Whole training runs (run_experiment to train_steps): resume, the in-place index swap,
+# TRAINING_DONE.
 def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corpus, questions,
                                                        mirrored_strategy):
   """Stopped at step 2 and resumed, the run's steps 3-4 equal an uninterrupted run's: the
@@ -270,7 +268,6 @@ def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corp
 # ------------------------------------------------------------ index swaps and the builder
 
 
-@pytest.mark.slow
 def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, corpus,
                                                             questions):
   """Pre-training on an index built before training (as `beam.embed_corpus` would), a
@@ -312,7 +309,6 @@ def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, 
   assert layout.training_done(model_dir)
 
 
-@pytest.mark.slow
 def test_a_run_without_an_index_marks_training_done_too(tmp_path, repo_dir, corpus,
                                                        questions):
   """ICT and warm-ups have no refresher; "done" must not depend on having one."""
