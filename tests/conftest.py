@@ -67,6 +67,18 @@ SYSTEM_TIER = {
         "properties and test_benchmark_reports.py",
     "test_knowledge_world.py::test_ict_on_the_world_finds_each_entitys_own_block":
         "ICT trained until it finds own blocks; make test: test_tasks.py's ICT steps",
+    "test_knowledge_reader.py::test_a_random_init_reader_with_its_own_output_matrix_reads_"
+    "every_attribute": "400 steps under XLA on 600 entities (the untied reader reads every "
+                       "attribute); make test: the module's 6-step own-block reader tests "
+                       "and the untie-copy test",
+    "test_knowledge_reader.py::test_the_same_reader_tied_to_its_word_embeddings_does_not":
+        "the tied control, 400 steps under XLA; make test: the 6-step tied reader test",
+    "test_knowledge_reader.py::test_the_mlm_loss_alone_teaches_the_retriever_its_own_blocks":
+        "a 300-step reader, ICT and two 200-step REALM runs; make test: the 4-step knowledge "
+        "chain test (the MLM loss moves the retriever; stopped, nothing moves)",
+    "test_openqa_finetune.py::test_finetuning_lowers_the_loss_and_raises_training_em":
+        "300 steps at k=12 until exact match rises; make test: the 40-step run's answer-loss "
+        "check, schema and evaluate-command tests",
     "test_scale.py": "benchmarks.scale run at a small size (4 min loaded); make test: "
                      "test_benchmark_harness.py and test_benchmark_reports.py",
 }

@@ -152,7 +152,6 @@ def test_the_own_block_reader_trains_and_is_scored_on_held_out_sentences(
   assert all(0.0 <= value <= 1.0 for value in accuracy.values()), accuracy
 
 
-@pytest.mark.slow
 def test_a_random_init_reader_with_its_own_output_matrix_reads_every_attribute(
     repo_dir, tokenizer, small_world):
   config = _config(repo_dir)
@@ -161,7 +160,6 @@ def test_a_random_init_reader_with_its_own_output_matrix_reads_every_attribute(
   assert min(accuracy.values()) >= 0.9, accuracy
 
 
-@pytest.mark.slow
 def test_the_same_reader_tied_to_its_word_embeddings_does_not(repo_dir, tokenizer, small_world):
   """The control: the collapse the own matrix fixes (fails if tying stops mattering, in
   which case the option and knowledge.yaml's choice should be revisited)."""
@@ -289,7 +287,6 @@ def _realm_from(weak_start, name: str, *overrides) -> dict:
   return dict(step0=step0, after=after, weights=weights)
 
 
-@pytest.mark.slow
 def test_the_mlm_loss_alone_teaches_the_retriever_its_own_blocks(weak_start):
   """REALM's learning signal: from a weak warm start (step-0 own-block top-1 about 0.2),
   200 steps of the MLM loss, with no supervision naming any block, raise the own block's
@@ -306,7 +303,6 @@ def test_the_mlm_loss_alone_teaches_the_retriever_its_own_blocks(weak_start):
   assert stopped["after"] == pytest.approx(step0, abs=1e-9), (step0, stopped["after"])
 
 
-@pytest.mark.slow  # three training runs: make test, not test-fast
 def test_the_mlm_loss_reaches_the_retriever_through_the_knowledge_chain(weak_start_briefly):
   """The test above at 4 steps on 24 entities: the reader checkpoint (mlm_init_checkpoint),
   the ICT warm start, the published step-0 index and the frozen arm's run wired as there;
