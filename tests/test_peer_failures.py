@@ -135,9 +135,9 @@ def test_the_watchdog_never_imports_tensorflow():
 # --------------------------------------------------------------------- watchdogs at work
 
 # A stand-in trainer: feeds the real heartbeat as realm_tf.train does (loops, batches, the
-# peers' watchdog addresses — here through files instead of the coordination service)
-# until the test writes `stall`; then every process stops advancing, as in a collective,
-# and `how` says what this one does.
+# peers' watchdog addresses — here through files instead of the coordination service) for
+# LOOPS loops, the same number on every process as in lockstep; then every process stops
+# advancing, as in a collective, and `how` says what this one does.
 STAND_IN = r"""
 import ctypes, json, os, sys, threading, time
 from realm_tf.io import heartbeat
@@ -159,9 +159,8 @@ for peer in watchdog.peers(json.loads(os.environ["TF_CONFIG"])["cluster"], me.ta
 beat.describe_job(me.name, me.address, f"{me.name} of 2 processes", stall_seconds, 600,
                   "/runs/ckpt", others)
 beat.checkpoint_seen(10)
-step = 0
-while not os.path.exists(os.path.join(shared, "stall")):
-  beat.loop_begun("train"); beat.batch(); step += 1; beat.loop_ended("train", step)
+for step in range(1, 41):
+  beat.loop_begun("train"); beat.batch(); beat.loop_ended("train", step)
   time.sleep(0.05)
 beat.loop_begun("train")
 if how == "starve":
@@ -184,7 +183,7 @@ RUN_WATCHDOG = """
 import sys
 from realm_tf.training import watchdog
 sys.exit(watchdog.Watchdog(sys.argv[1:], __import__("os").environ,
-                           exit_grace_seconds=2, query_seconds=1).run())
+                           exit_grace_seconds=2, query_seconds=2).run())
 """
 
 
@@ -229,9 +228,6 @@ class StandInJob:
       assert time.time() < deadline, [self.text(i) for i in range(2)]
       time.sleep(0.05)
 
-  def stall(self):
-    (self.shared / "stall").write_text("")
-
   def wait(self, timeout=60):
     try:
       return [p.wait(timeout) for p in self.watchdogs]
@@ -239,6 +235,11 @@ class StandInJob:
       for p in self.watchdogs:
         if p.poll() is None:
           p.kill()
+
+  def kill(self):
+    for p in self.watchdogs:
+      p.kill()
+      p.wait()
 
   def text(self, i) -> str:
     return self.logs[i].read_text()
@@ -268,7 +269,6 @@ def test_a_stopped_worker_is_named_by_every_watchdog_and_the_job_ends(tmp_path):
   stopped = job.trainer_pid(1)
   job.progressing()
   os.kill(stopped, signal.SIGSTOP)
-  job.stall()
   started = time.time()
   assert job.wait() == [1, 1]
   assert time.time() - started < 2 + 15  # the limit, then a few polls and the stacks
@@ -286,7 +286,6 @@ def test_a_stopped_worker_is_named_by_every_watchdog_and_the_job_ends(tmp_path):
 def test_a_starved_worker_is_named_as_stuck_in_its_input_pipeline(tmp_path):
   job = StandInJob(tmp_path, ["wait", "starve"])
   job.progressing()
-  job.stall()
   assert job.wait() == [1, 1]
   for i in range(2):
     line = job.line(i)
@@ -300,7 +299,6 @@ def test_a_worker_blocked_holding_the_gil_is_named_and_its_stacks_saved(tmp_path
   # The limit is above HEARTBEAT_STALE_SECONDS: only then is a blocked heartbeat stale.
   job = StandInJob(tmp_path, ["wait", "wedge"], stall_seconds=watchdog.HEARTBEAT_STALE_SECONDS + 2)
   job.progressing()
-  job.stall()
   assert job.wait(timeout=90) == [1, 1]
   for i in range(2):
     assert ("worker:1 (127.0.0.1:7002) is not responding (its Python interpreter is "
@@ -314,12 +312,10 @@ def test_a_worker_blocked_holding_the_gil_is_named_and_its_stacks_saved(tmp_path
 def test_a_trainer_killed_by_a_signal_gets_the_line_it_could_not_write(tmp_path):
   job = StandInJob(tmp_path, ["wait", "abort"], stall_seconds=60)
   job.progressing()
-  job.stall()
   try:
     assert job.watchdogs[1].wait(30) == 128 + signal.SIGABRT, job.text(1)
   finally:
-    job.watchdogs[0].kill()
-  job.wait()
+    job.kill()
   assert job.line(1).startswith(
       "training stopped (worker:1 of 2 processes): the training process was ended by "
       "SIGABRT; worker:1 (127.0.0.1:7002) has exited (-6). Relaunch every process"), job.line(1)
@@ -328,7 +324,6 @@ def test_a_trainer_killed_by_a_signal_gets_the_line_it_could_not_write(tmp_path)
 def test_a_trainer_whose_exit_hangs_after_its_line_is_ended(tmp_path):
   job = StandInJob(tmp_path, ["wait", "report"], stall_seconds=30)
   job.progressing()
-  job.stall()
   started = time.time()
   job.watchdogs[1].wait(30)
   assert job.watchdogs[1].returncode == 1
@@ -336,7 +331,7 @@ def test_a_trainer_whose_exit_hangs_after_its_line_is_ended(tmp_path):
   text = job.text(1)
   assert job.line(1).endswith("another process of the job is unreachable: x")  # only its own
   assert "had not exited 2s after its line; ended" in text
-  job.wait()
+  job.kill()
 
 
 def test_sigterm_reaches_the_trainer(tmp_path):
