@@ -21,6 +21,8 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The serving modules' shared fixtures (built models, a QA server).
+pytest_plugins = ("tests.serving_harness",)
 
 
 # The two tiers. `make test` (every change is checked with it) runs every test that is not

@@ -208,3 +208,16 @@ def held_model_calls():
       yield held
     finally:
       held.release()
+
+
+# Fixtures of every serving test module (tests/conftest.py loads this module as a pytest
+# plugin): module-scoped, so each module builds the models it uses once.
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+  return BuiltModels(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def qa_server(built, tmp_path_factory):  # pylint: disable=redefined-outer-name
+  with serving_qa(built, tmp_path_factory.mktemp("models")) as served:
+    yield served

@@ -4,20 +4,14 @@ import threading
 
 import grpc
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from serving import config as config_lib
-from tests import serving_harness
 from tests import serving_models
 from tests.serving_harness import (
     DEADLINE, RPC_TIMEOUT, held_model_calls, in_flight, numeric_request, outputs_of,
     predict_request, prediction_stub, rpc_error, running, server_config, wait_for)
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
 
 
 def test_batching_merges_concurrent_requests_and_splits_results(built, tmp_path):

@@ -1,21 +1,10 @@
 """serving.client's command line against a running server."""
 import json
 
-import pytest
 
 from serving import client
-from tests import serving_harness
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def qa_server(built, tmp_path_factory):
-  with serving_harness.serving_qa(built, tmp_path_factory.mktemp("models")) as served:
-    yield served
 
 
 def test_client_command_line_prints_answers_and_provenance(qa_server, capsys):

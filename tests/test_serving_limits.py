@@ -2,18 +2,12 @@
 client's deadlines, and a timed-out computation holding its slot until the model returns."""
 import grpc
 import numpy as np
-import pytest
 
-from tests import serving_harness
 from tests import serving_models
 from tests.serving_harness import (
     DEADLINE, RPC_TIMEOUT, held_model_calls, predict_request, prediction_stub, rpc_error,
     running, server_config, wait_for)
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
 
 
 def test_concurrency_limit_and_deadlines(built, tmp_path):

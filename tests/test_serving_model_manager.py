@@ -17,17 +17,12 @@ from realm_tf.export.serving_warmup import write_warmup_requests
 from serving import client
 from serving import config as config_lib
 from serving.server import ServerOptions
-from tests import serving_harness
 from tests import serving_models
 from tests.serving_harness import (
     AVAILABLE, END, RPC_TIMEOUT, UNLOADING, WAIT_SECONDS, held_model_calls, in_flight,
     model_service_stub, model_status, numeric_request, outputs_of, predict_request,
     prediction_stub, rpc_error, running, server_config, wait_for)
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
 
 
 def test_new_version_under_load_is_picked_up_with_zero_failures(built, tmp_path):

@@ -23,7 +23,6 @@ from tensorflow_serving.apis import regression_pb2
 from serving import client
 from serving import config as config_lib
 from serving.server import parse_flags
-from tests import serving_harness
 from tests import serving_models
 from tests.serving_harness import (
     AVAILABLE, RPC_TIMEOUT, model_service_stub, model_status, outputs_of, predict_request,
@@ -32,15 +31,6 @@ from tests.serving_harness import (
 QUESTIONS = ["who wrote the iliad?", "", "what is the capital of France?"]
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def qa_server(built, tmp_path_factory):
-  with serving_harness.serving_qa(built, tmp_path_factory.mktemp("models")) as served:
-    yield served
 
 
 def test_predict_equals_in_process_savedmodel(qa_server):

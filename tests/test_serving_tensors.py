@@ -6,20 +6,10 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.framework import tensor_pb2
 
-from tests import serving_harness
 from tests.serving_harness import (
     RPC_TIMEOUT, numeric_request, outputs_of, predict_request, prediction_stub, rpc_error)
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def qa_server(built, tmp_path_factory):
-  with serving_harness.serving_qa(built, tmp_path_factory.mktemp("models")) as served:
-    yield served
 
 
 def _bomb() -> tensor_pb2.TensorProto:

@@ -5,15 +5,10 @@ import numpy as np
 import pytest
 
 from realm_tf.export.serving_warmup import write_warmup_requests
-from tests import serving_harness
 from tests import serving_models
 from tests.serving_harness import (
     RPC_TIMEOUT, numeric_request, outputs_of, prediction_stub, running, server_config)
 
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  return serving_harness.BuiltModels(tmp_path_factory)
 
 
 def test_warmup_requests_are_replayed_before_a_version_serves(built, tmp_path):
