@@ -66,8 +66,8 @@ POLICY = "availability_preserving"
 AUTHORS = dict(mode="tree_ah_reorder", num_leaves=1000, num_leaves_to_search=100,
                training_sample_size=100_000, dimensions_per_block=2,
                anisotropic_quantization_threshold=None, reorder_num_neighbors=0)
-# What the issue asks of a full-size run (served RSS, hand-over peak, export peak in GiB;
-# ScaNN's p50 as a fraction of exact's; recall@5 of the shipped configuration).
+# The targets of a full-size run (served RSS, hand-over peak, export peak in GiB; ScaNN's
+# p50 as a fraction of exact's; recall@5 of the shipped configuration).
 TARGETS = dict(served_gib=8.0, handover_gib=20.0, export_gib=16.0, p50_ratio=0.3,
                recall_at_5=0.95)
 log = harness.logger("scann_scale")

@@ -157,7 +157,7 @@ def test_openqa_schedule_runs_the_squad_reader_before_the_rows_it_starts():
 def test_pretrain_arms_are_kept_across_invocations_that_differ_only_in_how_they_run():
   """A rerun with the default sizes keeps the committed arms: its settings equal those the
   committed result was written with, whatever --arms/--budget_minutes/--render/--work_dir
-  say (a flag added to the parser but not to RUN_FLAGS used to start every arm over)."""
+  say (a flag added to the parser but not to RUN_FLAGS would start every arm over)."""
   parse = lambda *argv: pretrain.result_settings(pretrain.flag_parser().parse_args(argv))
   default = parse()
   assert parse("--arms", "e", "--budget_minutes", "10", "--work_dir", "/x", "--render",

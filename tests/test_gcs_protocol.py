@@ -1,4 +1,4 @@
-"""The commit protocol's users on GCS semantics (issue 27 item 2), and storage faults.
+"""The commit protocol's users on GCS semantics, and storage faults.
 
 test_tf_gcs.py proves TF's own gs:// client and the commit primitive (create-if-absent,
 commit, re-commit, conflict, two racers) against fake-gcs-server. This module runs what is

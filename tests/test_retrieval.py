@@ -119,7 +119,7 @@ def test_partial_exports_are_never_read(tmp_path, corpus):
   # A crash before the rename: shards written into a temporary dir, never committed.
   crashed = new_export_dir(str(tmp_path), 2)
   write_shard(crashed, 0, 2, ShardData(vectors[:10], ids[:10]), build_scann=False)
-  # A data directory of the old rename-based layout, never committed: ignored too.
+  # A data directory that no manifest commits (written without the protocol): ignored too.
   os.makedirs(tmp_path / "000000000003" / "shard-00000-of-00001")
   assert [e.version for e in list_exports(str(tmp_path))] == [1]
   assert load_searcher(str(tmp_path), backend="exact").num_blocks == 500
