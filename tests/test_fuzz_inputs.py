@@ -35,8 +35,7 @@ from realm_tf.data.openqa_inputs import read_questions
 from realm_tf.pipelines.transforms.parse import SET_ASIDE, ParseDocuments
 from realm_tf.pipelines.transforms.read import ReadRawRecords
 from serving import errors, tensors
-from serving.server import ModelServer, ServerOptions
-from tests import serving_models
+from tests import serving_harness, serving_models
 
 pytestmark = pytest.mark.fuzz
 
@@ -453,15 +452,9 @@ def live_server(tmp_path_factory):
     model = config.model_config_list.config.add()
     model.name, model.base_path = name, str(root / "models" / name)
     model.model_platform = "tensorflow"
-  server = ModelServer(ServerOptions(model_server_config=config, port=0, rest_api_port=0,
-                                     file_system_poll_wait_seconds=0, max_batch_size=8,
-                                     max_message_bytes=1 << 16)).start()
-  channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
-  try:
-    yield server, channel
-  finally:
-    channel.close()
-    server.stop(grace=0.5)
+  with serving_harness.running(config, rest_api_port=0, max_batch_size=8,
+                               max_message_bytes=1 << 16) as served:
+    yield served
 
 
 def _valid_request(rows: int = 2) -> predict_pb2.PredictRequest:

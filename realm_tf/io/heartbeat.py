@@ -109,17 +109,15 @@ class Heartbeat:
       f.write(text)
     os.replace(tmp, heartbeat_path(self.directory))
 
-  def _update(self, **changes):
+  def _change(self, count: Optional[str] = None, **values):
+    """Adds 1 to the counter `count` and sets `values`, in one step under the lock; nothing
+    without a watchdog."""
     if not self.enabled:
       return
     with self._lock:
-      self._state.update(changes)
-
-  def _add(self, key: str, n: int = 1):
-    if not self.enabled:
-      return
-    with self._lock:
-      self._state[key] += n
+      if count:
+        self._state[count] += 1
+      self._state.update(values)
 
   def snapshot(self) -> dict:
     with self._lock:
@@ -141,50 +139,36 @@ class Heartbeat:
       peers: {task: {"address": TF address, "watchdog": watchdog host:port}} of every
         other process.
     """
-    self._update(watch=dict(task=task, address=address, role=role,
+    self._change(watch=dict(task=task, address=address, role=role,
                             stall_seconds=float(stall_seconds),
                             collective_timeout_seconds=float(collective_timeout_seconds),
                             checkpoint_dir=checkpoint_dir, peers=peers))
 
   def loop_begun(self, phase: str) -> None:
     """A train ("train") or evaluation ("evaluate") loop starts."""
-    if not self.enabled:
-      return
-    with self._lock:
-      self._state["loops"] += 1
-      self._state["phase"] = phase
+    self._change("loops", phase=phase)
 
   def loop_ended(self, phase: str, step: int) -> None:
     """A loop ended at global step `step`; the host's work between loops follows."""
-    if not self.enabled:
-      return
-    with self._lock:
-      self._state["loops"] += 1
-      self._state["step"] = int(step)
-      self._state["phase"] = "host"
-      if phase == "train":
-        self._state["first_loop_ended"] = True
+    ended = dict(first_loop_ended=True) if phase == "train" else {}
+    self._change("loops", step=int(step), phase="host", **ended)
 
   def batch(self) -> None:
     """An input pipeline delivered a batch (called from tf.data's thread)."""
-    self._add("batches")
+    self._change("batches")
 
   def wait_round(self, what: str) -> None:
     """One round of a wait that all processes poll together (a collective per round), so
     each round is progress of the whole job."""
-    if not self.enabled:
-      return
-    with self._lock:
-      self._state["waits"] += 1
-      self._state["phase"] = what
+    self._change("waits", phase=what)
 
   def checkpoint_seen(self, step: int) -> None:
-    self._update(checkpoint_step=int(step))
+    self._change(checkpoint_step=int(step))
 
   def reported_line(self, line: str) -> None:
     """The trainer wrote its own exit line: the watchdog adds none, and only bounds how
     long the exit may take."""
-    self._update(reported=dict(line=line, time=time.time()))
+    self._change(reported=dict(line=line, time=time.time()))
     if self.enabled:
       self._write()
 

@@ -29,10 +29,9 @@ from official.modeling import performance
 
 from realm_tf import tasks
 from realm_tf.configs.experiment import ExperimentConfig
-from realm_tf.io import layout
+from realm_tf.io import heartbeat, layout
 from realm_tf.io.roles import HostRole
 from realm_tf.tasks.base import RealmTask, steps_per_loop
-from realm_tf.io import heartbeat
 from realm_tf.training import checkpoints, peer_failures, preemption
 from realm_tf.training.progress import ProgressReporter
 
@@ -96,10 +95,14 @@ class _CheckpointManager(tf.train.CheckpointManager):
   """tf.train.CheckpointManager that tells the watchdog's heartbeat the step of each save:
   the step a relaunch resumes from, which the watchdog's exit line names."""
 
+  def __init__(self, checkpoint, directory, step_counter=None, **kwargs):
+    super().__init__(checkpoint, directory, step_counter=step_counter, **kwargs)
+    self.global_step = step_counter
+
   def save(self, checkpoint_number=None, check_interval=True, options=None):
     path = super().save(checkpoint_number, check_interval=check_interval, options=options)
-    if path is not None and self._step_counter is not None:
-      heartbeat.current().checkpoint_seen(int(self._step_counter.numpy()))
+    if path is not None and self.global_step is not None:
+      heartbeat.current().checkpoint_seen(int(self.global_step.numpy()))
     return path
 
 

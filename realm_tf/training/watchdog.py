@@ -309,6 +309,15 @@ class Watchdog:
 
   # ---------------------------------------------------------------------------- ending
 
+  def _job_statuses(self, watch: dict, own: dict) -> tuple:
+    """({task: status, None if its watchdog did not answer}, {task: TF address}) of every
+    process of the job, this one's status being `own`."""
+    statuses = self._peer_statuses(watch)
+    statuses[self.task.name] = own
+    addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
+    addresses[self.task.name] = self.task.address
+    return statuses, addresses
+
   def _peer_statuses(self, watch: dict) -> dict:
     answers = {}
 
@@ -373,10 +382,7 @@ class Watchdog:
     if self.child.poll() is None:
       self.child.send_signal(signal.SIGSTOP)
     self._served = own
-    statuses = self._peer_statuses(watch)
-    statuses[self.task.name] = own
-    addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
-    addresses[self.task.name] = self.task.address
+    statuses, addresses = self._job_statuses(watch, own)
     # A peer that judged first decides for the job: every line names the same culprit.
     verdicts = [s["verdict"] for s in statuses.values() if s and s.get("verdict")]
     self._verdict = verdicts[0] if verdicts else judge(statuses, addresses)
@@ -402,10 +408,7 @@ class Watchdog:
     beat = heartbeat.read(self.directory) or {}
     watch = beat.get("watch")
     if watch and not beat.get("reported"):
-      statuses = self._peer_statuses(watch)
-      statuses[self.task.name] = self.status()  # exited: always named
-      addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
-      addresses[self.task.name] = self.task.address
+      statuses, addresses = self._job_statuses(watch, self.status())  # exited: named
       try:
         name = signal.Signals(-code).name
       except ValueError:
