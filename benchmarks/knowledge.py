@@ -108,6 +108,9 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
       "task.pretrain.refresh_every_steps": args.refresh_every,
       "index.blocks": world_dir,
       "index.max_staleness_steps": args.refresh_every * 3,
+      # Every version the run commits is kept: the curves read the index searched at each
+      # checkpoint after the run (staleness_point).
+      "index.keep_versions": args.steps // args.refresh_every + 2,
       "trainer.train_steps": args.steps,
       "trainer.steps_per_loop": args.refresh_every,
       "trainer.summary_interval": args.refresh_every,
@@ -133,7 +136,7 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
   return load_config(args.config, overrides, experiment="realm/pretrain")
 
 
-def _world_index(config):
+def world_index(config):
   """(the retrieval task, its KnowledgeIndex over the world's blocks, embeddings unset)."""
   task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=True))))
   return task, task.build_index(tf.distribute.get_strategy())
@@ -156,7 +159,7 @@ def heldout_queries(config, task, retriever_queries, world: dict) -> np.ndarray:
 def top1_blocks(config, retriever_queries, retriever_documents, world: dict) -> list[int]:
   """The top-1 block id under these towers for each held-out sentence (masked as in
   validation), in world["held_out"] order."""
-  task, index = _world_index(config)
+  task, index = world_index(config)
   queries = heldout_queries(config, task, retriever_queries, world)
   documents = recall.embed_corpus(retriever_documents, index, task.tokenizer,
                                   config.model.retriever.block_seq_length)
@@ -293,7 +296,7 @@ def checkpoints(model_dir: str) -> list[tuple[int, str]]:
 
 def tower_embeddings(config, world: dict, retriever, task, index) -> tuple:
   """([H, P] held-out query embeddings, [N, P] block embeddings in row order) under
-  `retriever`'s towers (task, index: _world_index's)."""
+  `retriever`'s towers (task, index: world_index's)."""
   return (heldout_queries(config, task, retriever, world),
           recall.embed_corpus(retriever, index, task.tokenizer,
                               config.model.retriever.block_seq_length))
@@ -309,7 +312,7 @@ def final_point(config, model_dir: str, world: dict, start, trained,
   """(top1_kinds of the held-out sentences, staleness_point) at the run's newest
   checkpoint, whose retriever is `trained` (`start`: the step-0 retriever; `frozen`: the
   run searched the step-0 document tower's index)."""
-  task, index = _world_index(config)
+  task, index = world_index(config)
   block_ids = np.asarray(index.store.block_ids, np.int64)
   _, step0 = tower_embeddings(config, world, start, task, index)
   queries, fresh = tower_embeddings(config, world, trained, task, index)
@@ -322,7 +325,7 @@ def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> lis
   """Gold top-1 at each kept checkpoint: that step's query tower against that step's
   document tower (the index a refresh would publish), or the step-0 tower (frozen); with
   the staleness of the index the trainer searched then (staleness_point)."""
-  task, index = _world_index(config)
+  task, index = world_index(config)
   block_ids = np.asarray(index.store.block_ids, np.int64)
   queries, step0 = tower_embeddings(config, world, start, task, index)
   curve = [dict(step=0, gold_top1=top1_kinds(top1_of(queries, step0, block_ids),

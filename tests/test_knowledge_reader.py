@@ -18,14 +18,13 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from benchmarks import knowledge
+from benchmarks import knowledge, own_block_reader
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
 from realm_tf.modeling import factory
-from realm_tf.modeling.spans import pack_reader_inputs
 from realm_tf.training import train_lib
 
-STEPS, BATCH, LEARNING_RATE = 400, 64, 3e-3
+STEPS = 400
 # The mechanics tests' size: enough steps for Adam's first updates to lower the loss.
 FEW_STEPS, FEW_ENTITIES = 6, 24
 
@@ -36,75 +35,10 @@ def _config(repo_dir, *overrides):
                      ["task.type=pretrain", *overrides])
 
 
-def _packed(rows, blocks, tokenizer, config):
-  """Reader inputs [N, 1, Lr] (each sentence with its own block) and labels [N]."""
-  ids, labels = [], []
-  for row in rows:
-    text = row["text"]
-    prefix, value, suffix = text[:row["start"]], text[row["start"]:row["end"]], text[row["end"]:]
-    pieces = tokenizer.tokenize(tf.constant([prefix, value, suffix])).to_list()
-    assert len(pieces[1]) == 1, row  # every value is one wordpiece
-    ids.append([tokenizer.cls_id, *pieces[0], tokenizer.mask_id, *pieces[2], tokenizer.sep_id])
-    labels.append(pieces[1][0])
-  query_length = config.model.retriever.query_seq_length
-  assert max(len(q) for q in ids) <= query_length
-  word_ids = np.zeros([len(ids), query_length], np.int32)
-  for i, q in enumerate(ids):
-    word_ids[i, :len(q)] = q
-  bodies = tokenizer.tokenize(tf.constant([blocks[r["gold_block_id"]] for r in rows]))
-  body_ids = bodies.to_tensor()[:, None, :]  # [N, 1, Lb]
-  reader = pack_reader_inputs(tf.constant(word_ids), tf.constant((word_ids > 0).astype(np.int32)),
-                              body_ids, bodies.row_lengths()[:, None],
-                              config.model.reader.seq_length, tokenizer.sep_id)
-  positions = np.array([q.index(tokenizer.mask_id) for q in ids], np.int32)[:, None]  # [N, 1]
-  inputs = {k: reader[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}
-  return dict(inputs, masked_lm_positions=tf.constant(positions),
-              masked_lm_ids=tf.constant(np.array(labels, np.int32)[:, None])), np.array(labels)
-
-
-def train_own_block_reader(config, world, tokenizer, steps=STEPS, seed=0):
-  """(a knowledge-augmented encoder trained on X's (sentence, own block) pairs, its loss at
-  each step)."""
-  blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
-  train, _ = _packed(world["x"], blocks, tokenizer, config)
-  tf_keras.utils.set_random_seed(seed)
-  model = factory.build_knowledge_augmented_encoder(config)
-  optimizer = tf_keras.optimizers.Adam(LEARNING_RATE)
-  n = int(train["masked_lm_ids"].shape[0])
-
-  @tf.function(jit_compile=True)
-  def step(batch):
-    with tf.GradientTape() as tape:
-      loss = -tf.reduce_mean(model(batch, training=True)["token_log_probs"])
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
-                                  model.trainable_variables))
-    return loss
-
-  rng = np.random.default_rng(seed)
-  losses = []
-  for _ in range(steps):
-    rows = rng.choice(n, min(BATCH, n), replace=False)
-    losses.append(float(step({k: tf.gather(v, rows) for k, v in train.items()})))
-  return model, losses
-
-
-def heldout_accuracy(model, config, world, tokenizer) -> dict:
-  """`model`'s accuracy per attribute on the held-out sentences, each with its own block."""
-  blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
-  heldout, labels = _packed(world["held_out"], blocks, tokenizer, config)
-  predictions = np.concatenate([
-      np.argmax(model({k: v[i:i + 256] for k, v in heldout.items()})["log_probs"].numpy(),
-                axis=-1)[:, 0, 0]
-      for i in range(0, len(labels), 256)])
-  right = predictions == labels
-  attributes = np.array([r["attribute"] for r in world["held_out"]])
-  return {a: float(right[attributes == a].mean()) for a in knowledge_world.ATTRIBUTES}
-
-
 def own_block_reader_accuracy(config, world, tokenizer, steps=STEPS, seed=0) -> dict:
   """Held-out accuracy per attribute of a reader trained on (sentence, own block) pairs."""
-  model, _ = train_own_block_reader(config, world, tokenizer, steps, seed)
-  return heldout_accuracy(model, config, world, tokenizer)
+  model, _ = own_block_reader.train(config, world, tokenizer, steps, seed)
+  return own_block_reader.heldout_accuracy(model, config, world, tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +58,7 @@ def test_a_sentence_is_packed_before_its_own_block(repo_dir, tokenizer, few_enti
   mask at masked_lm_positions, its value (the label) in the block's segment only."""
   config = _config(repo_dir)
   blocks = {b["block_id"]: b["text"] for b in few_entities["blocks"]}
-  inputs, labels = _packed(few_entities["x"], blocks, tokenizer, config)
+  inputs, labels = own_block_reader.packed(few_entities["x"], blocks, tokenizer, config)
   ids = inputs["input_word_ids"].numpy()[:, 0]  # [N, Lr]
   segment = inputs["input_type_ids"].numpy()[:, 0]
   positions = inputs["masked_lm_positions"].numpy()[:, 0]
@@ -144,10 +78,10 @@ def test_the_own_block_reader_trains_and_is_scored_on_held_out_sentences(
   and untied: the compiled step lowers the loss and the held-out scoring covers every
   attribute."""
   config = _config(repo_dir, f"model.reader.tie_output_embeddings={str(tied).lower()}")
-  model, losses = train_own_block_reader(config, few_entities, tokenizer, steps=FEW_STEPS)
+  model, losses = own_block_reader.train(config, few_entities, tokenizer, steps=FEW_STEPS)
   assert model.tied == tied
   assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1, losses
-  accuracy = heldout_accuracy(model, config, few_entities, tokenizer)
+  accuracy = own_block_reader.heldout_accuracy(model, config, few_entities, tokenizer)
   assert set(accuracy) == set(knowledge_world.ATTRIBUTES)
   assert all(0.0 <= value <= 1.0 for value in accuracy.values()), accuracy
 
@@ -238,9 +172,8 @@ def _weak_start(work, repo_dir, tokenizer, entities: int, batch_size: int, reade
   world = knowledge_world.write_world(str(work / "world"), knowledge_world.WorldConfig(
       seed=0, entities=entities, x_templates=1))
   world["dir"] = str(work / "world")
-  reader, _ = train_own_block_reader(_config(repo_dir), world, tokenizer, steps=reader_steps)
-  reader_checkpoint = tf.train.Checkpoint(model=tf.train.Checkpoint(
-      knowledge_augmented_encoder=reader)).write(str(work / "reader" / "ckpt-1"))
+  reader, _ = own_block_reader.train(_config(repo_dir), world, tokenizer, steps=reader_steps)
+  reader_checkpoint = own_block_reader.save_for_pretraining(reader, str(work / "reader" / "ckpt-1"))
   tf_keras.backend.clear_session()
   ict_dir = str(work / "ict")
   train_lib.run_experiment(knowledge.ict_config(world["dir"], args), ict_dir)

@@ -1,0 +1,378 @@
+"""REALM's asynchronous index refresh, tested where it can show: arms by refresh interval on
+a knowledge world whose document tower moves, with a verdict either way.
+
+    python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
+        [--second_seed_refresh 10,0] [--steps 600] [--batch_size 64] [--entities 1000]
+        [--reader_steps 300] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
+        [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
+        [--work_dir DIR] [--fresh] [--no_write] [--name knowledge_staleness]
+
+Why: the paper's ablation (Guu et al., 2020, Table 3, NQ dev) loses about 10 EM with a
+30x staler index. An index can only go stale if the document tower moves, and in
+benchmarks.knowledge it barely does (the retriever is held for 300 steps, then trains at a
+tenth of a decaying rate). Here nothing holds it: every arm starts from a reader that
+already reads (benchmarks.own_block_reader: trained on each sentence with its own block,
+saved as the run's mlm_init_checkpoint), a weak ICT warm start (--ict_steps), and trains
+both retriever towers at the reader's rate from step 0.
+
+Arms (same world, seed, steps and batch): refresh every --refresh steps (the index builder
+beside the trainer re-embeds the corpus from a snapshot; 0 = never: the step-0 index,
+published once) and, for --second_seed_refresh, the same at --second_seed (its own reader,
+ICT start and initialisation). At every --curve_every steps, per arm:
+  held-out span accuracy   the trainer's own evaluation over all held-out sentences, against
+                           the index it searched then (± binomial standard error);
+  own-block top-1          against the index searched at that step, and against an exact
+                           search of that step's document tower (what a refresh would give);
+  overlap@k                of the searched index's top-k with that exact search's (1: a
+                           refresh could not have changed what was retrieved);
+  cosine to step 0         the document embeddings' mean cosine to their step-0 rows.
+
+The verdict (`verdict`, fixed here before any run):
+  manipulation   holds when the never-refreshed arm's last overlap@k < MANIPULATION_OVERLAP
+                 and its document cosine < MANIPULATION_COSINE, while refresh-10 keeps
+                 overlap@k >= FRESH_OVERLAP at every point; else "manipulation failed", and
+                 no accuracy is read.
+  clear          refresh-10 minus never >= CLEAR_GAP in held-out accuracy, the same sign at
+                 the second seed, and refresh-300 between the two.
+  null           the gap < NULL_GAP (the query tower compensates for the stale index).
+  inconclusive   anything else (a gap between the two bounds, or the arms out of order).
+Each arm is saved as it finishes: a rerun with the same settings keeps the finished arms.
+Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless --no_write; always in
+<work_dir>).
+"""
+import argparse
+import gc
+import math
+import os
+import tempfile
+import time
+
+import numpy as np
+import tf_keras
+
+from benchmarks import harness, knowledge, own_block_reader
+from realm_tf import tasks
+from realm_tf.io import layout
+from realm_tf.training import train_lib
+
+log = harness.logger("knowledge_staleness")
+
+# The verdict's rule (module docstring).
+MANIPULATION_OVERLAP, MANIPULATION_COSINE, FRESH_OVERLAP = 0.5, 0.9, 0.9
+CLEAR_GAP, NULL_GAP = 0.10, 0.05
+WALL_TARGET_SECONDS = 60 * 60
+# Held fixed in every arm, over configs/knowledge.yaml's hold: the retriever trains from
+# step 0 at the reader's rate, both towers.
+ARM_OVERRIDES = ("trainer.retriever_frozen_steps=0",
+                 "trainer.retriever_learning_rate_multiplier=1.0")
+
+
+def arm_name(refresh: int, seed: int, first_seed: int) -> str:
+  name = f"refresh-{refresh}" if refresh else "never"
+  return name if seed == first_seed else f"{name}-seed{seed}"
+
+
+def arm_plan(args) -> list[tuple[str, int, int]]:
+  """(name, refresh interval, seed) of every arm, in run order."""
+  plan = [(arm_name(r, args.seed, args.seed), r, args.seed) for r in args.refresh]
+  plan += [(arm_name(r, args.second_seed, args.seed), r, args.second_seed)
+           for r in args.second_seed_refresh]
+  return plan
+
+
+def arm_args(args, refresh: int, seed: int) -> argparse.Namespace:
+  """benchmarks.knowledge's arguments for one arm (its config is knowledge.arm_config's)."""
+  return argparse.Namespace(**dict(
+      vars(args), seed=seed, refresh_every=refresh or args.steps,
+      curve_sentences=args.heldout_sentences,
+      override=list(ARM_OVERRIDES) + list(args.override or [])))
+
+
+def start_of(world: dict, args, seed: int, work: str) -> dict:
+  """The start every arm of `seed` shares: a reader trained to read own blocks (saved as a
+  pre-training checkpoint) and a weak ICT warm start of the retriever; reused when its
+  directory holds them (a rerun)."""
+  directory = os.path.join(work, f"start-seed{seed}")
+  reader_path = os.path.join(directory, "reader", "ckpt-1")
+  ict_dir = os.path.join(directory, "ict")
+  ns = arm_args(args, 0, seed)
+  config = knowledge.arm_config("frozen", world["dir"], ns, ict_dir)
+  if not os.path.exists(reader_path + ".index"):
+    log(f"seed {seed}: the own-block reader, {args.reader_steps} steps")
+    tokenizer = tasks.get_task(config).tokenizer
+    reader, losses = own_block_reader.train(config, world, tokenizer, args.reader_steps, seed)
+    accuracy = own_block_reader.heldout_accuracy(reader, config, world, tokenizer)
+    log(f"seed {seed}: reader's held-out accuracy with the own block {accuracy}, last loss "
+        f"{losses[-1]:.3f}")
+    own_block_reader.save_for_pretraining(reader, reader_path + ".tmp")
+    for suffix in (".index", ".data-00000-of-00001"):  # the .index last: it marks complete
+      os.replace(reader_path + ".tmp" + suffix, reader_path + suffix)
+    tf_keras.backend.clear_session()
+  if not layout.latest_checkpoint(ict_dir):
+    log(f"seed {seed}: ICT warm start, {args.ict_steps} steps")
+    train_lib.run_experiment(knowledge.ict_config(world["dir"], ns), ict_dir)
+    tf_keras.backend.clear_session()
+  start = knowledge.retriever_from(config)
+  step0 = knowledge.gold_top1(config, start, start, world)
+  tf_keras.backend.clear_session()
+  log(f"seed {seed}: step-0 own-block top-1 {step0:.3f}")
+  return dict(reader=reader_path, ict_dir=ict_dir, step0_gold_top1=step0)
+
+
+def curve(config, model_dir: str, world: dict, start_retriever) -> list[dict]:
+  """Per kept checkpoint: own-block top-1 against the index searched then and against an
+  exact search of that step's towers, overlap@k and the document cosine to step 0
+  (knowledge.staleness_point)."""
+  task, index = knowledge.world_index(config)
+  block_ids = np.asarray(index.store.block_ids, np.int64)
+  gold = np.array([r["gold_block_id"] for r in world["held_out"]])
+  queries, step0 = knowledge.tower_embeddings(config, world, start_retriever, task, index)
+  points = [dict(step=0, top1_searched=float(np.mean(
+      knowledge.top1_of(queries, step0, block_ids) == gold)))]
+  points[0]["top1_exact"] = points[0]["top1_searched"]
+  for step, path in knowledge.checkpoints(model_dir):
+    trained = knowledge.retriever_from(config, path)
+    queries, fresh = knowledge.tower_embeddings(config, world, trained, task, index)
+    point = knowledge.staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
+    searched = knowledge.index_embeddings(model_dir, point["index_version"], block_ids)
+    point.update(
+        top1_searched=round(float(np.mean(knowledge.top1_of(queries, searched, block_ids)
+                                          == gold)), 4),
+        top1_exact=round(float(np.mean(knowledge.top1_of(queries, fresh, block_ids) == gold)),
+                         4))
+    points.append(point)
+    tf_keras.backend.clear_session()
+  return points
+
+
+def run_arm(name: str, refresh: int, seed: int, world: dict, start: dict, args,
+            work: str) -> dict:
+  arm = "realm" if refresh else "frozen"
+  config = knowledge.arm_config(arm, world["dir"], arm_args(args, refresh, seed),
+                                start["ict_dir"]).replace(
+      task=dict(pretrain=dict(mlm_init_checkpoint=start["reader"])))
+  model_dir = os.path.join(work, name)
+  log(f"arm {name}: {args.steps} steps, refresh {'every ' + str(refresh) if refresh else 'never'}"
+      f", seed {seed}")
+  result, final, wall, start_retriever, _, _ = knowledge.train_arm(arm, config, model_dir)
+  points = curve(config, model_dir, world, start_retriever)
+  n = len(world["held_out"])
+  accuracy = {r["step"]: r["span_accuracy"] for r in layout.read_metrics(model_dir)
+              if r.get("mode") == "eval" and "span_accuracy" in r}
+  for p in points:
+    if p["step"] in accuracy:
+      p["heldout_span_accuracy"] = accuracy[p["step"]]
+      p["heldout_span_accuracy_stderr"] = round(
+          math.sqrt(accuracy[p["step"]] * (1 - accuracy[p["step"]]) / n), 4)
+  train = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
+  out = dict(
+      arm=name, refresh_every=refresh, seed=seed, steps=result["step"],
+      description=f"refresh {'every ' + str(refresh) + ' steps' if refresh else 'never'}, "
+                  f"seed {seed}",
+      wall_seconds=round(wall, 1), heldout_span_accuracy=final.get("span_accuracy"),
+      heldout_span_accuracy_stderr=round(math.sqrt(
+          final["span_accuracy"] * (1 - final["span_accuracy"]) / n), 4),
+      index_refreshes=result.get("index_refreshes", 0), curve=points,
+      staleness_steps=[{k: r[k] for k in ("step", "index_staleness_steps") if k in r}
+                       for r in train])
+  tf_keras.backend.clear_session()
+  gc.collect()
+  last = points[-1]
+  log(f"arm {name}: held-out {out['heldout_span_accuracy']:.3f}, top-1 searched "
+      f"{last['top1_searched']:.3f} / exact {last['top1_exact']:.3f}, overlap "
+      f"{last.get('overlap_at_k')}, cosine {last.get('document_cosine_to_step0')}, "
+      f"{out['wall_seconds']} s")
+  return out
+
+
+def verdict(arms: dict, args) -> dict:
+  """The rule of the module docstring applied to the arms run. Returns {manipulation:
+  {holds, ...figures}, verdict: 'clear' | 'null' | 'inconclusive' | 'manipulation failed' |
+  'incomplete', gaps, reason}."""
+  never, fresh = arms.get("never"), arms.get("refresh-10")
+  if never is None or fresh is None:
+    return dict(verdict="incomplete", reason="the refresh-10 and never arms are both needed")
+  last = never["curve"][-1]
+  fresh_overlaps = [p["overlap_at_k"] for p in fresh["curve"] if "overlap_at_k" in p]
+  manipulation = dict(
+      never_overlap_at_k=last["overlap_at_k"], never_document_cosine=last[
+          "document_cosine_to_step0"], refresh10_lowest_overlap_at_k=min(fresh_overlaps),
+      holds=bool(last["overlap_at_k"] < MANIPULATION_OVERLAP
+                 and last["document_cosine_to_step0"] < MANIPULATION_COSINE
+                 and min(fresh_overlaps) >= FRESH_OVERLAP))
+  gap = fresh["heldout_span_accuracy"] - never["heldout_span_accuracy"]
+  out = dict(manipulation=manipulation, gap=round(gap, 4))
+  second = [arms.get(arm_name(r, args.second_seed, args.seed)) for r in (10, 0)]
+  if all(second):
+    out["second_seed_gap"] = round(second[0]["heldout_span_accuracy"]
+                                   - second[1]["heldout_span_accuracy"], 4)
+  stale = arms.get("refresh-300")
+  if not manipulation["holds"]:
+    return dict(out, verdict="manipulation failed",
+                reason="the never-refreshed index did not go stale, or refresh-10 did not "
+                       "keep up; accuracies are not read")
+  if abs(gap) < NULL_GAP:
+    return dict(out, verdict="null", reason=f"|refresh-10 - never| = {abs(gap):.3f} < "
+                f"{NULL_GAP}: the query tower compensates for the stale index")
+  in_between = stale is not None and (
+      min(never["heldout_span_accuracy"], fresh["heldout_span_accuracy"])
+      <= stale["heldout_span_accuracy"]
+      <= max(never["heldout_span_accuracy"], fresh["heldout_span_accuracy"]))
+  if gap >= CLEAR_GAP and out.get("second_seed_gap", 0) > 0 and in_between:
+    return dict(out, verdict="clear", reason=f"refresh-10 - never = {gap:+.3f} >= {CLEAR_GAP}, "
+                f"the same sign at seed {args.second_seed}, refresh-300 in between")
+  return dict(out, verdict="inconclusive", reason=(
+      f"refresh-10 - never = {gap:+.3f}; second seed "
+      f"{out.get('second_seed_gap', 'not run')}; refresh-300 "
+      f"{'in between' if in_between else 'not in between (or not run)'}"))
+
+
+def run(args, started: float) -> dict:
+  work = args.work_dir or tempfile.mkdtemp(prefix="realm_tf_knowledge_staleness_")
+  world = knowledge.write_world(work, args)
+  args.heldout_sentences = len(world["held_out"])
+  settings = dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
+                  x_templates=args.x_templates, reader_steps=args.reader_steps,
+                  ict_steps=args.ict_steps, num_candidates=args.num_candidates,
+                  learning_rate=args.learning_rate, curve_every=args.curve_every,
+                  refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
+                  seed=args.seed, second_seed=args.second_seed,
+                  config=[os.path.relpath(c, knowledge.REPO) for c in args.config],
+                  overrides=list(ARM_OVERRIDES) + list(args.override or []))
+  work_output = harness.Output(args.name, markdown, plot, directory=work)
+  payload = harness.kept_result(work_output, settings, args.fresh, log) or dict(
+      settings=settings, arms={}, starts={})
+  payload.update(world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
+                            held_out=len(world["held_out"]), chance=knowledge.chance(world)),
+                 work_dir=work, name=args.name)
+
+  def save(partial: bool):
+    payload.update(machine=harness.machine(), partial=partial,
+                   wall_seconds=round(time.time() - started, 1),
+                   verdict=verdict(payload["arms"], args))
+    return work_output.write(payload)
+
+  arms = harness.Arms(save)
+  plan = {name: (refresh, seed) for name, refresh, seed in arm_plan(args)}
+  for name in arms.due(plan, kept=payload["arms"]):
+    refresh, seed = plan[name]
+    if str(seed) not in payload["starts"]:
+      payload["starts"][str(seed)] = start_of(world, args, seed, work)
+    payload["arms"][name] = run_arm(name, refresh, seed, world, payload["starts"][str(seed)],
+                                    args, work)
+  arms.finish()
+  return payload
+
+
+def _fmt(value, digits=3):
+  return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def markdown(payload: dict) -> str:
+  s, w, v = payload["settings"], payload["world"], payload["verdict"]
+  lines = ["# Does the index refresh matter? (benchmarks/knowledge_staleness.py)", "",
+           f"World: {w['blocks']} blocks, {w['x']} training sentences, {w['held_out']} held "
+           f"out (chance {w['chance']:.3f}). Every arm: {s['steps']} steps of batch "
+           f"{s['batch_size']}, k={s['num_candidates']}, learning rate {s['learning_rate']}, "
+           f"both retriever towers trained at the reader's rate from step 0; the reader "
+           f"pre-trained {s['reader_steps']} steps on own blocks, ICT {s['ict_steps']} steps "
+           f"(step-0 own-block top-1: " + ", ".join(
+               f"seed {seed} {start['step0_gold_top1']:.3f}"
+               for seed, start in sorted(payload["starts"].items())) + "). Configs "
+           f"{' + '.join(s['config'])} with {' '.join(s['overrides'])}.", "",
+           f"**Verdict: {v['verdict']}.** {v.get('reason', '')}", ""]
+  m = v.get("manipulation")
+  if m:
+    lines += [f"Manipulation check ({'holds' if m['holds'] else 'fails'}): the never-refreshed "
+              f"index's overlap@k with an exact search of the current document tower at the "
+              f"last step {m['never_overlap_at_k']:.3f} (needs < {MANIPULATION_OVERLAP}), its "
+              f"document embeddings' mean cosine to step 0 {m['never_document_cosine']:.3f} "
+              f"(needs < {MANIPULATION_COSINE}); refresh-10's lowest overlap@k "
+              f"{m['refresh10_lowest_overlap_at_k']:.3f} (needs >= {FRESH_OVERLAP}).", ""]
+  lines += ["| arm | held-out span accuracy | own-block top-1, index searched / exact | "
+            "overlap@k | document cosine to step 0 | index refreshes | train s |",
+            "|---|---|---|---|---|---|---|"]
+  for name, r in payload["arms"].items():
+    last = r["curve"][-1]
+    lines.append(
+        f"| {name} | {r['heldout_span_accuracy']:.3f} ± {r['heldout_span_accuracy_stderr']:.3f}"
+        f" | {last['top1_searched']:.3f} / {last['top1_exact']:.3f} | "
+        f"{_fmt(last.get('overlap_at_k'))} | {_fmt(last.get('document_cosine_to_step0'))} | "
+        f"{r['index_refreshes']} | {r['wall_seconds']} |")
+  lines += ["", "At each evaluation point (step: held-out accuracy / own-block top-1 against "
+            "the index searched / overlap@k / document cosine to step 0):", "",
+            "| arm | points |", "|---|---|"]
+  for name, r in payload["arms"].items():
+    lines.append(f"| {name} | " + "; ".join(
+        f"{p['step']}: {_fmt(p.get('heldout_span_accuracy'))} / {p['top1_searched']:.3f} / "
+        f"{_fmt(p.get('overlap_at_k'))} / {_fmt(p.get('document_cosine_to_step0'))}"
+        for p in r["curve"]) + " |")
+  mach = payload["machine"]
+  lines += ["", "± one binomial standard error over the held-out sentences. The verdict's "
+            f"rule: clear when the manipulation holds, refresh-10 minus never >= {CLEAR_GAP} "
+            f"held-out, the same sign at the second seed and refresh-300 in between; null "
+            f"when the gap < {NULL_GAP}; inconclusive otherwise.", "",
+            f"Measured {mach['when']} on {mach['cpu_count']} CPUs (load average "
+            f"{mach['load_average_1_5_15']}), {payload['wall_seconds']} s in all (target <= "
+            f"{WALL_TARGET_SECONDS} s){', cut short' if payload.get('partial') else ''}. "
+            f"Curves: {payload.get('name', 'knowledge_staleness')}_curves.png.", ""]
+  return "\n".join(lines)
+
+
+def plot(payload: dict, path: str):
+  harness.plot_arm_curves(
+      payload["arms"],
+      [("curve", "heldout_span_accuracy", "held-out span accuracy"),
+       ("curve", "overlap_at_k", "overlap@k, index searched vs exact"),
+       ("curve", "top1_searched", "own-block top-1 (index searched)"),
+       ("curve", "document_cosine_to_step0", "document cosine to step 0")],
+      path, "Index refresh on the knowledge world (benchmarks/knowledge_staleness.py)",
+      point_curves=("curve",))
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ints = lambda text: [int(x) for x in text.split(",") if x != ""]  # noqa: E731
+  p.add_argument("--refresh", type=ints, default=[10, 30, 100, 300, 0],
+                 help="refresh intervals in steps; 0 = never (the step-0 index)")
+  p.add_argument("--second_seed_refresh", type=ints, default=[10, 0])
+  p.add_argument("--steps", type=int, default=600)
+  p.add_argument("--batch_size", type=int, default=64)
+  p.add_argument("--entities", type=int, default=1000)
+  p.add_argument("--x_templates", type=int, default=1)
+  p.add_argument("--reader_steps", type=int, default=300)
+  p.add_argument("--ict_steps", type=int, default=5)
+  p.add_argument("--num_candidates", type=int, default=2)
+  p.add_argument("--curve_every", type=int, default=100)
+  p.add_argument("--learning_rate", type=float, default=3e-3)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--second_seed", type=int, default=1)
+  p.add_argument("--config", action="append")
+  p.add_argument("--override", action="append", help="extra dotted=value config overrides")
+  p.add_argument("--work_dir", default="")
+  p.add_argument("--fresh", action="store_true", help="start over, keeping no finished arm")
+  p.add_argument("--no_write", action="store_true")
+  p.add_argument("--name", default="knowledge_staleness")
+  args = p.parse_args(argv)
+  args.config = args.config or [os.path.join(knowledge.REPO, "configs", name)
+                                for name in ("tiny.yaml", "knowledge.yaml")]
+  for refresh in args.refresh + args.second_seed_refresh:
+    if refresh and args.steps % refresh:
+      raise SystemExit(f"--steps {args.steps} must be a multiple of every refresh interval")
+  if args.steps % args.curve_every:
+    raise SystemExit(f"--steps {args.steps} must be a multiple of --curve_every")
+  return args
+
+
+def main(argv=None):
+  args = parse_args(argv)
+  started = time.time()
+  payload = run(args, started)
+  with open(harness.Output(args.name, directory=payload["work_dir"]).markdown_path) as f:
+    print(f.read())
+  if not args.no_write:
+    log(f"wrote {harness.Output(args.name, markdown, plot).write(payload)}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,111 @@
+"""A knowledge-augmented encoder trained to read: each training sentence of a knowledge
+world packed with its entity's own block (`[CLS] x [SEP] own block [SEP]`), retrieval
+taken out of the question.
+
+Why: a random-init reader cannot read for its first hundreds of steps, and until it does
+the MLM loss's gradient on the retriever only rewards blocks that narrow the answer set.
+Starting REALM from a reader that already reads removes that reason to hold the retriever
+still (benchmarks.knowledge_staleness), and scoring it on the held-out sentences measures
+the reader's part apart from the retriever's (tests/test_knowledge_reader.py).
+"""
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.corpus import knowledge_world
+from realm_tf.modeling import factory
+from realm_tf.modeling.spans import pack_reader_inputs
+
+BATCH, LEARNING_RATE = 64, 3e-3
+
+
+def packed(rows: list, blocks: dict, tokenizer, config) -> tuple:
+  """Reader inputs with each sentence before its own block, and its labels.
+
+  Args:
+    rows: a world's sentences (world["x"] or world["held_out"]).
+    blocks: block id → block text.
+    tokenizer: the experiment's tokenizer.
+    config: the experiment (its retriever's query_seq_length, reader's seq_length).
+
+  Returns:
+    (inputs: reader tensors [N, 1, Lr] plus masked_lm_positions / masked_lm_ids [N, 1],
+    labels [N]: each sentence's value, one wordpiece).
+  """
+  ids, labels = [], []
+  for row in rows:
+    text = row["text"]
+    prefix, value, suffix = text[:row["start"]], text[row["start"]:row["end"]], text[row["end"]:]
+    pieces = tokenizer.tokenize(tf.constant([prefix, value, suffix])).to_list()
+    if len(pieces[1]) != 1:
+      raise ValueError(f"{row}: the value is {len(pieces[1])} wordpieces; the knowledge "
+                       f"world's values are one each")
+    ids.append([tokenizer.cls_id, *pieces[0], tokenizer.mask_id, *pieces[2], tokenizer.sep_id])
+    labels.append(pieces[1][0])
+  query_length = config.model.retriever.query_seq_length
+  longest = max(len(q) for q in ids)
+  if longest > query_length:
+    raise ValueError(f"a sentence of {longest} wordpieces is longer than the retriever's "
+                     f"query_seq_length {query_length}")
+  word_ids = np.zeros([len(ids), query_length], np.int32)
+  for i, q in enumerate(ids):
+    word_ids[i, :len(q)] = q
+  bodies = tokenizer.tokenize(tf.constant([blocks[r["gold_block_id"]] for r in rows]))
+  body_ids = bodies.to_tensor()[:, None, :]  # [N, 1, Lb]
+  reader = pack_reader_inputs(tf.constant(word_ids), tf.constant((word_ids > 0).astype(np.int32)),
+                              body_ids, bodies.row_lengths()[:, None],
+                              config.model.reader.seq_length, tokenizer.sep_id)
+  positions = np.array([q.index(tokenizer.mask_id) for q in ids], np.int32)[:, None]  # [N, 1]
+  inputs = {k: reader[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}
+  return dict(inputs, masked_lm_positions=tf.constant(positions),
+              masked_lm_ids=tf.constant(np.array(labels, np.int32)[:, None])), np.array(labels)
+
+
+def train(config, world: dict, tokenizer, steps: int, seed: int = 0) -> tuple:
+  """A knowledge-augmented encoder of `config` trained `steps` steps of batch BATCH on X's
+  (sentence, own block) pairs with Adam at LEARNING_RATE.
+
+  Returns:
+    (the encoder, its loss at each step).
+  """
+  blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
+  inputs, _ = packed(world["x"], blocks, tokenizer, config)
+  tf_keras.utils.set_random_seed(seed)
+  model = factory.build_knowledge_augmented_encoder(config)
+  optimizer = tf_keras.optimizers.Adam(LEARNING_RATE)
+  n = int(inputs["masked_lm_ids"].shape[0])
+
+  @tf.function(jit_compile=True)
+  def step(batch):
+    with tf.GradientTape() as tape:
+      loss = -tf.reduce_mean(model(batch, training=True)["token_log_probs"])
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    return loss
+
+  rng = np.random.default_rng(seed)
+  losses = []
+  for _ in range(steps):
+    rows = rng.choice(n, min(BATCH, n), replace=False)
+    losses.append(float(step({k: tf.gather(v, rows) for k, v in inputs.items()})))
+  return model, losses
+
+
+def heldout_accuracy(model, config, world: dict, tokenizer) -> dict:
+  """`model`'s accuracy per attribute on the held-out sentences, each with its own block."""
+  blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
+  inputs, labels = packed(world["held_out"], blocks, tokenizer, config)
+  predictions = np.concatenate([
+      np.argmax(model({k: v[i:i + 256] for k, v in inputs.items()})["log_probs"].numpy(),
+                axis=-1)[:, 0, 0]
+      for i in range(0, len(labels), 256)])
+  right = predictions == labels
+  attributes = np.array([r["attribute"] for r in world["held_out"]])
+  return {a: float(right[attributes == a].mean()) for a in knowledge_world.ATTRIBUTES}
+
+
+def save_for_pretraining(model, path: str) -> str:
+  """Writes `model` where task.pretrain.mlm_init_checkpoint reads a knowledge-augmented
+  encoder (a pre-training run's checkpoint layout); returns the checkpoint's path."""
+  return tf.train.Checkpoint(model=tf.train.Checkpoint(
+      knowledge_augmented_encoder=model)).write(path)
