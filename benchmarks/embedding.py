@@ -23,9 +23,9 @@ a single measurement can land on a busy moment).
 What is measured, in order, all on the same blocks (the first --articles articles of
 --articles_file through the corpus pipeline, or an existing corpus with --blocks) and the
 same export (configs/demo.yaml: MiniLM-L6 warm start, blocks of 128 wordpieces):
-  beam, cold   build_index over the first --small_blocks blocks: the first pipeline of the
+  beam, cold   embed_corpus over the first --small_blocks blocks: the first pipeline of the
                process (imports and first-use costs of Beam and TensorFlow land here);
-  beam, full   build_index over all blocks (embeddings only, no ScaNN), timed end to end;
+  beam, full   embed_corpus over all blocks (embeddings only, no ScaNN), timed end to end;
   beam, small  the small run again, now warm. A DirectRunner pipeline has a fixed cost
                (construction, runner start-up, RunInference loading the model, shard
                writes and the commit): with t = fixed + n / rate, the two warm runs give
@@ -67,7 +67,7 @@ from realm_tf.data.block_store import BlockStore
 from realm_tf.data.files import files
 from realm_tf.modeling import factory
 from realm_tf.pipelines.corpus_blocks import prepare_blocks
-from realm_tf.pipelines.embed import EmbedConfig, build_index
+from realm_tf.pipelines.embed import EmbedConfig, embed_corpus
 from realm_tf.retrieval import load_searcher
 from realm_tf.retrieval.encoders import BlockEncoder, export_encoder
 from realm_tf.text import Tokenizer
@@ -122,11 +122,11 @@ def write_subset(pattern: str, num: int, directory: str) -> str:
 
 def run_pipeline(blocks: str, encoder: str, output_dir: str, batch_size: int,
                  num_shards: int) -> dict:
-  """build_index (DirectRunner, embeddings only), timed end to end."""
+  """embed_corpus (DirectRunner, embeddings only), timed end to end."""
   start = time.perf_counter()
-  path = build_index(EmbedConfig(blocks=blocks, encoder=encoder, output_dir=output_dir,
-                                 num_shards=num_shards, batch_size=batch_size,
-                                 build_scann=False), ["--runner", "DirectRunner"])
+  path = embed_corpus(EmbedConfig(blocks=blocks, encoder=encoder, output_dir=output_dir,
+                                  num_shards=num_shards, batch_size=batch_size,
+                                  build_scann=False), ["--runner", "DirectRunner"])
   seconds = time.perf_counter() - start
   searcher = load_searcher(path, backend="exact")
   ids = np.concatenate([s.block_ids.numpy() for s in searcher.shards])

@@ -147,7 +147,7 @@ def real(work_dir: str) -> dict:
       QueryEncoder(retriever.query_embedder, tokenizer, config.model.retriever.query_seq_length),
       os.path.join(work_dir, "export", "query_encoder"), step=0)
   start = time.perf_counter()
-  index = embed.build_index(embed.EmbedConfig(
+  index = embed.embed_corpus(embed.EmbedConfig(
       blocks=corpus, encoder=block_encoder, output_dir=os.path.join(work_dir, "index"),
       num_shards=2, batch_size=64))
   embed_seconds = time.perf_counter() - start

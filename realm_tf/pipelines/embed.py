@@ -139,11 +139,6 @@ def embed_corpus(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
   return versioned.read_version(versioned.manifest_path(config.output_dir, version)).path
 
 
-# The name realm_tf.pipelines.index_builder, benchmarks/embedding.py and benchmarks/mips.py
-# call embed_corpus by.
-build_index = embed_corpus
-
-
 def _committed(export_dir: str) -> bool:
   try:
     return versioned.read_version(export_dir).path.rstrip("/") == export_dir.rstrip("/")

@@ -3,7 +3,7 @@
 Runs beside the trainer (another process, or other machines sharing model_dir on GCS):
   loop: newest <model_dir>/export/block_encoder version newer than the newest index?
           → claim that version (versioned.Claim under the index dir; lost: wait a poll)
-          → embed.build_index → <model_dir>/index/<step>   (older snapshots are skipped:
+          → embed.embed_corpus → <model_dir>/index/<step>   (older snapshots are skipped:
             only the newest one is ever embedded)
         until <model_dir>/TRAINING_DONE appears (or max_builds builds are done).
 While it waits it watches the trainer (realm_tf.io.trainer_watch): after
@@ -101,7 +101,7 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
       return None
     logging.info("Building index %d from %s: %s (claim generation %s)", snapshot.version,
                  snapshot.path, builder_name(), claim.generation)
-    path = embed.build_index(embed.EmbedConfig(
+    path = embed.embed_corpus(embed.EmbedConfig(
         blocks=blocks, encoder=snapshot.path, output_dir=index_dir, num_shards=num_shards,
         version=snapshot.version, build_scann=backend != "exact",
         keep_versions=keep_versions, batch_size=batch_size, large_model=large_model,
