@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf import tasks
 from realm_tf.data.block_store import BlockStore
 from realm_tf.io import layout, versioned
 from realm_tf.retrieval.exact import ExactSearcher
@@ -266,6 +267,21 @@ def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corp
 
 
 # ------------------------------------------------------------ index swaps and the builder
+
+
+@pytest.mark.parametrize("task_type, flag", [("pretrain", "retrieval"),
+                                             ("openqa", "refresh_index")])
+def test_the_refresh_flag_sets_loop_length_and_snapshots(repo_dir, task_type, flag):
+  """A retrieval task refreshes its index exactly when its flag says so: then its train
+  loops end on the snapshot interval and a snapshot action follows each loop."""
+  for on in (True, False):
+    config = tf_.tiny_config(repo_dir, "corpus", task_type, "",
+                             f"task.{task_type}.{flag}={str(on).lower()}",
+                             f"task.{task_type}.refresh_every_steps=7")
+    task = tasks.get_task(config)
+    assert task.refreshes_index is on
+    assert task.steps_per_loop_divisors() == ([7] if on else [])
+    assert len(task.train_actions(trainer=None)) == int(on)
 
 
 def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, corpus,

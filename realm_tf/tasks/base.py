@@ -426,6 +426,13 @@ class RetrievalTask(RealmTask):
 
   refresher: Optional[refresh.IndexRefresher] = None
 
+  @property
+  def refreshes_index(self) -> bool:
+    """Whether training refreshes the index: every task.refresh_every_steps steps a
+    retriever snapshot goes to the index builder, and the indexes it commits are swapped
+    in. Each retrieval task says under which of its settings (its one difference here)."""
+    raise NotImplementedError
+
   def start_refresher(self, model, global_step: int, train: bool, **settings):
     """Starts an IndexRefresher over self.index and the model's retriever.
 
@@ -473,6 +480,21 @@ class RetrievalTask(RealmTask):
   def host_logs(self, global_step: int) -> dict[str, float]:
     """The index's version and staleness (IndexRefresher.logs), or {} without a refresher."""
     return self.refresher.logs(global_step) if self.refresher is not None else {}
+
+  def train_actions(self, trainer):
+    """When training refreshes the index: after each loop, IndexRefresher.after_loop
+    (snapshot, swap)."""
+    # Asked for when the runner is built, before on_train_begin makes the refresher: the
+    # action looks it up when it runs (a test for it here would find none, and no snapshot
+    # would ever be exported).
+    if not self.refreshes_index:
+      return []
+    return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
+
+  def steps_per_loop_divisors(self):
+    """[task.refresh_every_steps] when training refreshes the index: snapshots fall on loop
+    ends."""
+    return [self.task_config.refresh_every_steps] if self.refreshes_index else []
 
   def on_train_end(self, model, global_step: int, reached_train_steps: bool,
                    failed: bool = False):

@@ -127,6 +127,11 @@ class OpenQATask(base.RetrievalTask):
     return self.task_config.retrieval == "dense"
 
   @property
+  def refreshes_index(self) -> bool:
+    """With task.refresh_index (dense retrieval only; otherwise the index stays fixed)."""
+    return bool(self.task_config.refresh_index)
+
+  @property
   def is_continuation(self) -> np.ndarray:
     """[V] bool: the vocabulary's '##' continuation wordpieces (spans.continuation_table)."""
     return spans.continuation_table(self.tokenizer.vocab)
@@ -445,7 +450,7 @@ class OpenQATask(base.RetrievalTask):
     if not self.dense:
       return
     i, c = self.experiment.index, self.task_config
-    refreshing = train and c.refresh_index
+    refreshing = train and self.refreshes_index
     self.start_refresher(
         model, global_step, train,
         refresh_every_steps=c.refresh_every_steps if refreshing else 0, start_builder=True,
@@ -463,19 +468,6 @@ class OpenQATask(base.RetrievalTask):
       self.start_index(model, global_step, train=False)
     elif self.side_car:
       self.follow_index()
-
-  def train_actions(self, trainer):
-    """With refresh_index: after each loop, IndexRefresher.after_loop (snapshot, swap)."""
-    # Asked for when the runner is built, before on_train_begin makes the refresher: the
-    # action looks it up when it runs (a test for it here would find none, and no snapshot
-    # would ever be exported).
-    if not self.task_config.refresh_index:
-      return []
-    return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
-
-  def steps_per_loop_divisors(self):
-    """[refresh_every_steps] with refresh_index: snapshots fall on loop ends."""
-    return [self.task_config.refresh_every_steps] if self.task_config.refresh_index else []
 
   def on_evaluate_end(self, global_step: int, logs: dict):
     """Nothing more: reduce_aggregated_logs already wrote the evaluation (save_evaluation)."""

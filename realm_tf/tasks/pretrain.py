@@ -84,6 +84,11 @@ class PretrainTask(base.RetrievalTask):
     return self.task_config.num_candidates - int(self.task_config.include_null_document)
 
   @property
+  def refreshes_index(self) -> bool:
+    """With retrieval (the no-retrieval baseline searches no index)."""
+    return bool(self.task_config.retrieval)
+
+  @property
   def reads_null_document(self) -> bool:
     """Whether candidate 0 is the null document (always so without retrieval)."""
     return self.task_config.include_null_document or not self.task_config.retrieval
@@ -306,13 +311,3 @@ class PretrainTask(base.RetrievalTask):
         refresh_every_steps=self.task_config.refresh_every_steps if train else 0,
         max_staleness_steps=self.experiment.index.max_staleness_steps,
         start_builder=train and self.task_config.start_index_builder)
-
-  def train_actions(self, trainer):
-    """With retrieval: after each loop, IndexRefresher.after_loop (snapshot, swap)."""
-    if not self.task_config.retrieval:
-      return []
-    return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
-
-  def steps_per_loop_divisors(self):
-    """[refresh_every_steps] with retrieval: snapshots fall on loop ends."""
-    return [self.task_config.refresh_every_steps] if self.task_config.retrieval else []
