@@ -25,12 +25,12 @@ index.blocks names it and the work directory's index starts empty, so the task e
 checkpoint's retriever and a child index builder embeds the corpus with its document tower.
 """
 import hashlib
-import json
-import logging
 import os
 import time
 
-from absl import app, flags
+from absl import flags
+
+from realm_tf.io import command_line
 
 flags.DEFINE_string("model_dir", None, "An Open-QA run (python -m realm_tf.train with "
                     "task.type=openqa).", required=True)
@@ -108,20 +108,13 @@ def evaluate_run(model_dir: str, questions: str, regex: bool = False, corpus: st
               files=files)
 
 
-def main(argv):
-  del argv
-  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  with command_line.errors_reported("realm_tf.evaluate",
-                                    command_line.debug_requested(FLAGS.verbosity)):
-    try:
-      result = evaluate_run(FLAGS.model_dir, FLAGS.questions, FLAGS.answer_regex,
-                            FLAGS.corpus, FLAGS.checkpoint, FLAGS.output, FLAGS.work_dir,
-                            FLAGS.max_questions, FLAGS.override)
-    except ValueError as e:  # what evaluate_run refuses: the command's arguments
-      raise command_line.UsageError(str(e)) from e
-  print(json.dumps(result, indent=2, sort_keys=True))
+def main():
+  """Evaluates the run named by the flags; returns evaluate_run's result."""
+  return evaluate_run(FLAGS.model_dir, FLAGS.questions, FLAGS.answer_regex, FLAGS.corpus,
+                      FLAGS.checkpoint, FLAGS.output, FLAGS.work_dir, FLAGS.max_questions,
+                      FLAGS.override)
 
 
 if __name__ == "__main__":
-  logging.getLogger().setLevel(logging.INFO)
-  app.run(main)
+  # What evaluate_run refuses (ValueError) is the command's arguments.
+  command_line.run_absl("realm_tf.evaluate", main, refused=(ValueError,))

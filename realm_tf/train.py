@@ -46,13 +46,13 @@ They write none of the trainer's files (params.yaml, metrics.jsonl, checkpoints,
 TRAINING_DONE, snapshots) and start no index builder; run them as one process without
 TF_CONFIG.
 """
-import json
-import logging
 import os
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
+
+from realm_tf.io import command_line
 
 flags.DEFINE_string("experiment", "", "A registered experiment: realm/ict, realm/mlm_warmup, "
                     "realm/pretrain or realm/openqa (the stage's defaults).")
@@ -79,21 +79,13 @@ flags.DEFINE_boolean("watchdog", True, "Multi-worker (TF_CONFIG naming two or mo
 FLAGS = flags.FLAGS
 
 
-def main(argv):
-  del argv
+def main():
+  """Trains (or evaluates, --mode) the run named by the flags; returns its result."""
   # The watchdog never imports TensorFlow: it must outlive whatever TensorFlow does.
   from realm_tf.training import watchdog  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   if FLAGS.watchdog and watchdog.should_supervise(os.environ):
     sys.exit(watchdog.supervise([sys.executable, "-m", "realm_tf.train", *sys.argv[1:]]))
   watchdog.started_by_watchdog()
-  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  with command_line.errors_reported("realm_tf.train",
-                                    command_line.debug_requested(FLAGS.verbosity)):
-    _main(command_line.UsageError)
-
-
-def _main(usage_error):
-  """The command; a user's mistake raises `usage_error` (one line, exit 2)."""
   from realm_tf.configs import ConfigError, load_config  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.training import peer_failures, runtime, train_lib  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -114,18 +106,17 @@ def _main(usage_error):
     else:
       config = load_config(FLAGS.config, overrides, experiment=FLAGS.experiment)
   except (ConfigError, ValueError) as e:
-    raise usage_error(f"config error: {e}") from e
+    raise command_line.UsageError(f"config error: {e}") from e
   if side_car and os.environ.get("TF_CONFIG"):
     # TF_CONFIG would make it a worker of a multi-worker job, waiting for its peers.
-    raise usage_error(f"--mode {FLAGS.mode} runs as one process of its own, not in the "
-                      f"training job's cluster: unset TF_CONFIG")
+    raise command_line.UsageError(f"--mode {FLAGS.mode} runs as one process of its own, "
+                                  f"not in the training job's cluster: unset TF_CONFIG")
   try:
     strategy = runtime.make_strategy(config, FLAGS.tpu)
   except runtime.RuntimePlanError as e:
-    raise usage_error(f"runtime error: {e}") from e
+    raise command_line.UsageError(f"runtime error: {e}") from e
   if side_car:
-    evaluate(config, strategy, usage_error)
-    return
+    return evaluate(config, strategy)
   role = HostRole(strategy)
   if role.multi_process:
     peer_failures.introduce(strategy, role, config.runtime, FLAGS.model_dir)
@@ -145,13 +136,14 @@ def _main(usage_error):
     # A collective failed: another process of the job died, stopped, hangs or cannot be
     # reached. TF's own message is a page of gRPC detail; say which peer, and what to do.
     sys.exit(peer_failures.lost_peer_line(e, strategy, config, FLAGS.model_dir))
-  print(json.dumps(result, indent=2, default=str))
+  return result
 
 
-def evaluate(config, strategy, usage_error):
+def evaluate(config, strategy):
   """--mode eval / continuous_eval: a side-car evaluator of the run in --model_dir
-  (realm_tf.training.continuous_eval); it writes none of the trainer's files. Exits 1 when
-  continuous_eval gave up waiting for a checkpoint before the run's final one."""
+  (realm_tf.training.continuous_eval); it writes none of the trainer's files. Returns its
+  result; prints it and exits 1 when continuous_eval gave up waiting for a checkpoint
+  before the run's final one."""
   import tensorflow as tf  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.io import layout  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.pipelines.corpus_blocks import JSONL_SUFFIXES, resolve_index_blocks  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
@@ -173,12 +165,12 @@ def evaluate(config, strategy, usage_error):
     else:
       result = continuous_eval.evaluate_continuously(config, FLAGS.model_dir, strategy, name)
   except ValueError as e:
-    raise usage_error(f"{FLAGS.mode} error: {e}") from e
-  print(json.dumps(result, indent=2, default=str))
+    raise command_line.UsageError(f"{FLAGS.mode} error: {e}") from e
   if result.get("timed_out"):
+    command_line.print_result(result)
     sys.exit(f"continuous_eval stopped before the run's final checkpoint: {result['reason']}")
+  return result
 
 
 if __name__ == "__main__":
-  logging.getLogger().setLevel(logging.INFO)
-  app.run(main)
+  command_line.run_absl("realm_tf.train", main)

@@ -35,6 +35,18 @@ def test_a_path_that_names_nothing_is_one_line_and_exit_2(repo_dir, tmp_path, mo
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("module", ["realm_tf.train", "realm_tf.evaluate", "realm_tf.export",
+                                    "realm_tf.import_released"])
+def test_help_answers_before_tensorflow_loads(repo_dir, module):
+  """The absl command lines share command_line.run_absl; their module tops (and it) load
+  no TensorFlow, so --help answers at once and train's watchdog parent stays without it."""
+  result = subprocess.run([sys.executable, "-X", "importtime", "-m", module, "--help"],
+                          cwd=repo_dir, capture_output=True, text=True, timeout=300)
+  assert "Try --helpfull" in result.stdout + result.stderr, result.stderr[-2000:]
+  imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()]
+  assert not [name for name in imported if name.split(".")[0] == "tensorflow"]
+
+
 def test_debug_verbosity_keeps_the_traceback(repo_dir, tmp_path):
   args = CASES["beam.preprocess"] + ["--verbosity", "debug"]
   result = _run(repo_dir, "beam.preprocess", args, tmp_path)

@@ -12,10 +12,9 @@ checkpoint's training step) and prints {kind: published directory} as JSON. --bl
 follow the new documents, no parameter changed. See
 realm_tf.export.exporter for what each kind takes and returns.
 """
-import json
-import logging
+from absl import flags
 
-from absl import app, flags
+from realm_tf.io import command_line
 
 flags.DEFINE_string("model_dir", None, "A fine-tuned Open-QA run.", required=True)
 flags.DEFINE_string("output_dir", None, "TF Serving model root: <output_dir>/<kind>/<version>.",
@@ -42,23 +41,14 @@ flags.DEFINE_enum("embedding_dtype", "float32", ["float32", "float16"],
 FLAGS = flags.FLAGS
 
 
-def main(argv):
-  """Exports the kinds named by the flags and prints {kind: published directory} as JSON."""
-  del argv
+def main():
+  """Exports the kinds named by the flags; returns {kind: published directory}."""
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  from realm_tf.io import command_line  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
-  with command_line.errors_reported("realm_tf.export",
-                                    command_line.debug_requested(FLAGS.verbosity)):
-    try:
-      published = export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds,
-                             FLAGS.checkpoint, FLAGS.version, FLAGS.blocks,
-                             FLAGS.index_dir, FLAGS.max_blocks_per_pass,
-                             FLAGS.reader_length_step, FLAGS.embedding_dtype)
-    except (ValueError, FileExistsError) as e:  # what the exporter refuses: the run's args
-      raise command_line.UsageError(str(e)) from e
-  print(json.dumps(published, indent=2, sort_keys=True))
+  return export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
+                    FLAGS.version, FLAGS.blocks, FLAGS.index_dir, FLAGS.max_blocks_per_pass,
+                    FLAGS.reader_length_step, FLAGS.embedding_dtype)
 
 
 if __name__ == "__main__":
-  logging.getLogger().setLevel(logging.INFO)
-  app.run(main)
+  # What the exporter refuses (ValueError, FileExistsError) is the run's arguments.
+  command_line.run_absl("realm_tf.export", main, refused=(ValueError, FileExistsError))

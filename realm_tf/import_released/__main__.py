@@ -8,10 +8,9 @@
 
 What it writes and how: realm_tf.import_released.importer. Prints a JSON summary.
 """
-import json
-import logging
+from absl import flags
 
-from absl import app, flags
+from realm_tf.io import command_line
 
 flags.DEFINE_string("output_dir", None, "The run directory to write.", required=True)
 flags.DEFINE_string("embedder", None, "The embedder TF1 Hub module directory "
@@ -43,25 +42,20 @@ flags.DEFINE_integer("check_block_emb_rows", 64, "Re-embed this many released bl
 FLAGS = flags.FLAGS
 
 
-def main(argv):
-  del argv
+def main():
+  """Imports the released files named by the flags; returns the importer's summary."""
   from realm_tf.import_released import importer  # noqa: PLC0415  flags parse and --help answers before TensorFlow loads
-  from realm_tf.io import command_line  # noqa: PLC0415  flags parse and --help answers before TensorFlow loads
-  with command_line.errors_reported("realm_tf.import_released",
-                                    command_line.debug_requested(FLAGS.verbosity)):
-    files = importer.ReleasedFiles(
-        embedder=FLAGS.embedder, blocks=FLAGS.blocks, titles=FLAGS.titles,
-        orqa_model=FLAGS.orqa_model, bert=FLAGS.bert, block_emb=FLAGS.block_emb)
-    try:
-      result = importer.import_released(
-          files, FLAGS.output_dir, FLAGS.num_attention_heads, FLAGS.index_shards,
-          FLAGS.records_per_file, FLAGS.build_scann, FLAGS.block_records,
-          FLAGS.check_block_emb_rows)
-    except (ValueError, FileExistsError) as e:  # the released files or the arguments
-      raise command_line.UsageError(str(e)) from e
-  print(json.dumps(result, indent=2, sort_keys=True))
+  files = importer.ReleasedFiles(
+      embedder=FLAGS.embedder, blocks=FLAGS.blocks, titles=FLAGS.titles,
+      orqa_model=FLAGS.orqa_model, bert=FLAGS.bert, block_emb=FLAGS.block_emb)
+  return importer.import_released(
+      files, FLAGS.output_dir, FLAGS.num_attention_heads, FLAGS.index_shards,
+      FLAGS.records_per_file, FLAGS.build_scann, FLAGS.block_records,
+      FLAGS.check_block_emb_rows)
 
 
 if __name__ == "__main__":
-  logging.getLogger().setLevel(logging.INFO)
-  app.run(main)
+  # What the importer refuses (ValueError, FileExistsError): the released files or the
+  # arguments.
+  command_line.run_absl("realm_tf.import_released", main,
+                        refused=(ValueError, FileExistsError))

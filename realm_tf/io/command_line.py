@@ -8,13 +8,19 @@ keeps its traceback.
   exit 2   a usage error: a flag, a path or pattern that names nothing, a config mistake,
            a bucket that does not exist
   exit 1   storage could not be asked (permission, network, a server error after retries)
+
+The absl command lines (realm_tf.train, evaluate, export, import_released) share one
+skeleton, `run_absl`: flags, --help and this module answer before TensorFlow loads (a
+command does its heavy imports itself), so nothing here imports TensorFlow.
 """
 import argparse
 import contextlib
+import json
+import logging
 import sys
-from typing import Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
-from realm_tf.io import storage
+from absl import app, flags
 
 USAGE_EXIT = 2
 STORAGE_EXIT = 1
@@ -34,6 +40,12 @@ def is_usage_error(error: BaseException) -> bool:
           or bool(getattr(error, "is_usage_error", False)))
 
 
+def is_storage_error(error: BaseException) -> bool:
+  """The store could not be asked: realm_tf.io.storage.StorageError, which declares
+  `is_storage_error = True` (storage imports TensorFlow; this module must not)."""
+  return bool(getattr(error, "is_storage_error", False))
+
+
 def one_line(error: BaseException) -> str:
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   return lines[0] if lines else type(error).__name__
@@ -51,7 +63,7 @@ def errors_reported(program: str, debug: bool = False) -> Iterator[None]:
     if is_usage_error(e):
       print(f"{program}: error: {one_line(e)}", file=sys.stderr)
       sys.exit(USAGE_EXIT)
-    if isinstance(e, storage.StorageError):
+    if is_storage_error(e):
       print(f"{program}: storage error: {one_line(e)}", file=sys.stderr)
       sys.exit(STORAGE_EXIT)
     raise
@@ -64,6 +76,36 @@ def debug_requested(verbosity) -> bool:
   return int(verbosity) >= 1
 
 
+def print_result(result: Any) -> None:
+  """A command's result on stdout: indented JSON, keys sorted (what is not JSON as str)."""
+  print(json.dumps(result, indent=2, sort_keys=True, default=str))
+
+
+def run_absl(program: str, command: Callable[[], Any],
+             refused: tuple[type[Exception], ...] = ()) -> None:
+  """Runs an absl command line: parses its flags, runs `command` under errors_reported
+  and prints the result it returns (print_result; None: nothing).
+
+  Args:
+    program: the command's name in its error lines (its module, e.g. realm_tf.export).
+    command: the command's body, called with the flags parsed (absl.flags.FLAGS).
+    refused: the exceptions by which the library calls it makes refuse their arguments:
+      reported as usage errors (one line, exit 2).
+  """
+  def main(argv):
+    del argv
+    with errors_reported(program, debug_requested(flags.FLAGS.verbosity)):
+      try:
+        result = command()
+      except refused as e:
+        raise UsageError(str(e)) from e
+    if result is not None:
+      print_result(result)
+
+  logging.getLogger().setLevel(logging.INFO)
+  app.run(main)
+
+
 def split_verbosity(argv: Optional[Sequence[str]]) -> tuple[bool, list[str]]:
   """(whether --verbosity debug was given, the other arguments) for argparse command
   lines whose unknown flags go on to Beam's runner untouched."""
@@ -74,4 +116,5 @@ def split_verbosity(argv: Optional[Sequence[str]]) -> tuple[bool, list[str]]:
 
 
 __all__ = ["USAGE_EXIT", "STORAGE_EXIT", "UsageError", "debug_requested", "errors_reported",
-           "is_usage_error", "one_line", "split_verbosity"]
+           "is_storage_error", "is_usage_error", "one_line", "print_result", "run_absl",
+           "split_verbosity"]

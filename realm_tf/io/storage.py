@@ -499,6 +499,7 @@ class Storage(abc.ABC):
 class StorageError(OSError):
   """The store could not be asked (permission, network, unknown bucket, a server error
   after retries): never to be read as "nothing there"."""
+  is_storage_error = True  # how realm_tf.io.command_line tells it (exit 1)
 
 
 @contextlib.contextmanager
