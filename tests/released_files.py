@@ -41,7 +41,7 @@ SIZES = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
              max_position_embeddings=512, type_vocab_size=2, projection_size=16,
              span_hidden_size=8)
 STEP = 300000
-MAX_SPAN_WIDTH = 10  # the authors' (realm_tf.import_released.MAX_SPAN_WIDTH)
+MAX_SPAN_WIDTH = 10  # the authors' (realm_tf.import_released.release.MAX_SPAN_WIDTH)
 READER_SEQ_LENGTH = 320
 EMBEDDER_BERT = "module/"  # BERT of the embedder hub module: module/bert/...
 QUERY_BERT = "module/module/"  # the same module nested once more in the Open-QA model

@@ -32,7 +32,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from realm_tf.data import block_texts
-from realm_tf.import_released import importer as import_released
+from realm_tf.import_released import corpus, importer, release, run_config, tower_check, weights
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.evaluate import evaluate_run
@@ -81,7 +81,7 @@ def imported(tmp_path_factory, tokenizer):
 def model(imported):
   """The imported run's model, built from its params.yaml and restored like evaluation."""
   config = load_config(layout.params_path(imported["run"]))
-  built = import_released.build_model(config, "openqa")
+  built = weights.build_model(config, "openqa")
   path = layout.latest_checkpoint(imported["run"])
   status = tf.train.Checkpoint(model=built).read(path)
   status.expect_partial()
@@ -108,7 +108,7 @@ def _reference_answer(imported, tokenizer, question: str) -> dict:
   scores = imported["block_emb"].astype(np.float64) @ ref.query_embedding(q_ids)
   order = np.argsort(-scores, kind="stable")
   candidates = []
-  for rank, block in enumerate(order[:import_released.READER_BEAM]):
+  for rank, block in enumerate(order[:release.READER_BEAM]):
     body = _ids(tokenizer, rf.BLOCKS[block][1])
     for (s, e), logit in ref.span_logits(q_ids, body).items():
       candidates.append((logit + scores[block], rank, int(block), s, e))
@@ -176,7 +176,7 @@ def test_import_writes_a_whole_run(imported):
 def test_query_embeddings_equal_the_reference(imported, model, tokenizer):
   ref = imported["reference"]
   for question, _ in rf.QUESTIONS:
-    inputs = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+    inputs = tokenizer.encode(tf.constant([question]), release.QUERY_SEQ_LENGTH)
     got = model.retriever.embed_queries(inputs.as_dict()).numpy()[0]
     want = ref.query_embedding(_ids(tokenizer, question))
     np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4, err_msg=question)
@@ -185,7 +185,7 @@ def test_query_embeddings_equal_the_reference(imported, model, tokenizer):
 def test_document_tower_reproduces_block_emb(imported, model, tokenizer):
   titles = tf.constant([t for t, _ in rf.BLOCKS])
   texts = tf.constant([x for _, x in rf.BLOCKS])
-  inputs = tokenizer.encode(titles, import_released.BLOCK_SEQ_LENGTH, pair_texts=texts)
+  inputs = tokenizer.encode(titles, release.BLOCK_SEQ_LENGTH, pair_texts=texts)
   got = model.retriever.embed_documents(inputs.as_dict()).numpy()
   np.testing.assert_allclose(got, imported["block_emb"], atol=1e-4, rtol=1e-4)
 
@@ -194,14 +194,14 @@ def test_span_logits_equal_orqa_read(imported, model, tokenizer):
   ref = imported["reference"]
   question = rf.QUESTIONS[0][0]
   q_ids = _ids(tokenizer, question)
-  query = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+  query = tokenizer.encode(tf.constant([question]), release.QUERY_SEQ_LENGTH)
   bodies = [_ids(tokenizer, text) for _, text in rf.BLOCKS[:4]]
   width = max(len(b) for b in bodies)
   body_ids = tf.constant([[b + [0] * (width - len(b)) for b in bodies]], tf.int32)
   body_lengths = tf.constant([[len(b) for b in bodies]], tf.int32)
   packed = spans.pack_reader_inputs(
       query.input_word_ids, query.input_mask, body_ids, body_lengths,
-      import_released.READER_SEQ_LENGTH, tokenizer.sep_id)
+      release.READER_SEQ_LENGTH, tokenizer.sep_id)
   out = model.reader({k: packed[k] for k in ("input_word_ids", "input_mask",
                                               "input_type_ids")})
   logits = out["span_logits"].numpy()[0]  # [K, S]
@@ -298,11 +298,11 @@ def test_reshaped_tensor_is_refused_with_one_line_naming_it(imported, tmp_path):
   s = rf.SIZES["span_hidden_size"]
   files = _altered_copy(imported, str(tmp_path / "orqa"),
                         reshape=("reader/dense/kernel", (rf.SIZES["hidden_size"], 2 * s + 2)))
-  released = import_released.ReleasedFiles(
+  released = release.ReleasedFiles(
       embedder=files["embedder"], blocks=files["blocks"], titles=files["titles"],
       orqa_model=files["orqa"])
   with pytest.raises(ReleasedFormatError) as error:
-    import_released.import_released(released, str(tmp_path / "run"),
+    importer.import_released(released, str(tmp_path / "run"),
                                     num_attention_heads=rf.SIZES["num_heads"])
   message = str(error.value)
   assert "\n" not in message
@@ -313,12 +313,12 @@ def test_reshaped_tensor_is_refused_with_one_line_naming_it(imported, tmp_path):
 def test_unknown_tensor_is_refused(imported, tmp_path):
   files = _altered_copy(imported, str(tmp_path / "orqa"),
                         reshape=("reader/dense_2/kernel", (rf.SIZES["span_hidden_size"], 1)))
-  released = import_released.ReleasedFiles(
+  released = release.ReleasedFiles(
       embedder=files["embedder"], blocks=files["blocks"], titles=files["titles"],
       orqa_model=files["orqa"])
   with pytest.raises(ReleasedFormatError, match=r"tensor 'reader/dense_2/kernel' \[8, 1\] "
                                                 r"is not part of the released REALM layout"):
-    import_released.import_released(released, str(tmp_path / "run"),
+    importer.import_released(released, str(tmp_path / "run"),
                                     num_attention_heads=rf.SIZES["num_heads"])
 
 
@@ -328,14 +328,14 @@ def test_blocks_and_titles_of_different_lengths_are_refused(imported, tmp_path):
     for title, _ in rf.BLOCKS[:-1]:
       writer.write(title.encode("utf-8"))
   with pytest.raises(ValueError, match="differ in length: 11 and 10 records"):
-    import_released.convert_corpus(imported["blocks"], titles, str(tmp_path / "texts"),
+    corpus.convert_corpus(imported["blocks"], titles, str(tmp_path / "texts"),
                                    len(rf.BLOCKS), str(tmp_path / "corpus"), 4)
   with pytest.raises(ValueError, match="11 blocks, but block_emb has 12 rows"):
-    import_released.convert_corpus(imported["blocks"], imported["titles"],
+    corpus.convert_corpus(imported["blocks"], imported["titles"],
                                    str(tmp_path / "texts2"), len(rf.BLOCKS) + 1,
                                    str(tmp_path / "corpus2"), 4)
   with pytest.raises(ValueError, match="more than the 10 rows of block_emb"):
-    import_released.convert_corpus(imported["blocks"], imported["titles"],
+    corpus.convert_corpus(imported["blocks"], imported["titles"],
                                    str(tmp_path / "texts3"), len(rf.BLOCKS) - 1)
   # Nothing refused is left looking committed.
   for name in ("texts", "texts2", "texts3"):
@@ -368,8 +368,8 @@ def test_hugging_face_nesting_imports_as_the_release(tmp_path, tokenizer):
   assert (projection, norm) == ("module/module/dense/", "module/module/LayerNorm/")
   assert released.layer_norm_epsilon(norm) == 1e-12
   run = str(tmp_path / "run")
-  summary = import_released.import_released(
-      import_released.ReleasedFiles(embedder=files["embedder"], blocks=files["blocks"],
+  summary = importer.import_released(
+      release.ReleasedFiles(embedder=files["embedder"], blocks=files["blocks"],
                                     titles=files["titles"], orqa_model=files["orqa"]),
       run, num_attention_heads=rf.SIZES["num_heads"], index_shards=2, block_records=False,
       check_block_emb_rows=len(rf.BLOCKS))
@@ -377,14 +377,14 @@ def test_hugging_face_nesting_imports_as_the_release(tmp_path, tokenizer):
   config = load_config(layout.params_path(run))
   assert config.model.retriever.projection_layer_norm_epsilon == pytest.approx(1e-12)
   assert config.index.blocks == "" and not os.path.exists(os.path.join(run, "blocks"))
-  built = import_released.build_model(config, "openqa")
+  built = weights.build_model(config, "openqa")
   tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(run)).expect_partial()
   for question, _ in rf.QUESTIONS:
-    inputs = tokenizer.encode(tf.constant([question]), import_released.QUERY_SEQ_LENGTH)
+    inputs = tokenizer.encode(tf.constant([question]), release.QUERY_SEQ_LENGTH)
     np.testing.assert_allclose(built.retriever.embed_queries(inputs.as_dict()).numpy()[0],
                                files["reference"].query_embedding(_ids(tokenizer, question)),
                                atol=1e-4, rtol=1e-4)
-  check = import_released.check_block_emb(run, len(rf.BLOCKS), all_variants=True)
+  check = tower_check.check_block_emb(run, len(rf.BLOCKS), all_variants=True)
   errors = {(v["epsilon"], v["activation"]): v["max_relative_error"] for v in check["variants"]}
   assert check["best"]["epsilon"] == 1e-12 and check["best"]["activation"] == "gelu_approximate"
   assert errors[(1e-12, "gelu_approximate")] <= 1e-4
@@ -399,24 +399,24 @@ def test_orqa_checkpoint_is_found_without_a_state_file(tmp_path):
   for step in (100, 2000):
     for suffix in (".index", ".data-00000-of-00001"):
       (best / f"model.ckpt-{step}{suffix}").write_bytes(b"")
-  assert import_released.orqa_checkpoint(str(tmp_path / "model")) == str(best / "model.ckpt-2000")
-  assert import_released.orqa_checkpoint(str(best / "model.ckpt-100")) == str(best / "model.ckpt-100")
+  assert release.orqa_checkpoint(str(tmp_path / "model")) == str(best / "model.ckpt-2000")
+  assert release.orqa_checkpoint(str(best / "model.ckpt-100")) == str(best / "model.ckpt-100")
   with pytest.raises(FileNotFoundError, match="best_default/checkpoint"):
-    import_released.orqa_checkpoint(str(tmp_path / "empty"))
+    release.orqa_checkpoint(str(tmp_path / "empty"))
 
 
 def test_params_json_settings_are_read_and_checked(tmp_path):
   model_dir = tmp_path / "orqa"
   model_dir.mkdir()
-  assert import_released.read_orqa_settings(str(model_dir)) == import_released.OrqaSettings()
+  assert release.read_orqa_settings(str(model_dir)) == release.OrqaSettings()
   rf.write_params_json(str(model_dir), num_block_records=7, reader_seq_len=200,
                        query_seq_len=32)
-  settings = import_released.read_orqa_settings(str(model_dir))
+  settings = release.read_orqa_settings(str(model_dir))
   assert (settings.reader_seq_length, settings.query_seq_length, settings.block_seq_length,
           settings.num_block_records, settings.reader_beam) == (200, 32, 288, 7, 5)
   rf.write_params_json(str(model_dir), num_block_records=7, reader_seq_len="long")
   with pytest.raises(ValueError, match="reader_seq_len must be a positive integer"):
-    import_released.read_orqa_settings(str(model_dir))
+    release.read_orqa_settings(str(model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -424,8 +424,8 @@ def pretrained(imported):
   """Without --orqa_model: the pre-trained REALM (both towers from the embedder module, the
   knowledge-augmented encoder and MLM head from the bert module) as a pre-training run."""
   run = os.path.join(imported["root"], "realm_cc_news")
-  summary = import_released.import_released(
-      import_released.ReleasedFiles(embedder=imported["embedder"], bert=imported["bert"],
+  summary = importer.import_released(
+      release.ReleasedFiles(embedder=imported["embedder"], bert=imported["bert"],
                                     blocks=imported["blocks"], titles=imported["titles"]),
       run, num_attention_heads=rf.SIZES["num_heads"], index_shards=1, build_scann=True)
   return dict(run=run, summary=summary)
@@ -442,7 +442,7 @@ def test_pretrained_realm_imports_and_open_qa_init_reads_it(imported, pretrained
   assert config.task.type == "pretrain"
   shard = versioned.latest_version(layout.index_dir(run)).manifest["shards"][0]
   assert shard["num_blocks"] == len(rf.BLOCKS) and "scann" in shard
-  pretrainer = import_released.build_model(config, "pretrain")
+  pretrainer = weights.build_model(config, "pretrain")
   status = tf.train.Checkpoint(model=pretrainer).read(layout.latest_checkpoint(run))
   status.expect_partial()
   status.assert_existing_objects_matched()
@@ -454,13 +454,13 @@ def test_pretrained_realm_imports_and_open_qa_init_reads_it(imported, pretrained
   # Open-QA fine-tuning from it (task.openqa.init_from=realm): both towers embed blocks
   # as the released block_emb, and the reader's BERT is the bert module's.
   openqa_config = config.replace(task=dict(type="openqa"))
-  openqa = import_released.build_model(openqa_config, "openqa",
+  openqa = weights.build_model(openqa_config, "openqa",
                                        os.path.join(imported["embedder"], "assets",
                                                     "vocab.txt"))
   from realm_tf.tasks.openqa import restore_from_pretraining  # noqa: PLC0415  the task layer, for this test only
   restore_from_pretraining(openqa, run)
   inputs = tokenizer.encode(tf.constant([t for t, _ in rf.BLOCKS]),
-                            import_released.BLOCK_SEQ_LENGTH,
+                            release.BLOCK_SEQ_LENGTH,
                             pair_texts=tf.constant([x for _, x in rf.BLOCKS])).as_dict()
   for tower in (openqa.retriever.query_embedder, openqa.retriever.document_embedder):
     np.testing.assert_allclose(tower(inputs).numpy(), imported["block_emb"], atol=1e-4,
@@ -476,7 +476,7 @@ def test_open_qa_fine_tuning_trains_from_the_imported_realm(imported, pretrained
   the authors fine-tuned), starting from the imported towers."""
   from realm_tf.training import train_lib  # noqa: PLC0415  only this test trains
   run = pretrained["run"]
-  config = load_config(os.path.join(run, import_released.START_CONFIG), [
+  config = load_config(os.path.join(run, run_config.START_CONFIG), [
       "task.openqa.init_from=realm", f"task.openqa.init_checkpoint={run}",
       f"task.openqa.train_data.input_path={imported['questions']}",
       "task.openqa.train_data.global_batch_size=2", "task.openqa.retriever_beam=8",
@@ -499,7 +499,7 @@ import json, os
 import numpy as np
 import tensorflow as tf
 from realm_tf.data import block_texts
-from realm_tf.import_released import importer as import_released
+from realm_tf.import_released import importer, release
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.io import layout, versioned
@@ -512,7 +512,7 @@ for directory, _, names in tf.io.gfile.walk(local):
     tf.io.gfile.makedirs(os.path.dirname(target))
     tf.io.gfile.copy(source, target)
 run = bucket + "/run"
-summary = import_released.import_released(import_released.ReleasedFiles(
+summary = importer.import_released(release.ReleasedFiles(
     embedder=bucket + "/cc_news_pretrained/embedder",
     orqa_model=bucket + "/orqa_nq_model_from_realm",
     blocks=bucket + "/enwiki-20181220/blocks.tfr",
@@ -573,7 +573,7 @@ def real_run():
                 "(docs/released_models.md) to check the real import")
   run = os.environ.get("REALM_RELEASED_RUN", os.path.join(RELEASED_DIR, "realm_nq_run"))
   if not os.path.exists(layout.params_path(run)):
-    import_released.import_released(import_released.ReleasedFiles(
+    importer.import_released(release.ReleasedFiles(
         embedder=os.path.join(RELEASED_DIR, "cc_news_pretrained", "embedder"),
         orqa_model=os.path.join(RELEASED_DIR, "orqa_nq_model_from_realm"),
         blocks=os.path.join(RELEASED_DIR, "enwiki-20181220", "blocks.tfr"),
@@ -588,7 +588,7 @@ def hugging_face_probes(run: str, question: str, overrides=()) -> dict:
   0..5 and 6..11, the reader on two 5-token blocks (ids 0..9, block tokens at positions 2
   and 3, relevance 0.3 and 0.7), and realm_tf.evaluate's answer to `question`."""
   config = load_config(layout.params_path(run))
-  built = import_released.build_model(config, "openqa")
+  built = weights.build_model(config, "openqa")
   status = tf.train.Checkpoint(model=built).read(layout.latest_checkpoint(run))
   status.expect_partial()
   status.assert_existing_objects_matched()
@@ -650,7 +650,7 @@ def test_real_release_document_tower_reproduces_block_emb(real_run):
   """The release's own check on the real files: 300 released blocks re-embedded by the
   imported document tower against their block_emb rows; the result names the LayerNorm
   epsilon and GELU form that reproduce them (printed, and asserted for the run's own)."""
-  check = import_released.check_block_emb(real_run, 300, all_variants=True)
+  check = tower_check.check_block_emb(real_run, 300, all_variants=True)
   print(json.dumps(check, indent=2))
   assert check["run"]["matches"], check
   assert check["run"]["min_cosine"] >= 0.999, check
