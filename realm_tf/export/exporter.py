@@ -45,10 +45,10 @@ from realm_tf.export.qa import QAModule, ReaderModule
 from realm_tf.export.served_index import served_index_from
 from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
+from realm_tf.modeling.factory import set_precision
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
 from realm_tf.retrieval.index_export import load_shard_array, shard_name
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
-from realm_tf.training.train_lib import set_precision
 
 KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
 PROVENANCE_FILE = "realm_provenance.json"

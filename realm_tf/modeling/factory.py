@@ -1,12 +1,15 @@
 """Building REALM models from an ExperimentConfig, warm-started as the config says.
 
-Call these under `strategy.scope()` so that variables are created on the right devices.
+Call these under `strategy.scope()` so that variables are created on the right devices,
+after `set_precision` (the dtype policy layers take when they are built): the trainer and
+the serving exports both build the networks here, so both set the policy here.
 """
 import logging
 from typing import Optional
 
 import tensorflow as tf
 import tf_keras
+from official.modeling import performance
 
 from realm_tf.configs.experiment import WARM_START_SOURCES, ExperimentConfig, WarmStartConfig
 from realm_tf.modeling.models import KnowledgeAugmentedEncoder, Reader, RealmPretrainer, Retriever
@@ -14,6 +17,12 @@ from realm_tf.modeling.networks import Embedder, build_encoder, dummy_bert_input
 from realm_tf.modeling.networks.embedder import output_size as embedder_output_size
 from realm_tf.modeling.networks.encoder import ACTIVATIONS
 from realm_tf.pretrained import load_google_bert_checkpoint, load_minilm
+
+def set_precision(config: ExperimentConfig):
+  """Sets Keras' global mixed-precision policy from runtime.mixed_precision_dtype."""
+  dtype = config.runtime.mixed_precision_dtype or "float32"
+  performance.set_mixed_precision_policy(tf.dtypes.as_dtype(dtype))
+
 
 def warm_start(encoder, config: WarmStartConfig, masked_lm=None):
   """Loads pretrained weights into a built encoder (and MLM head, where the source has one).

@@ -25,12 +25,12 @@ import tensorflow as tf
 import tf_keras
 import yaml
 from official.core import base_trainer, train_lib as tfm_train_lib
-from official.modeling import performance
 
 from realm_tf import tasks
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import heartbeat, layout
 from realm_tf.io.roles import HostRole
+from realm_tf.modeling.factory import set_precision
 from realm_tf.tasks.base import RealmTask, steps_per_loop
 from realm_tf.training import checkpoints, peer_failures, preemption
 from realm_tf.training.progress import ProgressReporter
@@ -46,12 +46,6 @@ def save_params(config: ExperimentConfig, model_dir: str):
   with tf.io.gfile.GFile(tmp, "w") as f:
     yaml.safe_dump(config.as_dict(), f, sort_keys=True)
   tf.io.gfile.rename(tmp, path, overwrite=True)
-
-
-def set_precision(config: ExperimentConfig):
-  """Sets Keras' global mixed-precision policy from runtime.mixed_precision_dtype."""
-  dtype = config.runtime.mixed_precision_dtype or "float32"
-  performance.set_mixed_precision_policy(tf.dtypes.as_dtype(dtype))
 
 
 class RealmTrainer(base_trainer.Trainer):
