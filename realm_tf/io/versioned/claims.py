@@ -10,10 +10,10 @@ import uuid
 from typing import List, Optional
 
 from realm_tf.io.storage import GFILE, Storage
-from realm_tf.io.versioned.leases import _KeepAlive
+from realm_tf.io.versioned.leases import KeepAlive
 from realm_tf.io.versioned.manifest import (
   VersionError,
-  _encode,
+  json_bytes,
   read_json,
   version_name,
   write_json_atomic,
@@ -187,7 +187,7 @@ class Claim:
     self.current: Optional[dict] = None  # the claim that beat this one, when lost
     self.taken_over: Optional[dict] = None  # the claim that superseded this one
     self._lock = threading.Lock()
-    self._keep_alive: Optional[_KeepAlive] = None
+    self._keep_alive: Optional[KeepAlive] = None
 
   @property
   def path(self) -> Optional[str]:
@@ -218,13 +218,13 @@ class Claim:
                                why=superseded_because(current, now),
                                holder=describe_claim(current))
       if self.store.create_if_absent(claim_path(self.root, self.version, generation),
-                                     _encode(record)):
+                                     json_bytes(record)):
         self.generation, self.record = generation, record
         if current is not None and record["after"]["why"] != "released":
           logging.warning("Took over the claim on version %d of %s from %s (%s)",
                           self.version, self.root, record["after"]["holder"],
                           record["after"]["why"])
-        self._keep_alive = _KeepAlive(self.ttl_seconds / 3, self.refresh,
+        self._keep_alive = KeepAlive(self.ttl_seconds / 3, self.refresh,
                                       f"claim-{self.version}").start()
         return True
     self.current = current_claim(self.root, self.version, self.store)

@@ -9,7 +9,7 @@ from realm_tf.io.storage import GFILE, Storage
 from realm_tf.io.versioned.claims import claim_is_live, list_claims
 from realm_tf.io.versioned.leases import leased_versions
 from realm_tf.io.versioned.manifest import (
-  _DATA_DIR_RE,
+  DATA_DIR_RE,
   WRITER_MARKER,
   Version,
   VersionError,
@@ -71,7 +71,7 @@ def garbage_collect(root: str, keep: int = 3, stale_seconds: float = 6 * 3600,
     deleted.extend(_collect_claims(root, kept[0].version, now, store))
   referenced = {os.path.basename(v.path) for v in versions}
   for name in store.listdir(root):
-    match = _DATA_DIR_RE.match(name)
+    match = DATA_DIR_RE.match(name)
     if not match or name in referenced or int(match.group(1)) in leased:
       continue
     path = os.path.join(root, name)

@@ -19,7 +19,7 @@ from realm_tf.io.versioned.manifest import (
 LEASES = "_leases"
 
 
-class _KeepAlive:
+class KeepAlive:
   """Calls `beat` every `interval` seconds on a daemon thread until stopped, or until
   `beat` returns False: what keeps a lease or a claim from lapsing while its holder
   lives (and lets it lapse once the holder is gone)."""
@@ -29,7 +29,7 @@ class _KeepAlive:
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True, name=name)
 
-  def start(self) -> "_KeepAlive":
+  def start(self) -> "KeepAlive":
     self._thread.start()
     return self
 
@@ -72,7 +72,7 @@ class Lease:
     self.store = store
     self.path = os.path.join(root, LEASES,
                              f"{version_name(self.version)}.{uuid.uuid4().hex}.json")
-    self._keep_alive: Optional[_KeepAlive] = None
+    self._keep_alive: Optional[KeepAlive] = None
 
   def refresh(self) -> None:
     """Rewrites the lease object with expires_at = now + ttl_seconds."""
@@ -93,7 +93,7 @@ class Lease:
     if not self.store.exists(manifest_path(self.root, self.version)):
       self.release()
       raise VersionError(f"version {self.version} of {self.root} is no longer committed")
-    self._keep_alive = _KeepAlive(self.ttl_seconds / 3, self.refresh,
+    self._keep_alive = KeepAlive(self.ttl_seconds / 3, self.refresh,
                                   f"lease-{self.version}").start()
     return self
 

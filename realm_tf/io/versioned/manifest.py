@@ -19,8 +19,8 @@ from realm_tf.io.storage import GFILE, Storage
 MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST = "manifest.json"  # a flat output's manifest, inside its directory
 WRITER_MARKER = "_WRITER.json"  # inside a data dir while it is written; not a data file
-_MANIFEST_RE = re.compile(r"^(\d{12})\.manifest\.json$")
-_DATA_DIR_RE = re.compile(r"^(\d{12})\.([0-9a-f]{32})$")
+MANIFEST_NAME_RE = re.compile(r"^(\d{12})\.manifest\.json$")
+DATA_DIR_RE = re.compile(r"^(\d{12})\.([0-9a-f]{32})$")
 _CHUNK = 8 << 20
 
 
@@ -69,7 +69,8 @@ def manifest_path(root: str, version: int) -> str:
   return os.path.join(root, version_name(version) + MANIFEST_SUFFIX)
 
 
-def _encode(payload: dict) -> bytes:
+def json_bytes(payload: dict) -> bytes:
+  """A manifest's or claim's bytes: indented JSON, keys sorted."""
   return json.dumps(payload, indent=2, sort_keys=True).encode("utf-8")
 
 
@@ -81,7 +82,7 @@ def write_json_atomic(path: str, payload: dict, store: Storage = GFILE):
     payload: a JSON-serialisable dict (written with sorted keys).
     store: the Storage to write through.
   """
-  store.write_bytes_atomic(path, _encode(payload))
+  store.write_bytes_atomic(path, json_bytes(payload))
 
 
 def read_json(path: str, store: Storage = GFILE) -> dict:
@@ -105,7 +106,7 @@ def read_json(path: str, store: Storage = GFILE) -> dict:
     raise VersionError(f"{path}: not valid JSON ({e})") from e
 
 
-def _read_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
+def version_from_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
   """The version a manifest names; None (skipped, logged) if it is not JSON or was
   deleted since it was listed. A store that cannot be asked raises (StorageError): an
   outage is not "no such version"."""
@@ -115,7 +116,7 @@ def _read_manifest(root: str, path: str, store: Storage) -> Optional[Version]:
     logging.warning("Skipping %s: unreadable manifest (%s)", path, e)
     return None
   data_dir = manifest.get("data_dir")
-  if not isinstance(data_dir, str) or not _DATA_DIR_RE.match(data_dir):
+  if not isinstance(data_dir, str) or not DATA_DIR_RE.match(data_dir):
     logging.warning("Skipping %s: it names no data directory", path)
     return None
   return Version(int(manifest["version"]), os.path.join(root, data_dir), manifest, store)
@@ -225,7 +226,9 @@ def verify_files(directory: str, entries: Iterable[dict], checksums: bool = Fals
     raise VerificationError("; ".join(problems))
 
 
-def _same_files(a: Iterable[dict], b: Iterable[dict]) -> bool:
+def same_files(a: Iterable[dict], b: Iterable[dict]) -> bool:
+  """Whether two manifests' file lists name the same files (name, size, CRC32C), in any
+  order."""
   def key(entries):
     return sorted((e["name"], int(e["size"]), e["crc32c"]) for e in entries)
   return key(a) == key(b)

@@ -6,19 +6,19 @@ from typing import List, Optional
 
 from realm_tf.io.storage import GFILE, Storage
 from realm_tf.io.versioned.manifest import (
-  _DATA_DIR_RE,
-  _MANIFEST_RE,
+  DATA_DIR_RE,
   MANIFEST,
+  MANIFEST_NAME_RE,
   MANIFEST_SUFFIX,
   VerificationError,
   Version,
   VersionError,
-  _read_manifest,
   crc32c_of_bytes,
   file_path,
   manifest_path,
   read_json,
   verify_files,
+  version_from_manifest,
 )
 
 
@@ -39,8 +39,8 @@ def list_versions(root: str, store: Storage = GFILE) -> List[Version]:
     return []
   versions = []
   for name in store.listdir(root):
-    if _MANIFEST_RE.match(name):
-      version = _read_manifest(root, os.path.join(root, name), store)
+    if MANIFEST_NAME_RE.match(name):
+      version = version_from_manifest(root, os.path.join(root, name), store)
       if version is not None:
         versions.append(version)
   return sorted(versions, key=lambda v: v.version)
@@ -68,19 +68,19 @@ def read_version(path: str, store: Storage = GFILE) -> Version:
   """
   path = path.rstrip("/")
   root, name = os.path.split(path)
-  if _MANIFEST_RE.match(name):
+  if MANIFEST_NAME_RE.match(name):
     target = path
-  elif _DATA_DIR_RE.match(name) or re.match(r"^\d{12}$", name):
+  elif DATA_DIR_RE.match(name) or re.match(r"^\d{12}$", name):
     target = manifest_path(root, int(name[:12]))
   else:
     raise VersionError(f"{path}: not a version (expected <root>/<12-digit version>[.<id>] "
                        f"or its {MANIFEST_SUFFIX})")
   if not store.exists(target):
     raise VersionError(f"{path}: not a committed version (no {target})")
-  version = _read_manifest(root, target, store)
+  version = version_from_manifest(root, target, store)
   if version is None:
     raise VersionError(f"{target}: unreadable manifest")
-  if _DATA_DIR_RE.match(name) and version.path.rstrip("/") != path:
+  if DATA_DIR_RE.match(name) and version.path.rstrip("/") != path:
     raise VersionError(f"{path}: not committed (version {version.version} of {root} is "
                        f"{version.path})")
   return version

@@ -8,17 +8,17 @@ from typing import Iterable, Optional
 
 from realm_tf.io.storage import GFILE, Storage
 from realm_tf.io.versioned.manifest import (
-  _DATA_DIR_RE,
+  DATA_DIR_RE,
   MANIFEST,
   WRITER_MARKER,
   Version,
   VersionConflictError,
   VersionError,
-  _encode,
-  _read_manifest,
-  _same_files,
   file_entries,
+  json_bytes,
   manifest_path,
+  same_files,
+  version_from_manifest,
   version_name,
   write_json_atomic,
 )
@@ -86,18 +86,18 @@ class VersionWriter:
     if identity is not None:
       payload["identity"] = identity
     target = manifest_path(self.root, self.version)
-    if self.store.create_if_absent(target, _encode(payload)):
+    if self.store.create_if_absent(target, json_bytes(payload)):
       self.committed = Version(self.version, self.path, payload, self.store)
       logging.info("Committed %s (%d files)", self.path, len(entries))
       return self.committed
-    existing = _read_manifest(self.root, target, self.store)
+    existing = version_from_manifest(self.root, target, self.store)
     if existing is None:
       raise VersionError(f"{target}: exists but cannot be read; not overwriting it")
     if existing.manifest.get("writer") == self.writer_id:
       self.committed = existing
       return existing
     if (existing.manifest.get("identity") == identity if identity is not None else
-        _same_files(existing.manifest.get("files", []), entries)):
+        same_files(existing.manifest.get("files", []), entries)):
       logging.info("Version %d of %s is already committed with identical files (%s); "
                    "dropping this copy", self.version, self.root, existing.path)
       self.store.delete_prefix(self.path)
@@ -128,7 +128,7 @@ class VersionWriter:
     Raises:
       VersionError: `path` is not a data directory of `version`.
     """
-    match = _DATA_DIR_RE.match(os.path.basename(path.rstrip("/")))
+    match = DATA_DIR_RE.match(os.path.basename(path.rstrip("/")))
     if not match or int(match.group(1)) != int(version):
       raise VersionError(f"{path}: not a data directory of version {version} "
                          "(create it with VersionWriter)")
@@ -206,7 +206,7 @@ class OutputWriter:
     payload = dict(manifest, files=file_entries(self.path, known, self.store,
                                                 exclude=(MANIFEST,)))
     target = os.path.join(self.path, MANIFEST)
-    if not self.store.create_if_absent(target, _encode(payload)):
+    if not self.store.create_if_absent(target, json_bytes(payload)):
       raise VersionConflictError(f"{target}: another run published {self.path} while "
                                  "this one was writing it")
     self.committed = payload
