@@ -2,7 +2,9 @@
 import pytest
 from official.core import exp_factory
 
+from realm_tf import tasks
 from realm_tf.configs import EXPERIMENTS, ConfigError, load_config, parse_overrides
+from realm_tf.configs.experiment import TASK_TYPES
 
 
 PAPER = ("realm_paper/bert_base.yaml",)
@@ -49,6 +51,15 @@ def test_every_stage_is_a_registered_experiment():
   warmup = configs["realm/mlm_warmup"].task.pretrain
   assert not warmup.retrieval and warmup.trainable == "mlm_head"
   assert len({c.trainer.learning_rate for c in configs.values()}) > 1
+
+
+def test_every_registered_task_has_its_settings_field():
+  """A task type is a TaskSelection field and a registered RealmTask, the two one-to-one;
+  a type without settings is refused when it is registered."""
+  assert {t: tasks.task_class(t).__name__ for t in TASK_TYPES} == dict(
+      ict="IctTask", pretrain="PretrainTask", openqa="OpenQATask")
+  with pytest.raises(ValueError, match="add a field qa2 to TaskSelection"):
+    tasks.register("qa2", tasks.OpenQATask)
 
 
 def test_files_and_overrides_apply_over_the_experiment(repo_dir):

@@ -33,7 +33,6 @@ INIT_SOURCES = ("warm_start", "ict", "realm", "openqa_reader")
 RETRIEVALS = ("dense", "bm25")
 STRATEGIES = ("", "tpu", "mirrored", "multi_worker_mirrored", "one_device", "off")
 MIXED_PRECISION = ("", "float32", "bfloat16", "float16")
-TASK_TYPES = ("ict", "pretrain", "openqa")
 
 
 class ConfigValueError(ValueError):
@@ -406,8 +405,11 @@ class OpenQATaskConfig(cfg.TaskConfig):
 class TaskSelection(oneof.OneOfConfig):
   """Which training mode: `type` picks one of the task configs below.
 
+  A task's settings are one field here, named by its task type (the name its RealmTask is
+  registered under, realm_tf.tasks); TASK_TYPES follows the fields.
+
   Attributes:
-    type: 'ict', 'pretrain' or 'openqa'.
+    type: the name of one of the fields below.
     ict: the ICT task's settings.
     pretrain: the pre-training task's settings.
     openqa: the Open-QA task's settings.
@@ -416,6 +418,9 @@ class TaskSelection(oneof.OneOfConfig):
   ict: IctTaskConfig = dataclasses.field(default_factory=IctTaskConfig)
   pretrain: PretrainTaskConfig = dataclasses.field(default_factory=PretrainTaskConfig)
   openqa: OpenQATaskConfig = dataclasses.field(default_factory=OpenQATaskConfig)
+
+
+TASK_TYPES = tuple(f.name for f in dataclasses.fields(TaskSelection) if f.name != "type")
 
 
 # ----------------------------------------------------------------------------- trainer
@@ -610,7 +615,7 @@ class ExperimentConfig(cfg.ExperimentConfig):
                              "weight_decay without it")
     for key in ("train_steps", "steps_per_loop", "checkpoint_interval", "max_to_keep"):
       _positive(getattr(self.trainer, key), f"trainer.{key}")
-    for key in ("ict", "pretrain", "openqa"):
+    for key in TASK_TYPES:
       task = getattr(self.task, key)
       _positive(task.train_data.global_batch_size, f"task.{key}.train_data.global_batch_size")
     p = self.task.pretrain

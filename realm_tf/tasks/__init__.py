@@ -1,9 +1,13 @@
 """Training modes as tf-models-style Tasks, and the registry that maps task.type to them.
 
-A new training mode is one module with a `RealmTask` subclass and one `register` line here.
+A new training mode is three things: one module here with its `RealmTask` subclass, one
+`register` line below, and its settings, a TaskConfig held by a field of TaskSelection
+(realm_tf.configs.experiment) named by the task type; task.type's choices follow those
+fields, and `register` refuses a type without one.
 """
 from typing import Optional, Type
 
+from realm_tf.configs.experiment import TASK_TYPES
 from realm_tf.io.roles import HostRole
 
 from realm_tf.tasks.base import RealmTask
@@ -22,10 +26,14 @@ def register(task_type: str, task_cls: Type[RealmTask]):
     task_cls: the RealmTask subclass.
 
   Raises:
-    ValueError: `task_type` is registered already.
+    ValueError: `task_type` is registered already, or TaskSelection has no field of that
+      name for its settings.
   """
   if task_type in _REGISTRY:
     raise ValueError(f"task type {task_type!r} is registered already")
+  if task_type not in TASK_TYPES:
+    raise ValueError(f"task type {task_type!r} has no settings: add a field {task_type} to "
+                     f"TaskSelection (realm_tf.configs.experiment); it has {TASK_TYPES}")
   _REGISTRY[task_type] = task_cls
 
 
