@@ -161,10 +161,10 @@ def test_body_limits(server):
 
 def test_concurrent_clients_beyond_the_threads_wait_and_are_answered(server):
   """More clients at once than --rest_api_num_threads: the excess connections wait in the
-  listen backlog and are answered in turn; none is refused or reset (the 32-client REST
-  cell of benchmarks/serving.py was reset with the standard library's backlog of 5)."""
+  listen backlog and are answered in turn; none is refused or reset (with the standard
+  library's backlog of 5, 32 clients at once, as in benchmarks/serving.py, would be)."""
   running, _ = server
-  clients = 48  # > rest_api_num_threads (4 per CPU) + the old backlog of 5
+  clients = 48  # > rest_api_num_threads (4 per CPU) + the standard library's backlog of 5
   connected = threading.Barrier(clients)
   results, lock = [], threading.Lock()
   body = json.dumps({"instances": ["where is the river?"]}).encode()
