@@ -10,8 +10,9 @@ keeps its traceback.
   exit 1   storage could not be asked (permission, network, a server error after retries)
 
 The absl command lines (realm_tf.train, evaluate, export, import_released) share one
-skeleton, `run_absl`: flags, --help and this module answer before TensorFlow loads (a
-command does its heavy imports itself), so nothing here imports TensorFlow.
+skeleton, `run_absl`. Their flags parse and --help answers before TensorFlow loads (each
+command does its heavy imports itself), so this module, which they import at their top,
+imports no TensorFlow.
 """
 import argparse
 import contextlib

@@ -481,7 +481,7 @@ class RetrievalTask(RealmTask):
     """The index's version and staleness (IndexRefresher.logs), or {} without a refresher."""
     return self.refresher.logs(global_step) if self.refresher is not None else {}
 
-  def train_actions(self, trainer):
+  def train_actions(self, trainer) -> list[Callable[[dict], None]]:
     """When training refreshes the index: after each loop, IndexRefresher.after_loop
     (snapshot, swap)."""
     # Asked for when the runner is built, before on_train_begin makes the refresher: the
@@ -491,7 +491,7 @@ class RetrievalTask(RealmTask):
       return []
     return [lambda _: self.refresher.after_loop(int(trainer.global_step.numpy()))]
 
-  def steps_per_loop_divisors(self):
+  def steps_per_loop_divisors(self) -> list[int]:
     """[task.refresh_every_steps] when training refreshes the index: snapshots fall on loop
     ends."""
     return [self.task_config.refresh_every_steps] if self.refreshes_index else []
