@@ -1,16 +1,12 @@
 """The machine's compute limits a performance benchmark records beside its figures: its
 CPU's theoretical peak and the dense matmul throughput TensorFlow measures on it, and the
 FLOPs of a BERT encoder. Writing results and the other shared measurements are in
-benchmarks/harness.py (also importable from here under their earlier names)."""
+benchmarks/harness.py."""
 import os
 import platform
 import time
 
 import tensorflow as tf
-
-from benchmarks import harness
-from benchmarks.harness import (  # noqa: F401  importable from here too
-    RESULTS_DIR, SHARED_DATA, machine, plot_arm_curves)
 
 
 # Single-precision FLOPs one FMA instruction does per vector register, by widest ISA flag.
@@ -107,15 +103,3 @@ def compute_limits(matmul_n: int = 1024) -> dict:
   return dict(cpu=peak, matmul=measured, thread_pools=thread_pools(),
               matmul_fraction_of_peak=(measured["flops_per_second"] / peak["peak_flops"]
                                        if peak["peak_flops"] else None))
-
-
-def write_result(name: str, payload: dict, merge: bool = False) -> str:
-  """Writes benchmarks/results/<name>.json (optionally merging top-level keys); its path.
-  harness.Output(name, markdown).write(payload) writes the Markdown beside it too."""
-  return harness.write_json(os.path.join(harness.RESULTS_DIR, f"{name}.json"), payload, merge)
-
-
-def render_markdown(json_path: str, markdown) -> str:
-  """Renders a result <json_path> with `markdown(result) -> str` into the .md beside it;
-  returns the .md's path (harness.Output.render)."""
-  return harness.output_at(json_path, markdown).render()

@@ -82,7 +82,7 @@ def parse_args(argv=None):
   parser.add_argument("--config", default=os.path.join(REPO, "configs", "demo.yaml"),
                       help="the block encoder's model and block length")
   parser.add_argument("--articles_file", default=os.path.join(
-      common.SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
+      harness.SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
                       help="{title, text} JSON lines; the first --articles are taken")
   parser.add_argument("--blocks", default="",
                       help="an existing corpus (beam.preprocess output dir or blocks file "

@@ -27,28 +27,48 @@ would end after its time budget, naming them:
       results[arm] = run_arm(arm)   # saved as partial once the body returns
     arms.finish()                   # partial only if the budget skipped an arm
 
+Steps. A benchmark whose steps take long keeps each step's result in its work directory
+(`cached`: a rerun there reads it back instead of doing the step again), and one that reads
+memory runs each step in a process of its own (`Phases`: the child is the benchmark's own
+module, called with its flags and --phase):
+
+    PHASES = harness.Phases("benchmarks.scale", dict(corpus=corpus_phase, ...))
+    def parse_args(argv=None):
+      ...
+      args = PHASES.parse(parser, argv)          # adds --phase and --kind (hidden)
+    def main(argv=None):
+      args = parse_args(argv)
+      if args.phase:
+        return PHASES.child(args)                # the child: one phase, its result to JSON
+      ...
+    corpus = PHASES.run(args, work, "corpus")    # the parent: its result, read back
+
 Measurements: `logger` (timestamped progress lines), `percentiles` (latencies),
 `recall` (top-k against a reference top-k), `rss_bytes` / `peak_rss_bytes` /
-`PeakSampler` (a process's resident memory), `publish_copy` (a new version of a served
-model, as TF Serving expects it), `machine` (what ran it, and how loaded it was).
+`PeakSampler` (a process's resident memory), `du_bytes` / `inode_sizes` / `gib` (sizes on
+disk), `read_questions` (NQ-Open questions to ask), `publish_copy` (a new version of a
+served model, as TF Serving expects it), `machine` (what ran it, and how loaded it was).
 
 Free of TensorFlow at import on purpose: a benchmark that starts a server first
 (benchmarks/server_process.py) imports TensorFlow while the server starts up.
 """
+import argparse
 import json
 import math
 import os
 import platform
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
 
 import numpy as np
 
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
-SHARED_DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           os.pardir, "shared", "data")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS_DIR = os.path.join(REPO, "benchmarks", "results")
+SHARED_DATA = os.path.join(REPO, os.pardir, "shared", "data")
 
 
 # ------------------------------------------------------------------------------ outputs
@@ -231,6 +251,148 @@ class Arms:
     return self.save(partial=bool(self.skipped))
 
 
+# ------------------------------------------------------------------------------- steps
+
+
+def _write_step(path: str, result: dict) -> str:
+  """A step's result as JSON in the order it was made (a value JSON has no type for is
+  written as its str)."""
+  return write_text(path, json.dumps(result, indent=2, default=str))
+
+
+def cached(path: str, make, keep=lambda result: True, log=print) -> dict:
+  """A step that an earlier run in the same work directory may have done: the result it
+  wrote to `path`, when that file exists and keep(result) holds; else make()'s, written to
+  `path` once make returns (through a temporary name, so a step cut halfway leaves no file
+  and is done again).
+
+  Args:
+    path: the step's JSON file, which says the step is done.
+    make: make() -> dict, does the step.
+    keep: keep(result) -> bool, whether the earlier result still holds (the same
+      settings, what it made still there); default: it does.
+    log: log(message), told when an earlier result is kept.
+
+  Returns:
+    The result as read back from its JSON, the same whether made now or kept.
+  """
+  if os.path.exists(path):
+    earlier = read_json(path)
+    if keep(earlier):
+      log(f"{path}: done by an earlier run, kept")
+      return earlier
+  _write_step(path, make())
+  return read_json(path)
+
+
+def run_process(command: list, log_path: str, env: dict | None = None) -> dict:
+  """`command` run from the repository as a process of its own, its output (stdout and
+  stderr) into `log_path`, with the repository on its PYTHONPATH and TensorFlow's C++ log
+  at warnings.
+
+  Args:
+    command: the argv.
+    log_path: the file its output goes to.
+    env: variables set over this process's environment.
+
+  Returns:
+    dict(seconds: its wall time, peak_rss_bytes: its peak resident memory from its own
+    rusage (every byte it held, the children it waited for included), output: all it
+    printed).
+
+  Raises:
+    RuntimeError: it failed (its output's tail in the message).
+  """
+  env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+  begin = time.monotonic()
+  with open(log_path, "w") as out:
+    process = subprocess.Popen(  # pylint: disable=consider-using-with  (reaped by wait4)
+        command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    _, status, usage = os.wait4(process.pid, 0)
+  seconds = time.monotonic() - begin
+  code = os.waitstatus_to_exitcode(status)
+  with open(log_path, errors="replace") as f:
+    output = f.read()
+  if code != 0:
+    raise RuntimeError(f"{' '.join(command[:6])} exited {code}:\n{output[-4000:]}")
+  return dict(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024, output=output)
+
+
+class Phases:
+  """A benchmark's phases, each run in a process of its own: a phase's memory is its own
+  and goes back to the system when it ends, so one phase never inflates the next one's
+  reading (and a phase that fails leaves the parent standing).
+
+  The parent's `run` starts `python -m <module> <the benchmark's own flags> --phase=<phase>
+  --kind=<kind> --work_dir=<work>` (its output in <work>/<phase>[-<kind>].log); the child,
+  the same module's `main` seeing --phase, calls `child(args)`, which runs
+  functions[phase](args, work) and writes its result to <work>/<phase>[-<kind>].json, where
+  the parent reads it.
+
+  Args:
+    module: the benchmark's module ("benchmarks.scale").
+    functions: phase name → function(args, work) -> dict (JSON).
+    env: variables set for every phase's process.
+    log: log(message): a line per phase done.
+  """
+
+  def __init__(self, module: str, functions: dict, env: dict | None = None, log=print):
+    self.module, self.functions, self.env, self.log = module, functions, env or {}, log
+
+  def parse(self, parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """parser's arguments of `argv` (default: the command line), with a child's flags
+    (--phase, --kind: hidden from --help) and `argv` itself (args.argv, the flags every
+    child is given again)."""
+    parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
+
+  @staticmethod
+  def path(work: str, phase: str, kind: str = "", suffix: str = ".json") -> str:
+    """<work>/<phase>[-<kind>]<suffix>: where a phase's result (and its log) goes."""
+    return os.path.join(work, f"{phase}{'-' + kind if kind else ''}{suffix}")
+
+  def run(self, args, work: str, phase: str, kind: str = "", keep=lambda result: False,
+          env: dict | None = None) -> dict:
+    """The parent's side: `phase` (for `kind`) in a child process; its result.
+
+    Args:
+      args: the benchmark's parsed arguments (their argv is the child's too).
+      work: the work directory, the child's --work_dir.
+      phase: a name of `functions`.
+      kind: the child's --kind ("": none).
+      keep: keep(result) -> bool: whether the result of this phase an earlier run left in
+        `work` still holds (see `cached`); default: the phase runs again.
+      env: variables set for this phase's process alone.
+
+    Raises:
+      RuntimeError: the child failed (its log's tail in the message).
+    """
+    path = self.path(work, phase, kind)
+
+    def child() -> dict:
+      command = [sys.executable, "-m", self.module, *args.argv, f"--phase={phase}",
+                 f"--kind={kind}", f"--work_dir={work}"]
+      done = run_process(command, self.path(work, phase, kind, ".log"),
+                         dict(self.env, **(env or {})))
+      self.log(f"{phase}{' ' + kind if kind else ''} done in {done['seconds']:.0f}s, peak "
+               f"RSS {gib(done['peak_rss_bytes'])} GiB")
+      return read_json(path)
+
+    return cached(path, child, keep, self.log)
+
+  def child(self, args) -> int:
+    """The child's side: functions[args.phase](args, args.work_dir), its result written
+    where the parent reads it. Returns 0, the process's exit code."""
+    if args.phase not in self.functions:
+      raise SystemExit(f"unknown phase {args.phase!r} (of {', '.join(self.functions)})")
+    result = self.functions[args.phase](args, args.work_dir)
+    _write_step(self.path(args.work_dir, args.phase, args.kind), result)
+    return 0
+
+
 # ------------------------------------------------------------------------ measurements
 
 
@@ -311,6 +473,51 @@ class PeakSampler:
   def __exit__(self, *exc):
     self._stop.set()
     self._thread.join()
+
+
+def inode_sizes(path: str, on_disk: bool = False) -> dict:
+  """{(device, inode): bytes} of the files under `path`, a file hard-linked several times
+  once: its size, or (on_disk) the blocks the disk holds for it, as `du` counts them. A
+  file removed while the tree is walked is passed over."""
+  sizes = {}
+  for root, _, names in os.walk(path):
+    for name in names:
+      try:
+        stat = os.lstat(os.path.join(root, name))
+      except FileNotFoundError:
+        continue
+      sizes[(stat.st_dev, stat.st_ino)] = stat.st_blocks * 512 if on_disk else stat.st_size
+  return sizes
+
+
+def du_bytes(path: str, on_disk: bool = False) -> int:
+  """Bytes of the files under `path`, hard links counted once: their sizes, or (on_disk)
+  what the disk holds for them (`inode_sizes`)."""
+  return sum(inode_sizes(path, on_disk).values())
+
+
+def gib(n: float, digits: int = 3) -> float:
+  """`n` bytes in GiB, rounded to `digits`."""
+  return round(n / 2**30, digits)
+
+
+def read_questions(limit: int, fill: bool = False) -> list[str]:
+  """Up to `limit` NQ-Open questions from the shared data (its files in name order).
+  fill: exactly `limit`, the questions repeated as needed, and without the shared data the
+  warm-up's question varied."""
+  path = os.path.join(SHARED_DATA, "openqa", "nq_open")
+  names = sorted(os.listdir(path)) if os.path.isdir(path) or not fill else []
+  questions = []
+  for name in (n for n in names if n.endswith(".jsonl")):
+    with open(os.path.join(path, name)) as f:
+      for line in f:
+        questions.append(json.loads(line)["question"])
+        if len(questions) >= limit:
+          return questions
+  if not fill:
+    return questions
+  questions = questions or [f"who wrote the iliad {i}?" for i in range(limit)]
+  return (questions * (limit // len(questions) + 1))[:limit]
 
 
 def versions(base_path: str) -> list[int]:

@@ -79,6 +79,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "demo.yaml")
 TRAIN_STEPS, BATCH, HELDOUT_QUESTIONS = 300, 8, 500
 WORK_DIR = os.path.join(tempfile.gettempdir(), "realm_tf_openqa_bench")
+log = harness.logger("openqa")
 QUICK = dict(TRAIN_STEPS=4, BATCH=2, EVAL_QUESTIONS=6, HELDOUT_QUESTIONS=6, PRETRAIN_STEPS=2,
              CORPUS_DOCS=150, GOLD_STEPS=2, RETRIEVER_BEAM=20)
 
@@ -200,12 +201,16 @@ def prepare_corpora(work: str, block_length: int, max_docs: int = 0) -> dict:
 
 def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
   """A short REALM pre-training run (MiniLM warm start) on one corpus; a finished one in
-  `work` is reused (its summary file), a cut one resumes from its checkpoint."""
+  `work` is reused (its summary file, harness.cached), a cut one resumes from its
+  checkpoint."""
   model_dir = os.path.join(work, "realm_pretrain")
-  summary_path = os.path.join(work, f"realm_pretrain-{steps}.json")
-  if os.path.exists(summary_path) and layout.training_done(model_dir):
-    with open(summary_path) as f:
-      return dict(json.load(f), model_dir=model_dir)
+  summary = harness.cached(os.path.join(work, f"realm_pretrain-{steps}.json"),
+                           lambda: _pretrain(model_dir, corpus_dir, steps),
+                           keep=lambda _: layout.training_done(model_dir), log=log)
+  return dict(summary, model_dir=model_dir)
+
+
+def _pretrain(model_dir: str, corpus_dir: str, steps: int) -> dict:
   overrides = dict(PRETRAIN_OVERRIDES, **{
       "trainer.train_steps": steps, "index.blocks": corpus_dir,
       "task.pretrain.train_data.input_path": os.path.join(corpus_dir, "pretraining-*")})
@@ -218,8 +223,6 @@ def pretrain(work: str, corpus_dir: str, steps: int) -> dict:
              first_loss=history[0]["loss"], last_loss=history[-1]["loss"],
              last_retrieval_utility=history[-1].get("retrieval_utility"),
              corpus="SQuAD-open corpus (X and Z)")
-  with open(summary_path, "w") as f:
-    json.dump(out, f)
   return out
 
 
@@ -578,15 +581,10 @@ def run(args, output: harness.Output) -> str:
   os.makedirs(work, exist_ok=True)
   start = time.time()
   demo = load_config(CONFIG)
-  corpora_path = os.path.join(work, f"corpora-{sizes['CORPUS_DOCS']}.json")
-  if os.path.exists(corpora_path):
-    with open(corpora_path) as f:
-      corpora = json.load(f)
-  else:
-    corpora = prepare_corpora(work, demo.model.retriever.block_seq_length,
-                              sizes["CORPUS_DOCS"])
-    with open(corpora_path, "w") as f:
-      json.dump(corpora, f)
+  corpora = harness.cached(
+      os.path.join(work, f"corpora-{sizes['CORPUS_DOCS']}.json"),
+      lambda: prepare_corpora(work, demo.model.retriever.block_seq_length,
+                              sizes["CORPUS_DOCS"]), log=log)
   print(f"corpora: {json.dumps(corpora)}", flush=True)
   row_names = args.rows.split(",")
   previous = _previous_results(output) if args.merge else None

@@ -33,7 +33,8 @@ import sys
 import numpy as np
 
 from benchmarks import harness
-from benchmarks.common import RESULTS_DIR, encoder_flops
+from benchmarks.common import encoder_flops
+from benchmarks.harness import RESULTS_DIR
 from realm_tf.configs import experiments, load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

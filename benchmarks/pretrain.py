@@ -130,13 +130,15 @@ def held_out(doc_uid: bytes) -> bool:
 def split_sentences(sources: list[str], out_dir: str, heldout_sentences: int) -> dict:
   """pretraining-* of `sources` → train.tfrecord and heldout.tfrecord, split by document
   (a held-out document's sentences are never trained on); the held-out file keeps its
-  first `heldout_sentences` sentences that have a salient span."""
-  done = os.path.join(out_dir, "split.json")
-  if os.path.exists(done):
-    with open(done) as f:
-      return json.load(f)
-  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
+  first `heldout_sentences` sentences that have a salient span. Done once per `out_dir`
+  (harness.cached)."""
   os.makedirs(out_dir, exist_ok=True)
+  return harness.cached(os.path.join(out_dir, "split.json"),
+                        lambda: _write_split(sources, out_dir, heldout_sentences), log=log)
+
+
+def _write_split(sources: list[str], out_dir: str, heldout_sentences: int) -> dict:
+  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
   counts = dict(train=0, heldout=0, heldout_documents=0, skipped_unsalient_heldout=0)
   docs = set()
   paths = {f"{k}_file": os.path.join(out_dir, f"{k}.tfrecord") for k in ("train", "heldout")}
@@ -160,10 +162,7 @@ def split_sentences(sources: list[str], out_dir: str, heldout_sentences: int) ->
   for path in paths.values():
     os.replace(path + ".tmp", path)
   counts["heldout_documents"] = len(docs)
-  out = dict(counts, **paths)
-  with open(done, "w") as f:
-    json.dump(out, f)
-  return out
+  return dict(counts, **paths)
 
 
 def check_exclusion(z_dir: str, wiki_x_dir: str):
@@ -285,14 +284,19 @@ def same_start(warmup_a: dict, recall_a: dict, warmup_b: dict, recall_b: dict) -
 
 
 def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps: int) -> dict:
-  """The MLM head alone, on a frozen MiniLM, reading no document."""
+  """The MLM head alone, on a frozen MiniLM, reading no document. Done once per `work`
+  (harness.cached: its summary is kept while <work>/warmup holds the finished run)."""
   from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
-  from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
   model_dir = os.path.join(work, "warmup")
-  summary = os.path.join(work, f"warmup-{steps}.json")
-  if os.path.exists(summary) and layout.training_done(model_dir):
-    with open(summary) as f:
-      return json.load(f)
+  return harness.cached(
+      os.path.join(work, f"warmup-{steps}.json"),
+      lambda: _train_warmup(model_dir, common, steps, batch, validation_steps),
+      keep=lambda _: layout.training_done(model_dir), log=log)
+
+
+def _train_warmup(model_dir: str, common: dict, steps: int, batch: int,
+                  validation_steps: int) -> dict:
+  from realm_tf.training import train_lib  # pylint: disable=g-import-not-at-top
   log(f"MLM-head warm-up: {steps} steps, encoder frozen, no retrieval")
   config = load_config(dict(common, **{
       "trainer.train_steps": steps, "trainer.learning_rate": 1e-3,
@@ -314,8 +318,6 @@ def run_warmup(work: str, common: dict, steps: int, batch: int, validation_steps
              heldout_loss=last.get("loss"),
              train_curve=[{k: r.get(k) for k in ("step", "loss", "mlm_accuracy")}
                           for r in history(model_dir)[0]])
-  with open(summary, "w") as f:
-    json.dump(out, f)
   del run
   tf_keras.backend.clear_session()
   gc.collect()
@@ -688,20 +690,20 @@ def run(args, output: harness.Output) -> str:
   warmup = run_warmup(work, common, args.warmup_steps, args.warmup_batch_size,
                       validation_steps)
   base_config = load_config(common)
-  if os.path.exists(start_path + ".npz"):
-    with np.load(start_path + ".npz", allow_pickle=False) as saved:
-      embeddings, block_ids = saved["embeddings"], saved["block_ids"]
-    with open(start_path + ".json") as f:
-      before = json.load(f)
-  else:
+
+  def start_recall() -> dict:
     log("zero-shot recall of the start retriever over Z (and the step-0 index)")
-    before, embeddings, block_ids = zero_shot_recall(
+    recall, embeddings, block_ids = zero_shot_recall(
         base_config, start_retriever(base_config, ict_dir), questions)
     np.savez(start_path + ".npz", embeddings=embeddings, block_ids=block_ids)
-    with open(start_path + ".json", "w") as f:
-      json.dump(before, f)
     tf_keras.backend.clear_session()
     gc.collect()
+    return recall
+
+  # The step-0 index beside its recall (.npz), which the JSON, written last, says is whole.
+  before = harness.cached(start_path + ".json", start_recall, log=log)
+  with np.load(start_path + ".npz", allow_pickle=False) as saved:
+    embeddings, block_ids = saved["embeddings"], saved["block_ids"]
   start = dict(recall=before, embeddings=embeddings, block_ids=block_ids)
   # When this work directory's start was built: an invocation records it, so a start built
   # after the kept arms ran (a new machine) is told from theirs even if the invocation that

@@ -24,6 +24,8 @@ import time
 
 from absl import app, flags
 
+from benchmarks import harness
+
 FLAGS = flags.FLAGS
 
 
@@ -122,24 +124,27 @@ def markdown(payload: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def main(argv):
-  del argv
-  from benchmarks.common import RESULTS_DIR, machine, write_result  # noqa: PLC0415  benchmark entry point: flags parse and --help answers before TensorFlow loads
-  run = FLAGS.run or os.path.join(FLAGS.released_dir, "realm_nq_run")
-  questions = FLAGS.questions or released_paths(FLAGS.released_dir)["questions"]
+def run(released_dir: str, run_dir: str = "", questions: str = "", max_questions: int = 0,
+        overrides=()) -> dict:
+  """The released NQ model imported into `run_dir` (default <released_dir>/realm_nq_run)
+  unless it holds a run, its tower checked against block_emb, and evaluated on `questions`
+  (default: the release's NQ-Open test): the result to write."""
+  run_dir = run_dir or os.path.join(released_dir, "realm_nq_run")
+  questions = questions or released_paths(released_dir)["questions"]
   start = time.time()
-  imported = ensure_import(FLAGS.released_dir, run)
-  check = check_tower(run)
-  result = evaluate(run, questions, FLAGS.max_questions, FLAGS.override)
-  payload = dict(run=run, questions=questions, imported=imported, block_emb_check=check,
-                 result=result,
-                 seconds=round(time.time() - start, 1), machine=machine())
-  path = write_result(FLAGS.name, payload)
-  markdown_path = os.path.join(RESULTS_DIR, f"{FLAGS.name}.md")
-  with open(markdown_path + ".tmp", "w") as f:
-    f.write(markdown(payload))
-  os.replace(markdown_path + ".tmp", markdown_path)
-  print(json.dumps(dict(results=path, exact_match=result["exact_match"],
+  imported = ensure_import(released_dir, run_dir)
+  check = check_tower(run_dir)
+  result = evaluate(run_dir, questions, max_questions, overrides)
+  return dict(run=run_dir, questions=questions, imported=imported, block_emb_check=check,
+              result=result, seconds=round(time.time() - start, 1), machine=harness.machine())
+
+
+def main(argv):
+  del argv  # absl has parsed the flags
+  payload = run(FLAGS.released_dir, FLAGS.run, FLAGS.questions, FLAGS.max_questions,
+                FLAGS.override)
+  path = harness.Output(FLAGS.name, markdown).write(payload)
+  print(json.dumps(dict(results=path, exact_match=payload["result"]["exact_match"],
                         paper=PAPER_EXACT_MATCH), indent=2))
 
 

@@ -37,11 +37,11 @@ Results: benchmarks/results/<name>.json and .md. Run it alone on an idle machine
 steps need up to ~16 GiB and both cores.
 """
 import argparse
+import functools
 import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -49,14 +49,13 @@ import time
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.harness import du_bytes, gib
 from benchmarks.server_process import ServerProcess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKIPEDIA_BLOCKS = 13_353_718
 BERT_BASE = dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                  max_position_embeddings=512, type_vocab_size=2, projection_size=128,
                  span_hidden_size=256)
-GIB = float(1 << 30)
 # What a 24 GiB machine with ~70 GB of free disk must hold (GiB, GB, seconds).
 TARGETS = dict(peak_gib=22.0, evaluate_peak_gib=12.0, export_peak_gib=14.0, disk_gb=70.0,
                wall_seconds=7200.0)
@@ -84,8 +83,7 @@ def parse_args(argv=None):
   parser.add_argument("--name", default="released_scale", help="results file stem")
   parser.add_argument("--timeout", type=float, default=3600.0,
                       help="seconds a version may take to load")
-  parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  args = PHASES.parse(parser, argv)
   if args.blocks < 100:
     parser.error("--blocks must be at least 100")
   return args
@@ -94,42 +92,16 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------- measuring
 
 
-def du_bytes(path: str) -> int:
-  """Bytes under `path`, hard links counted once (as the disk holds them)."""
-  seen, total = set(), 0
-  for root, _, names in os.walk(path):
-    for name in names:
-      try:
-        stat = os.lstat(os.path.join(root, name))
-      except FileNotFoundError:
-        continue
-      if (stat.st_dev, stat.st_ino) not in seen:
-        seen.add((stat.st_dev, stat.st_ino))
-        total += stat.st_blocks * 512
-  return total
-
-
 def run_step(command: list, log_path: str) -> dict:
-  """Runs one documented command as its own process; its wall time and peak RSS (from its
-  own rusage: every byte it ever held, children it waited for included).
+  """Runs one documented command as its own process (harness.run_process): its wall time,
+  peak RSS, the command, and the tail of its output.
 
   Raises:
     RuntimeError: the command failed (its output's tail in the message).
   """
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-  begin = time.monotonic()
-  with open(log_path, "w") as out:
-    process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out,  # pylint: disable=consider-using-with
-                               stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(process.pid, 0)
-  seconds = time.monotonic() - begin
-  code = os.waitstatus_to_exitcode(status)
-  with open(log_path, errors="replace") as f:
-    output = f.read()
-  if code != 0:
-    raise RuntimeError(f"{' '.join(command[:4])} exited {code}:\n{output[-3000:]}")
-  return dict(seconds=round(seconds, 1), peak_rss_gib=round(usage.ru_maxrss * 1024 / GIB, 2),
-              command=" ".join(command), output_tail=output[-1500:])
+  done = harness.run_process(command, log_path)
+  return dict(seconds=round(done["seconds"], 1), peak_rss_gib=gib(done["peak_rss_bytes"], 2),
+              command=" ".join(command), output_tail=done["output"][-1500:])
 
 
 def last_json(text: str) -> dict:
@@ -142,14 +114,17 @@ def last_json(text: str) -> dict:
 # ------------------------------------------------------------------------------ release
 
 
-def write_release(args, root: str) -> dict:
-  """The release at --blocks blocks in the authors' layout (module docstring)."""
+def write_release(args, work: str) -> dict:
+  """The release at --blocks blocks in the authors' layout (module docstring), in
+  <work>/release. Its weights and its records, each written whole once, are kept by a
+  rerun (harness.cached)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from benchmarks import scale  # pylint: disable=g-import-not-at-top
   from realm_tf.import_released import importer  # pylint: disable=g-import-not-at-top
   from realm_tf.pretrained import minilm_vocab_file  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
   from tests import released_files as rf  # pylint: disable=g-import-not-at-top
+  root = os.path.join(work, "release")
   start = time.time()
   rng = np.random.default_rng(SEED)
   vocab_path = minilm_vocab_file()
@@ -159,15 +134,14 @@ def write_release(args, root: str) -> dict:
   os.makedirs(os.path.join(embedder_dir, "assets"), exist_ok=True)
   shutil.copy(vocab_path, os.path.join(embedder_dir, "assets", "vocab.txt"))
   scopes = rf.NESTINGS["release"]
-  weights_done = os.path.join(root, "weights.done")
   # BERT's initializer scale: random BERT-base weights that keep activations finite.
   embedder = rf.bert_tensors(rng, scopes["embedder_bert"], len(vocab), mlm_head=True,
                              sizes=BERT_BASE, scale=0.02)
   embedder.update(rf.head_tensors(rng, scopes["embedder_head"], "LayerNorm", sizes=BERT_BASE))
-  if not os.path.exists(weights_done):
-    write_weights(rng, root, embedder, vocab, embedder_dir, scopes, args.blocks)
-    with open(weights_done, "w") as f:
-      f.write("whole")
+  harness.cached(os.path.join(root, "weights.json"),
+                 functools.partial(write_weights, rng, root, embedder, vocab, embedder_dir,
+                                   scopes, args.blocks),
+                 keep=lambda weights: weights["blocks"] == args.blocks, log=log)
   weights_seconds = time.time() - start
 
   tokenizer = Tokenizer()
@@ -175,41 +149,12 @@ def write_release(args, root: str) -> dict:
   corpus = os.path.join(root, "enwiki-20181220")
   os.makedirs(corpus, exist_ok=True)
   checked = importer._sample_rows(args.blocks, args.check_rows)  # pylint: disable=protected-access
-  checked_set = {int(r): i for i, r in enumerate(checked)}
-  checked_blocks = [None] * len(checked)
-  text_bytes = 0
-  records_done = os.path.join(corpus, "records.done")
-  if os.path.exists(records_done):  # written whole by an earlier invocation: read back
-    # In TensorFlow's C++ reader, batched: only the batches holding a checked row reach
-    # Python (a Python loop over 13M records reads ~3 MB/s here). The marker says the
-    # records are whole; the import counts them against block_emb again.
-    batch = 1 << 16
-    wanted = tf.constant(np.unique(checked // batch), tf.int64)
-    batches = tf.data.Dataset.zip((
-        tf.data.TFRecordDataset(os.path.join(corpus, "titles.tfr")).batch(batch),
-        tf.data.TFRecordDataset(os.path.join(corpus, "blocks.tfr")).batch(batch)))
-    picked = batches.enumerate().filter(lambda b, pair: tf.reduce_any(tf.equal(b, wanted)))
-    for b, (titles, texts) in picked.as_numpy_iterator():
-      for row in range(int(b) * batch, int(b) * batch + len(titles)):
-        if row in checked_set:
-          checked_blocks[checked_set[row]] = (titles[row - int(b) * batch].decode("utf-8"),
-                                              texts[row - int(b) * batch].decode("utf-8"))
-    text_bytes = os.path.getsize(os.path.join(corpus, "blocks.tfr"))  # records' framing too
-    log(f"release: {args.blocks} records reused")
-  else:
-    with tf.io.TFRecordWriter(os.path.join(corpus, "blocks.tfr")) as blocks_out, \
-        tf.io.TFRecordWriter(os.path.join(corpus, "titles.tfr")) as titles_out:
-      for row, (title, text) in enumerate(leads.blocks(args.blocks, 288, seed=SEED)):
-        encoded = text.encode("utf-8")
-        text_bytes += len(encoded)
-        blocks_out.write(encoded)
-        titles_out.write(title.encode("utf-8"))
-        if row in checked_set:
-          checked_blocks[checked_set[row]] = (title, text)
-        if row % 1_000_000 == 0:
-          log(f"release: {row} / {args.blocks} records")
-    with open(records_done, "w") as f:
-      f.write(str(args.blocks))
+  records = harness.cached(
+      os.path.join(root, "records.json"),
+      functools.partial(write_records, leads, corpus, args.blocks, checked),
+      keep=lambda kept: (kept["blocks"] == args.blocks
+                         and kept["checked_rows"] == [int(r) for r in checked]), log=log)
+  checked_blocks, text_bytes = records["checked_blocks"], records["text_bytes"]
   records_seconds = time.time() - start - weights_seconds
 
   # block_emb: clustered seeded rows, the checked ones from the NumPy reference.
@@ -243,8 +188,6 @@ def write_release(args, root: str) -> dict:
       None, os.path.join(embedder_dir, "encoded", "encoded.ckpt"), write_meta_graph=False,
       write_state=False)
   del variable
-  with open(os.path.join(root, "release.done"), "w") as f:
-    f.write("whole")
   questions = os.path.join(root, "resplit", "NaturalQuestions.resplit.test.jsonl")
   os.makedirs(os.path.dirname(questions), exist_ok=True)
   with open(questions, "w") as f:
@@ -254,12 +197,35 @@ def write_release(args, root: str) -> dict:
               records_seconds=round(records_seconds, 1),
               reference_seconds=round(reference_seconds, 1), blocks=args.blocks,
               text_bytes=text_bytes, checked_rows=len(checked),
-              bytes=du_bytes(root))
+              bytes=du_bytes(root, on_disk=True),
+              peak_rss_gib=gib(harness.peak_rss_bytes(), 2), finished=time.time())
 
 
-def write_weights(rng, root, embedder, vocab, embedder_dir, scopes, blocks):
+def write_records(leads, corpus: str, blocks: int, checked) -> dict:
+  """blocks.tfr and titles.tfr of `blocks` blocks into `corpus`; the (title, text) of the
+  `checked` rows, which the reference embeds."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  checked_set = {int(r): i for i, r in enumerate(checked)}
+  checked_blocks = [None] * len(checked)
+  text_bytes = 0
+  with tf.io.TFRecordWriter(os.path.join(corpus, "blocks.tfr")) as blocks_out, \
+      tf.io.TFRecordWriter(os.path.join(corpus, "titles.tfr")) as titles_out:
+    for row, (title, text) in enumerate(leads.blocks(blocks, 288, seed=SEED)):
+      encoded = text.encode("utf-8")
+      text_bytes += len(encoded)
+      blocks_out.write(encoded)
+      titles_out.write(title.encode("utf-8"))
+      if row in checked_set:
+        checked_blocks[checked_set[row]] = (title, text)
+      if row % 1_000_000 == 0:
+        log(f"release: {row} / {blocks} records")
+  return dict(blocks=blocks, text_bytes=text_bytes, checked_rows=[int(r) for r in checked],
+              checked_blocks=checked_blocks)
+
+
+def write_weights(rng, root, embedder, vocab, embedder_dir, scopes, blocks) -> dict:
   """The modules' and the Open-QA model's checkpoints (the embedder's drawn by the caller,
-  who also needs it for the reference)."""
+  who also needs it for the reference); what was written."""
   from tests import released_files as rf  # pylint: disable=g-import-not-at-top
   rf.save_checkpoint(os.path.join(embedder_dir, "variables", "variables"), embedder)
   bert = rf.bert_tensors(rng, "", len(vocab), mlm_head=True, sizes=BERT_BASE, scale=0.02)
@@ -279,6 +245,7 @@ def write_weights(rng, root, embedder, vocab, embedder_dir, scopes, blocks):
   rf.write_params_json(orqa_dir, num_block_records=blocks,
                        span_hidden_size=BERT_BASE["span_hidden_size"])
   del orqa
+  return dict(blocks=blocks, embedder=embedder_dir, orqa_model=orqa_dir)
 
 
 def read_questions(count: int) -> list:
@@ -363,9 +330,9 @@ def serve(args, work: str, policy: str, latency: bool) -> dict:
       with grpc.insecure_channel(address) as channel:
         server.wait_serving(channel, first, args.timeout)
     result.update(load_seconds=round(time.monotonic() - server.started, 1),
-                  load_peak_rss_gib=round(load_peak.peak / GIB, 2))
+                  load_peak_rss_gib=gib(load_peak.peak, 2))
     time.sleep(1.0)
-    result["rss_after_load_gib"] = round(harness.rss_bytes(server.process.pid) / GIB, 2)
+    result["rss_after_load_gib"] = gib(harness.rss_bytes(server.process.pid), 2)
     with grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", 64 << 20)]) as channel:
       stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -388,10 +355,10 @@ def serve(args, work: str, policy: str, latency: bool) -> dict:
         time.sleep(5.0)  # requests answered by the new version alone
       time.sleep(3.0)
       result.update(
-          rss_before_handover_gib=round(before / GIB, 2),
-          handover_peak_rss_gib=round(handover_peak.peak / GIB, 2),
-          rss_after_handover_gib=round(harness.rss_bytes(server.process.pid) / GIB, 2),
-          server_peak_rss_gib=round(harness.peak_rss_bytes(server.process.pid) / GIB, 2),
+          rss_before_handover_gib=gib(before, 2),
+          handover_peak_rss_gib=gib(handover_peak.peak, 2),
+          rss_after_handover_gib=gib(harness.rss_bytes(server.process.pid), 2),
+          server_peak_rss_gib=gib(harness.peak_rss_bytes(server.process.pid), 2),
           requests_during_handover=asking.ok + asking.failed,
           failed_requests=asking.failed, errors=asking.errors[:5],
           versions_answering={str(k): v for k, v in sorted(asking.versions.items())})
@@ -487,7 +454,7 @@ def run(args) -> dict:
     log(f"reusing the run in {run_dir}")
 
   def record(name: str, step: dict):
-    step["disk_gb"] = round(du_bytes(work) / 1e9, 1)
+    step["disk_gb"] = round(du_bytes(work, on_disk=True) / 1e9, 1)
     result["max_disk_gb"] = max(result.get("max_disk_gb", 0.0), step["disk_gb"])
     result["steps"][name] = step
     result["seconds"] = round(time.time() - begin, 1)
@@ -505,22 +472,13 @@ def run(args) -> dict:
 
   python = sys.executable
   def do_release():
-    step = run_step(
-        [python, "-m", "benchmarks.released_scale", "--phase=release", f"--work_dir={work}",
-         f"--blocks={args.blocks}", f"--questions={args.questions}",
-         f"--check_rows={args.check_rows}"], os.path.join(work, "release.log"))
-    step.update(last_json(step.pop("output_tail")))
+    step = PHASES.run(args, work, "release", keep=lambda summary: os.path.isdir(release)
+                      and summary.get("blocks") == args.blocks)
+    if step["finished"] < begin:
+      step["written_by_an_earlier_invocation"] = True
     return step
 
-  if not reused and os.path.exists(os.path.join(release, "release.done")):
-    log("reusing the release written by an earlier invocation")
-    try:
-      with open(os.path.join(work, "release.log"), errors="replace") as f:
-        summary = last_json(f.read())
-    except (OSError, ValueError):
-      summary = {}
-    record("release", dict(summary, written_by_an_earlier_invocation=True))
-  elif not reused and not attempt("release", do_release):
+  if not reused and not attempt("release", do_release):
     return result
 
   def do_import():
@@ -534,9 +492,6 @@ def run(args) -> dict:
     summary = last_json(step.pop("output_tail"))
     step.update(block_emb_check=summary.get("block_emb_check"),
                 num_blocks=summary.get("num_blocks"))
-    with open(os.path.join(work, "release.json"), "w") as f:
-      json.dump(dict(questions=os.path.join(release, "resplit",
-                                            "NaturalQuestions.resplit.test.jsonl")), f)
     # The release is no longer needed: the run holds everything (disk budget).
     questions = os.path.join(work, "questions.jsonl")
     shutil.copy(os.path.join(release, "resplit", "NaturalQuestions.resplit.test.jsonl"),
@@ -574,9 +529,11 @@ def run(args) -> dict:
          f"--output_dir={os.path.join(work, 'models')}", "--kinds=realm_qa"],
         os.path.join(work, "export.log"))
     step.pop("output_tail")
-    base = os.path.join(work, "models", "realm_qa")
-    step["export_bytes"] = du_bytes(base)
-    step["export_bytes_not_shared_with_the_run"] = du_bytes(base) - _shared_bytes(base, run_dir)
+    export = harness.inode_sizes(os.path.join(work, "models", "realm_qa"), on_disk=True)
+    linked = harness.inode_sizes(run_dir)  # files the export hard-links from the run
+    step["export_bytes"] = sum(export.values())
+    step["export_bytes_not_shared_with_the_run"] = sum(
+        size for inode, size in export.items() if inode not in linked)
     return step
 
   if "export" in wanted:
@@ -597,30 +554,13 @@ def run(args) -> dict:
   return result
 
 
-def _shared_bytes(path: str, other: str) -> int:
-  """Bytes of files under `path` that are hard links of files under `other`."""
-  inodes = set()
-  for root, _, names in os.walk(other):
-    for name in names:
-      stat = os.lstat(os.path.join(root, name))
-      inodes.add((stat.st_dev, stat.st_ino))
-  shared, seen = 0, set()
-  for root, _, names in os.walk(path):
-    for name in names:
-      stat = os.lstat(os.path.join(root, name))
-      key = (stat.st_dev, stat.st_ino)
-      if key in inodes and key not in seen:
-        seen.add(key)
-        shared += stat.st_blocks * 512
-  return shared
+PHASES = harness.Phases("benchmarks.released_scale", dict(release=write_release), log=log)
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  if args.phase == "release":
-    summary = write_release(args, os.path.join(args.work_dir, "release"))
-    print(json.dumps(summary))
-    return 0
+  if args.phase:
+    return PHASES.child(args)
   try:
     run(args)
   finally:

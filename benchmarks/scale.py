@@ -44,7 +44,6 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -52,11 +51,9 @@ import time
 import numpy as np
 
 from benchmarks import harness
-from benchmarks.harness import (  # noqa: F401  scale.<name> is imported elsewhere too
-    PeakSampler, _status_field, peak_rss_bytes, rss_bytes)
+from benchmarks.harness import PeakSampler, du_bytes, gib, peak_rss_bytes, rss_bytes
 from benchmarks.server_process import ServerProcess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WIKIPEDIA_BLOCKS = 13_353_718  # the Dec-2018 Wikipedia of REALM's released index
 DIMENSION = 128  # REALM's retrieval projection
 KINDS = ("realm_qa", "realm_qa_scann")
@@ -83,7 +80,7 @@ def parse_args(argv=None):
                       "the share of one host of a v3-32 slice)")
   parser.add_argument("--gcs_blocks", type=int, default=0,
                       help="blocks of the hand-over from the gs:// emulator; 0 skips it")
-  parser.add_argument("--config", default=os.path.join(REPO, "configs", "demo.yaml"),
+  parser.add_argument("--config", default=os.path.join(harness.REPO, "configs", "demo.yaml"),
                       help="the model (its lengths are overridden to the paper's blocks)")
   parser.add_argument("--embedding_dtype", default="float32", choices=("float32", "float16"),
                       help="the exports' served embeddings (realm_tf.export --embedding_dtype)")
@@ -96,9 +93,7 @@ def parse_args(argv=None):
   parser.add_argument("--reuse_corpus", action="store_true",
                       help="reuse the corpus and variables-layout measurements a run left "
                       "in --work_dir (same --blocks) instead of building them again")
-  parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
-  parser.add_argument("--kind", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  args = PHASES.parse(parser, argv)
   args.kinds = [k for k in args.kinds.split(",") if k]
   args.policies = [p for p in args.policies.split(",") if p]
   if any(k not in KINDS for k in args.kinds) or any(p not in POLICIES for p in args.policies):
@@ -119,22 +114,6 @@ def trimmed_rss() -> int:
   gc.collect()
   release_free_memory()
   return rss_bytes()
-
-
-def du_bytes(path: str) -> int:
-  """Bytes of the files under `path` (hard links counted once)."""
-  seen, total = set(), 0
-  for root, _, files in os.walk(path):
-    for name in files:
-      stat = os.stat(os.path.join(root, name))
-      if (stat.st_dev, stat.st_ino) not in seen:
-        seen.add((stat.st_dev, stat.st_ino))
-        total += stat.st_size
-  return total
-
-
-def gib(n: float) -> float:
-  return round(n / 2**30, 3)
 
 
 # ------------------------------------------------------------------------------- corpus
@@ -331,6 +310,27 @@ def _component(name: str) -> str:
   return "model"
 
 
+def saved_components(published: str) -> dict:
+  """Bytes of each component of a published QA export's checkpoint (embeddings, block ids,
+  text offsets, search structure, tokenizer, model), and of its compressed texts and titles
+  on disk."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(os.path.join(published, "variables", "variables"))
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  parts = {}
+  for name, shape in shapes.items():
+    if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
+      continue
+    size = int(np.prod(shape)) * (dtypes[name].size if dtypes[name] != tf.string else 1)
+    part = _component(name)
+    parts[part] = parts.get(part, 0) + size
+  assets = os.path.join(published, "assets")
+  parts["texts_and_titles_on_disk_compressed"] = sum(
+      os.path.getsize(os.path.join(assets, f)) for f in os.listdir(assets)
+      if f.startswith("block_texts-"))
+  return parts
+
+
 def export_phase(args, work: str) -> dict:
   """One QA export of the whole corpus (--kind), published as version 1."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -399,25 +399,12 @@ def export_phase(args, work: str) -> dict:
   save_start = time.time()
   published = exporter.save_export(module, out, kind, 1, provenance, warmup)
   seconds = time.time() - start
-  reader = tf.train.load_checkpoint(os.path.join(published, "variables", "variables"))
-  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-  components = {}
-  for name, shape in shapes.items():
-    if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
-      continue
-    size = int(np.prod(shape)) * (dtypes[name].size if dtypes[name] != tf.string else 1)
-    part = _component(name)
-    components[part] = components.get(part, 0) + size
-  assets = os.path.join(published, "assets")
-  chunk_bytes = sum(os.path.getsize(os.path.join(assets, f)) for f in os.listdir(assets)
-                    if f.startswith("block_texts-"))
-  components["texts_and_titles_on_disk_compressed"] = chunk_bytes
   return dict(kind=kind, published=published, build_and_export_seconds=round(seconds, 1),
               scann_build_seconds=round(scann_seconds, 1),
               save_seconds=round(time.time() - save_start, 1),
               export_peak_rss_bytes=peak_rss_bytes(), disk_bytes=du_bytes(published),
               saved_model_pb_bytes=os.path.getsize(os.path.join(published, "saved_model.pb")),
-              component_bytes=components, scann_recall_at_5=recall,
+              component_bytes=saved_components(published), scann_recall_at_5=recall,
               recall_queries=args.queries if recall is not None else 0)
 
 
@@ -429,17 +416,6 @@ def publish_linked_copy(base: str, version: int) -> str:
   into place at once: a new version for the server to load that costs no disk. Its
   directory."""
   return os.path.join(base, str(harness.publish_copy(base, version, hard_links=True)))
-
-
-def _questions(count: int) -> list[str]:
-  try:
-    from benchmarks import serving as serving_bench  # pylint: disable=g-import-not-at-top
-    questions = serving_bench.read_questions(count)
-  except (OSError, ValueError, SystemExit):
-    questions = []
-  if not questions:  # no shared data: the warm-up's questions, varied
-    questions = [f"who wrote the iliad {i}?" for i in range(count)]
-  return (questions * (count // len(questions) + 1))[:count]
 
 
 def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
@@ -471,7 +447,7 @@ def serve_phase(args, work: str, kind: str, policy: str, latency: bool) -> dict:
       service = prediction_service_pb2_grpc.PredictionServiceStub(channel)
       if latency:
         latencies = []
-        for question in _questions(args.requests):
+        for question in harness.read_questions(args.requests, fill=True):
           begin = time.monotonic()
           client.ask(service, [question], model=kind, timeout=120)
           latencies.append(time.monotonic() - begin)
@@ -569,13 +545,13 @@ def trainer_phase(args, work: str, index_root: str = "", blocks: int = 0) -> dic
 
 def trainer_gcs(args, work: str) -> dict:
   """trainer_phase against gs:// in the emulator's namespaces, or why it could not run."""
-  sys.path.insert(0, REPO)
+  sys.path.insert(0, harness.REPO)
   from tests import gcs_emulator  # pylint: disable=g-import-not-at-top
   reason = gcs_emulator.unavailable_reason()
   if reason:
     return dict(skipped=reason)
   with gcs_emulator.GcsEmulator() as emulator:
-    code = (f"import json, sys; sys.argv = {['scale'] + _child_argv(args)!r}; "
+    code = (f"import json, sys; sys.argv = {['scale'] + args.argv!r}; "
             "from benchmarks import scale; a = scale.parse_args(sys.argv[1:]); "
             f"print('RESULT ' + json.dumps(scale.trainer_phase(a, {work!r}, "
             f"'gs://realm-test/scale_index', {args.gcs_blocks})))")
@@ -590,60 +566,6 @@ def trainer_gcs(args, work: str) -> dict:
 # ---------------------------------------------------------------------------- the driver
 
 
-def _child_argv(args) -> list[str]:
-  return [f"--blocks={args.blocks}", f"--kinds={','.join(args.kinds)}",
-          f"--requests={args.requests}", f"--queries={args.queries}",
-          f"--variables_layout_blocks={args.variables_layout_blocks}",
-          f"--trainer_blocks={args.trainer_blocks}",
-          f"--gcs_blocks={args.gcs_blocks}", f"--config={args.config}",
-          f"--block_seq_length={args.block_seq_length}",
-          f"--embedding_dtype={args.embedding_dtype}",
-          f"--reader_seq_length={args.reader_seq_length}", f"--timeout={args.timeout}"]
-
-
-def run_child(args, work: str, phase: str, kind: str = "") -> dict:
-  """One phase in its own process: its memory is its own and is returned to the system."""
-  out = os.path.join(work, f"{phase}{'-' + kind if kind else ''}.json")
-  command = [sys.executable, "-m", "benchmarks.scale", f"--phase={phase}",
-             f"--work_dir={work}", *_child_argv(args)] + ([f"--kind={kind}"] if kind else [])
-  begin = time.time()
-  # oneDNN off, as in serving.server: its CPU allocator keeps freed tensors in an arena
-  # that never shrinks, so resident memory would not say what a component holds.
-  env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2",
-             TF_ENABLE_ONEDNN_OPTS="0")
-  if phase == "variables_layout":
-    # glibc serves buffers below its (self-raising, up to 32 MB) mmap threshold from heap
-    # arenas, where a freed temporary is reused by the next component and spoils the
-    # RSS differences; a fixed threshold maps every large buffer on its own.
-    env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
-  done = subprocess.run(command, cwd=REPO, env=env,
-                        capture_output=True, text=True, check=False)
-  if done.returncode != 0:
-    raise RuntimeError(f"phase {phase} {kind} failed:\n{done.stdout[-2000:]}\n"
-                       f"{done.stderr[-4000:]}")
-  with open(out) as f:
-    result = json.load(f)
-  log(f"{phase} {kind} done in {time.time() - begin:.0f}s")
-  return result
-
-
-def child_main(args) -> int:
-  work = args.work_dir
-  if args.phase == "corpus":
-    result = corpus_phase(args, work)
-  elif args.phase == "variables_layout":
-    result = variables_layout_phase(args, work)
-  elif args.phase == "export":
-    result = export_phase(args, work)
-  elif args.phase == "trainer":
-    result = trainer_phase(args, work)
-  else:
-    raise SystemExit(f"unknown phase {args.phase!r}")
-  path = os.path.join(work, f"{args.phase}{'-' + args.kind if args.kind else ''}.json")
-  harness.write_text(path, json.dumps(result, indent=2, default=str))
-  return 0
-
-
 def run(args) -> dict:
   owned = not args.work_dir
   work = args.work_dir or tempfile.mkdtemp(prefix="realm-scale-")
@@ -654,23 +576,22 @@ def run(args) -> dict:
                 reader_seq_length=args.reader_seq_length, config=args.config,
                 disk_free_bytes_before=shutil.disk_usage(work).free)
   try:
-    done = os.path.join(work, "corpus.json")
-    reusable = False
-    if args.reuse_corpus and os.path.exists(done):
-      with open(done) as f:
-        reusable = json.load(f).get("blocks") == args.blocks
-    result["corpus"] = (harness.read_json(done) if reusable else run_child(args, work, "corpus"))
-    layout = os.path.join(work, "variables_layout.json")
-    result["variables_layout"] = (harness.read_json(layout) if args.reuse_corpus
-                                  and os.path.exists(layout)
-                                  else run_child(args, work, "variables_layout"))
+    result["corpus"] = PHASES.run(
+        args, work, "corpus",
+        keep=lambda corpus: args.reuse_corpus and corpus.get("blocks") == args.blocks)
+    # glibc serves buffers below its (self-raising, up to 32 MB) mmap threshold from heap
+    # arenas, where a freed temporary is reused by the next component and spoils the
+    # RSS differences; a fixed threshold maps every large buffer on its own.
+    result["variables_layout"] = PHASES.run(
+        args, work, "variables_layout", keep=lambda _: args.reuse_corpus,
+        env=dict(MALLOC_MMAP_THRESHOLD_=str(128 * 1024)))
     result["exports"], result["serving"] = {}, []
     for kind in args.kinds:
-      result["exports"][kind] = run_child(args, work, "export", kind)
+      result["exports"][kind] = PHASES.run(args, work, "export", kind)
       for i, policy in enumerate(args.policies):
         result["serving"].append(serve_phase(args, work, kind, policy, latency=i == 0))
         log(f"serve {kind} {policy} done")
-    result["trainer"] = {"local": run_child(args, work, "trainer")}
+    result["trainer"] = {"local": PHASES.run(args, work, "trainer")}
     if args.gcs_blocks > 0:
       result["trainer"]["gcs"] = trainer_gcs(args, work)
     result["work_dir_bytes"] = du_bytes(work)
@@ -788,10 +709,17 @@ def write_markdown(path: str, result: dict) -> str:
   return harness.write_text(path, markdown(result))
 
 
+# oneDNN off, as in serving.server: its CPU allocator keeps freed tensors in an arena that
+# never shrinks, so resident memory would not say what a component holds.
+PHASES = harness.Phases("benchmarks.scale", dict(
+    corpus=corpus_phase, variables_layout=variables_layout_phase, export=export_phase,
+    trainer=trainer_phase), env=dict(TF_ENABLE_ONEDNN_OPTS="0"), log=log)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.phase:
-    return child_main(args)
+    return PHASES.child(args)
   result = run(args)
   path = harness.Output(args.name, markdown).write(result)
   print(f"wrote {path}")

@@ -50,7 +50,6 @@ import gc
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,7 +57,8 @@ import time
 import numpy as np
 
 from benchmarks import harness, scale
-from benchmarks.scale import DIMENSION, SEED, WIKIPEDIA_BLOCKS, du_bytes, gib
+from benchmarks.harness import du_bytes, gib
+from benchmarks.scale import DIMENSION, SEED, WIKIPEDIA_BLOCKS
 
 KINDS = ("realm_qa", "realm_qa_scann")
 POLICY = "availability_preserving"
@@ -99,7 +99,7 @@ def parse_args(argv=None):
   parser.add_argument("--memory_blocks", type=int, default=1 << 20,
                       help="rows of the one shard whose resident bytes per block are "
                       "measured (per-shard constants spoil the reading at small N)")
-  parser.add_argument("--config", default=os.path.join(scale.REPO, "configs", "demo.yaml"))
+  parser.add_argument("--config", default=os.path.join(harness.REPO, "configs", "demo.yaml"))
   parser.add_argument("--block_seq_length", type=int, default=288)
   parser.add_argument("--reader_seq_length", type=int, default=320)
   parser.add_argument("--timeout", type=float, default=7200.0,
@@ -107,9 +107,7 @@ def parse_args(argv=None):
   parser.add_argument("--name", default="scann_scale", help="results file stem")
   parser.add_argument("--reuse_corpus", action="store_true",
                       help="reuse the corpus a run left in --work_dir (same --blocks)")
-  parser.add_argument("--phase", default="", help=argparse.SUPPRESS)
-  parser.add_argument("--kind", default="", help=argparse.SUPPRESS)
-  args = parser.parse_args(argv)
+  args = PHASES.parse(parser, argv)
   if args.blocks < 1000:
     parser.error("--blocks must be at least 1000")
   if args.shard_blocks < 100:
@@ -271,27 +269,7 @@ def export_phase(args, work: str) -> dict:
       kind=kind, benchmark="benchmarks/scann_scale.py", blocks=args.blocks), warmup)
   return dict(kind=kind, seconds=round(time.time() - start, 1),
               export_peak_rss_bytes=harness.peak_rss_bytes(), disk_bytes=du_bytes(published),
-              component_bytes=saved_components(published), shards=len(handles))
-
-
-def saved_components(published: str) -> dict:
-  """Bytes of each part of a published QA export's checkpoint (scale._component's parts),
-  and its compressed texts and titles on disk."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  reader = tf.train.load_checkpoint(os.path.join(published, "variables", "variables"))
-  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
-  parts = {}
-  for name, shape in shapes.items():
-    if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
-      continue
-    size = int(np.prod(shape)) * (dtypes[name].size if dtypes[name] != tf.string else 1)
-    part = scale._component(name)  # pylint: disable=protected-access
-    parts[part] = parts.get(part, 0) + size
-  assets = os.path.join(published, "assets")
-  parts["texts_and_titles_on_disk_compressed"] = sum(
-      os.path.getsize(os.path.join(assets, f)) for f in os.listdir(assets)
-      if f.startswith("block_texts-"))
-  return parts
+              component_bytes=scale.saved_components(published), shards=len(handles))
 
 
 def _queries(args, work: str, vectors) -> np.ndarray:
@@ -301,7 +279,7 @@ def _queries(args, work: str, vectors) -> np.ndarray:
   if args.tower:
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     embed = _tower(args.tower, "query_encoder")
-    questions = scale._questions(args.queries)  # pylint: disable=protected-access
+    questions = harness.read_questions(args.queries, fill=True)
     return np.concatenate([next(iter(embed(text=tf.constant(questions[i:i + 100])).values()))
                            .numpy() for i in range(0, len(questions), 100)]).astype(np.float32)
   near = rng.choice(args.blocks, size=args.queries, replace=args.queries > args.blocks)
@@ -418,7 +396,7 @@ def answers_phase(args, work: str) -> dict:
     from scann.scann_ops.py import scann_ops  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (ScaNN's ops)
   loaded = tf.saved_model.load(os.path.join(work, "models", args.kind, "1"))
   answer = loaded.signatures["serving_default"]
-  questions = scale._questions(args.answers)  # pylint: disable=protected-access
+  questions = harness.read_questions(args.answers, fill=True)
   rows = []
   for i in range(0, len(questions), 8):
     out = answer(question=tf.constant(questions[i:i + 8]))
@@ -492,47 +470,6 @@ def per_block(result: dict) -> dict:
 # ---------------------------------------------------------------------------- the driver
 
 
-def _child_argv(args) -> list[str]:
-  return [f"--blocks={args.blocks}", f"--shard_blocks={args.shard_blocks}",
-          f"--scann_overrides={args.scann_overrides}",
-          f"--requests={args.requests}", f"--queries={args.queries}",
-          f"--answers={args.answers}", f"--config={args.config}",
-          f"--block_seq_length={args.block_seq_length}",
-          f"--reader_seq_length={args.reader_seq_length}", f"--timeout={args.timeout}",
-          f"--tower_batch={args.tower_batch}", f"--memory_blocks={args.memory_blocks}"] + ([f"--tower={args.tower}"] if args.tower
-                                                  else [])
-
-
-def run_child(args, work: str, phase: str, kind: str = "") -> dict:
-  """One phase in its own process (its memory is its own, returned when it ends)."""
-  out = os.path.join(work, f"{phase}{'-' + kind if kind else ''}.json")
-  command = [sys.executable, "-m", "benchmarks.scann_scale", f"--phase={phase}",
-             f"--work_dir={work}", *_child_argv(args)] + ([f"--kind={kind}"] if kind else [])
-  begin = time.time()
-  # oneDNN off, as in serving.server (its arena never shrinks: RSS would mislead).
-  env = dict(os.environ, PYTHONPATH=scale.REPO, TF_CPP_MIN_LOG_LEVEL="2",
-             TF_ENABLE_ONEDNN_OPTS="0")
-  done = subprocess.run(command, cwd=scale.REPO, env=env, capture_output=True, text=True,
-                        check=False)
-  if done.returncode != 0:
-    raise RuntimeError(f"phase {phase} {kind} failed:\n{done.stdout[-2000:]}\n"
-                       f"{done.stderr[-4000:]}")
-  log(f"{phase} {kind} done in {time.time() - begin:.0f}s")
-  return harness.read_json(out)
-
-
-def child_main(args) -> int:
-  phases = dict(corpus=corpus_phase, index=index_phase, export=export_phase,
-                recall=recall_phase, memory=memory_phase, answers=answers_phase)
-  if args.phase not in phases:
-    raise SystemExit(f"unknown phase {args.phase!r}")
-  result = phases[args.phase](args, args.work_dir)
-  path = os.path.join(args.work_dir,
-                      f"{args.phase}{'-' + args.kind if args.kind else ''}.json")
-  harness.write_text(path, json.dumps(result, indent=2, default=str))
-  return 0
-
-
 def run(args, save=lambda result: None) -> dict:
   owned = not args.work_dir
   work = args.work_dir or tempfile.mkdtemp(prefix="realm-scann-scale-")
@@ -542,26 +479,25 @@ def run(args, save=lambda result: None) -> dict:
                 config=args.config, tower=args.tower or None, policy=POLICY, targets=TARGETS,
                 requests=args.requests)
   try:
-    done = os.path.join(work, "corpus.json")
-    reusable = (args.reuse_corpus and os.path.exists(done)
-                and harness.read_json(done).get("blocks") == args.blocks)
-    result["corpus"] = harness.read_json(done) if reusable else run_child(args, work, "corpus")
+    result["corpus"] = PHASES.run(
+        args, work, "corpus",
+        keep=lambda corpus: args.reuse_corpus and corpus.get("blocks") == args.blocks)
     save(result)
-    result["index"] = run_child(args, work, "index")
+    result["index"] = PHASES.run(args, work, "index")
     save(result)
     result["exports"] = {}
     for kind in KINDS:
-      result["exports"][kind] = run_child(args, work, "export", kind)
+      result["exports"][kind] = PHASES.run(args, work, "export", kind)
       save(result)
-    result["recall"] = run_child(args, work, "recall")
+    result["recall"] = PHASES.run(args, work, "recall")
     save(result)
-    result["memory"] = run_child(args, work, "memory")
+    result["memory"] = PHASES.run(args, work, "memory")
     save(result)
     result["serving"] = []
     for kind in KINDS:
       result["serving"].append(scale.serve_phase(args, work, kind, POLICY, latency=True))
       save(result)
-    answers = {kind: run_child(args, work, "answers", kind) for kind in KINDS}
+    answers = {kind: PHASES.run(args, work, "answers", kind) for kind in KINDS}
     result["answers"] = compare_answers(answers["realm_qa"], answers["realm_qa_scann"])
     result["work_dir_bytes"] = du_bytes(work)
   finally:
@@ -659,10 +595,16 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+# oneDNN off, as in serving.server (its arena never shrinks: RSS would mislead).
+PHASES = harness.Phases("benchmarks.scann_scale", dict(
+    corpus=corpus_phase, index=index_phase, export=export_phase, recall=recall_phase,
+    memory=memory_phase, answers=answers_phase), env=dict(TF_ENABLE_ONEDNN_OPTS="0"), log=log)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
   if args.phase:
-    return child_main(args)
+    return PHASES.child(args)
   output = harness.Output(args.name, markdown)
   result = run(args, save=lambda partial: harness.write_json(
       output.json_path, dict(partial, partial=True)))

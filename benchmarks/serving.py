@@ -75,25 +75,12 @@ def parse_args(argv=None):
   return parser.parse_args(argv)
 
 
-def read_questions(limit: int) -> list[str]:
-  path = os.path.join(common.SHARED_DATA, "openqa", "nq_open")
-  files = sorted(f for f in os.listdir(path) if f.endswith(".jsonl"))
-  questions = []
-  for name in files:
-    with open(os.path.join(path, name)) as f:
-      for line in f:
-        questions.append(json.loads(line)["question"])
-        if len(questions) >= limit:
-          return questions
-  return questions
-
-
 def prepare_corpus(work_dir: str, articles: int, block_seq_length: int,
                    source: str = "") -> str:
   """The first `articles` {title, text} JSON lines of `source` (default: the shared vital
   articles) through the corpus pipeline into `work_dir`; returns the blocks file pattern."""
   from realm_tf.pipelines.corpus_blocks import prepare_blocks  # pylint: disable=g-import-not-at-top
-  vital = os.path.join(common.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
+  vital = os.path.join(harness.SHARED_DATA, "wikipedia", "vital_articles.jsonl")
   source = source or vital
   # Named by the source, so one work_dir never mistakes another file's blocks for these.
   stem = ("" if source == vital
@@ -499,7 +486,7 @@ def run(args) -> dict:
     raise SystemExit(f"{run.index.num_blocks} blocks from {args.articles} articles; raise "
                      f"--articles to reach --min_blocks {args.min_blocks}")
   timings["embed_s"] = round(embed_corpus(run), 1)
-  questions = read_questions(args.questions)
+  questions = harness.read_questions(args.questions)
   models_dir = os.path.join(work, "models")
   shutil.rmtree(models_dir, ignore_errors=True)
   kinds = [k for k in args.kinds.split(",") if k]

@@ -76,7 +76,7 @@ def measure(source: str, work: str, onednn: str, args) -> dict:
   base = soak.stage_model(source, setting_dir)
   env = {} if onednn == "default" else {"TF_ENABLE_ONEDNN_OPTS": onednn}
   server = soak.server_process(base, setting_dir, clients=1, env=env)
-  questions = soak.read_questions(args.requests)
+  questions = harness.read_questions(args.requests)
   points = []
   try:
     address = server.wait_listening()

@@ -256,11 +256,6 @@ def client_loop(address: str, questions, invalid, seed: int, args, start: float,
     outcomes.extend(mine)
 
 
-def read_questions(limit: int) -> list[str]:
-  from benchmarks import serving as serving_bench  # pylint: disable=g-import-not-at-top
-  return serving_bench.read_questions(limit)
-
-
 # ---------------------------------------------------------------------------------- report
 
 
@@ -349,7 +344,7 @@ def run(args) -> dict:
   # TensorFlow is imported here (harness.machine, the requests) while the server starts up.
   machine = harness.machine()
   try:
-    questions = read_questions(args.questions)
+    questions = harness.read_questions(args.questions)
     invalid = _invalid_requests()
     address = server.wait_listening()
     duration = args.minutes * 60.0

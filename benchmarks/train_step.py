@@ -36,7 +36,8 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks import harness
-from benchmarks.common import compute_limits, machine
+from benchmarks.common import compute_limits
+from benchmarks.harness import machine
 from benchmarks.train_step_tasks import merge_task_runs, run_tasks, tasks_markdown
 from realm_tf.retrieval.exact import DEFAULT_CHUNK_SIZE, GROUP_SIZE, exact_top_k
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near

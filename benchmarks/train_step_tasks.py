@@ -23,7 +23,8 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.common import SHARED_DATA, compute_limits, encoder_flops, machine
+from benchmarks.common import compute_limits, encoder_flops
+from benchmarks.harness import SHARED_DATA, machine
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import schema

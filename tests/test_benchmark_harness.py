@@ -3,6 +3,7 @@ JSON as written (a re-render gives the same bytes), arms that are kept, budgeted
 they finish and resumed after a cut, and the shared measurements."""
 import json
 import os
+import sys
 import time
 
 import pytest
@@ -144,3 +145,131 @@ def test_logger_stamps_its_lines(capsys):
   harness.logger("fake-bench")("started")
   line = capsys.readouterr().out
   assert line.startswith("[fake-bench ") and line.endswith("] started\n")
+
+
+def test_a_cached_step_is_done_once_and_kept_while_it_holds(tmp_path):
+  path = str(tmp_path / "step.json")
+  made = []
+
+  def make():
+    made.append(1)
+    return dict(blocks=10, order={"b": 1, "a": 2})
+
+  first = harness.cached(path, make, log=lambda _: None)
+  assert first == dict(blocks=10, order={"b": 1, "a": 2}) and len(made) == 1
+  assert list(first["order"]) == ["b", "a"]  # as made, not sorted
+  # A rerun reads it back; one whose keep says it no longer holds does the step again.
+  assert harness.cached(path, make, log=lambda _: None) == first and len(made) == 1
+  harness.cached(path, make, keep=lambda kept: kept["blocks"] == 20, log=lambda _: None)
+  assert len(made) == 2
+
+  # A step cut before it returns leaves no file: the next run does it.
+  def cut():
+    raise KeyboardInterrupt
+
+  cut_path = str(tmp_path / "cut.json")
+  with pytest.raises(KeyboardInterrupt):
+    harness.cached(cut_path, cut)
+  assert not os.path.exists(cut_path)
+  assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
+
+
+_FAKE_BENCHMARK = '''
+import argparse
+import os
+import sys
+
+from benchmarks import harness
+
+
+def grow(args, work):
+  held = bytearray(args.megabytes << 20)
+  return dict(megabytes=args.megabytes, kind=args.kind, pid=os.getpid(), held=len(held))
+
+
+def fail(args, work):
+  raise ValueError("the phase broke")
+
+
+PHASES = harness.Phases("fake_benchmark", dict(grow=grow, fail=fail), env=dict(
+    PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), harness.REPO])),
+    log=lambda _: None)
+
+
+def parse_args(argv=None):
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--megabytes", type=int, default=1)
+  parser.add_argument("--work_dir", default="")
+  return PHASES.parse(parser, argv)
+
+
+if __name__ == "__main__":
+  sys.exit(PHASES.child(parse_args()))
+'''
+
+
+def test_phases_run_in_a_child_of_the_same_module_with_the_parents_flags(tmp_path,
+                                                                        monkeypatch):
+  (tmp_path / "fake_benchmark.py").write_text(_FAKE_BENCHMARK)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  import fake_benchmark  # pylint: disable=g-import-not-at-top,import-error  (written by this test)
+  work = tmp_path / "work"
+  work.mkdir()
+  args = fake_benchmark.parse_args(["--megabytes=48"])
+  assert args.phase == "" and args.argv == ["--megabytes=48"]
+  result = fake_benchmark.PHASES.run(args, str(work), "grow", "small")
+  # The child parsed the parent's flags, and the kind; its memory was its own.
+  assert result["megabytes"] == 48 and result["kind"] == "small"
+  assert result["pid"] != os.getpid() and result["held"] == 48 << 20
+  assert json.loads((work / "grow-small.json").read_text()) == result
+  assert (work / "grow-small.log").exists()
+  # A result an earlier run left is kept only when keep says so.
+  assert fake_benchmark.PHASES.run(args, str(work), "grow", "small",
+                                   keep=lambda kept: True)["pid"] == result["pid"]
+  assert fake_benchmark.PHASES.run(args, str(work), "grow", "small")["pid"] != result["pid"]
+  # A phase that fails, or that the module does not have, fails the parent's call with the
+  # child's output.
+  with pytest.raises(RuntimeError, match="the phase broke"):
+    fake_benchmark.PHASES.run(args, str(work), "fail")
+  with pytest.raises(RuntimeError, match="unknown phase 'other'"):
+    fake_benchmark.PHASES.run(args, str(work), "other")
+  assert not (work / "fail.json").exists()
+
+
+def test_run_process_measures_a_child_and_reports_its_failure(tmp_path):
+  log_path = str(tmp_path / "child.log")
+  done = harness.run_process(
+      [sys.executable, "-c", "b = bytearray(64 << 20); print('hello')"], log_path)
+  assert done["output"] == "hello\n" and done["seconds"] > 0
+  assert done["peak_rss_bytes"] >= 64 << 20
+  with pytest.raises(RuntimeError, match="exited 3"):
+    harness.run_process([sys.executable, "-c", "import sys; sys.exit(3)"], log_path)
+
+
+def test_sizes_count_a_hard_linked_file_once(tmp_path):
+  (tmp_path / "a").write_bytes(b"x" * 5000)
+  (tmp_path / "sub").mkdir()
+  (tmp_path / "sub" / "b").write_bytes(b"y" * 100)
+  os.link(tmp_path / "a", tmp_path / "sub" / "a_again")
+  assert harness.du_bytes(str(tmp_path)) == 5100
+  on_disk = harness.du_bytes(str(tmp_path), on_disk=True)
+  assert on_disk % 512 == 0 and on_disk >= 5100
+  assert len(harness.inode_sizes(str(tmp_path))) == 2
+  assert harness.gib(3 * 2**30 / 4) == 0.75 and harness.gib(2**30 / 3, 2) == 0.33
+
+
+def test_read_questions_from_the_shared_data_or_made_up(tmp_path, monkeypatch):
+  monkeypatch.setattr(harness, "SHARED_DATA", str(tmp_path))
+  with pytest.raises(OSError):
+    harness.read_questions(3)
+  made_up = harness.read_questions(3, fill=True)
+  assert made_up == [f"who wrote the iliad {i}?" for i in range(3)]
+  nq = tmp_path / "openqa" / "nq_open"
+  nq.mkdir(parents=True)
+  (nq / "b.jsonl").write_text(json.dumps(dict(question="q3")) + "\n")
+  (nq / "a.jsonl").write_text("".join(json.dumps(dict(question=q)) + "\n"
+                                      for q in ("q1", "q2")))
+  (nq / "notes.txt").write_text("not questions")
+  assert harness.read_questions(10) == ["q1", "q2", "q3"]
+  assert harness.read_questions(2) == ["q1", "q2"]
+  assert harness.read_questions(5, fill=True) == ["q1", "q2", "q3", "q1", "q2"]

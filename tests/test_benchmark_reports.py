@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks import harness, knowledge, pretrain
-from benchmarks.common import RESULTS_DIR
+from benchmarks.harness import RESULTS_DIR
 from realm_tf.io import layout
 
 # Results written under another name than their benchmark's (--name).
