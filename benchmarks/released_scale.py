@@ -120,7 +120,7 @@ def write_release(args, work: str) -> dict:
   rerun (harness.cached)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from benchmarks import scale  # pylint: disable=g-import-not-at-top
-  from realm_tf.import_released import importer  # pylint: disable=g-import-not-at-top
+  from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
   from realm_tf.pretrained import minilm_vocab_file  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
   from tests import released_files as rf  # pylint: disable=g-import-not-at-top
@@ -148,7 +148,7 @@ def write_release(args, work: str) -> dict:
   leads = scale.LeadWords(tokenizer, os.path.join(root, "leads.npz"))
   corpus = os.path.join(root, "enwiki-20181220")
   os.makedirs(corpus, exist_ok=True)
-  checked = importer._sample_rows(args.blocks, args.check_rows)  # pylint: disable=protected-access
+  checked = tower_check.sample_rows(args.blocks, args.check_rows)
   records = harness.cached(
       os.path.join(root, "records.json"),
       functools.partial(write_records, leads, corpus, args.blocks, checked),

@@ -338,7 +338,7 @@ def export_phase(args, work: str) -> dict:
   from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
-  from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
   config = scale_config(args)
   set_precision(config)

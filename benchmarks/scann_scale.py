@@ -229,7 +229,7 @@ def export_phase(args, work: str) -> dict:
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
-  from realm_tf.training.train_lib import set_precision  # pylint: disable=g-import-not-at-top
+  from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
   start = time.time()
   vectors = _embeddings(work)
