@@ -3,7 +3,7 @@ a knowledge world whose document tower moves, with a verdict either way.
 
     python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
         [--second_seed_refresh 10,0] [--steps 600] [--batch_size 64] [--entities 1000]
-        [--reader_steps 300] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
+        [--reader_steps 600] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
         [--work_dir DIR] [--fresh] [--no_write] [--name knowledge_staleness]
 
@@ -108,7 +108,7 @@ def start_of(world: dict, args, seed: int, work: str) -> dict:
     for suffix in (".index", ".data-00000-of-00001"):  # the .index last: it marks complete
       os.replace(reader_path + ".tmp" + suffix, reader_path + suffix)
     tf_keras.backend.clear_session()
-  if not layout.latest_checkpoint(ict_dir):
+  if not layout.training_done(ict_dir):
     log(f"seed {seed}: ICT warm start, {args.ict_steps} steps")
     train_lib.run_experiment(knowledge.ict_config(world["dir"], ns), ict_dir)
     tf_keras.backend.clear_session()
@@ -119,8 +119,9 @@ def start_of(world: dict, args, seed: int, work: str) -> dict:
   return dict(reader=reader_path, ict_dir=ict_dir, step0_gold_top1=step0)
 
 
-def curve(config, model_dir: str, world: dict, start_retriever) -> list[dict]:
-  """Per kept checkpoint: own-block top-1 against the index searched then and against an
+def curve(config, model_dir: str, world: dict, start_retriever,
+          curve_every: int) -> list[dict]:
+  """Per checkpoint at a multiple of `curve_every` steps: own-block top-1 against the index searched then and against an
   exact search of that step's towers, overlap@k and the document cosine to step 0
   (knowledge.staleness_point)."""
   task, index = knowledge.world_index(config)
@@ -131,6 +132,8 @@ def curve(config, model_dir: str, world: dict, start_retriever) -> list[dict]:
       knowledge.top1_of(queries, step0, block_ids) == gold)))]
   points[0]["top1_exact"] = points[0]["top1_searched"]
   for step, path in knowledge.checkpoints(model_dir):
+    if step % curve_every:
+      continue
     trained = knowledge.retriever_from(config, path)
     queries, fresh = knowledge.tower_embeddings(config, world, trained, task, index)
     point = knowledge.staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
@@ -148,14 +151,18 @@ def curve(config, model_dir: str, world: dict, start_retriever) -> list[dict]:
 def run_arm(name: str, refresh: int, seed: int, world: dict, start: dict, args,
             work: str) -> dict:
   arm = "realm" if refresh else "frozen"
+  # A checkpoint at every loop's end, so every evaluation step has one: a run's first save
+  # is at its first loop's end and the interval counts from there (tf.train.CheckpointManager).
+  every = math.gcd(refresh or args.steps, args.curve_every)
   config = knowledge.arm_config(arm, world["dir"], arm_args(args, refresh, seed),
                                 start["ict_dir"]).replace(
-      task=dict(pretrain=dict(mlm_init_checkpoint=start["reader"])))
+      task=dict(pretrain=dict(mlm_init_checkpoint=start["reader"])),
+      trainer=dict(checkpoint_interval=every, max_to_keep=args.steps // every + 1))
   model_dir = os.path.join(work, name)
   log(f"arm {name}: {args.steps} steps, refresh {'every ' + str(refresh) if refresh else 'never'}"
       f", seed {seed}")
   result, final, wall, start_retriever, _, _ = knowledge.train_arm(arm, config, model_dir)
-  points = curve(config, model_dir, world, start_retriever)
+  points = curve(config, model_dir, world, start_retriever, args.curve_every)
   n = len(world["held_out"])
   accuracy = {r["step"]: r["span_accuracy"] for r in layout.read_metrics(model_dir)
               if r.get("mode") == "eval" and "span_accuracy" in r}
@@ -340,7 +347,7 @@ def parse_args(argv=None):
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=1000)
   p.add_argument("--x_templates", type=int, default=1)
-  p.add_argument("--reader_steps", type=int, default=300)
+  p.add_argument("--reader_steps", type=int, default=600)
   p.add_argument("--ict_steps", type=int, default=5)
   p.add_argument("--num_candidates", type=int, default=2)
   p.add_argument("--curve_every", type=int, default=100)
