@@ -56,7 +56,6 @@ import numpy as np
 import tf_keras
 
 from benchmarks import harness, knowledge, own_block_reader
-from realm_tf import tasks
 from realm_tf.io import layout
 from realm_tf.training import train_lib
 
@@ -114,18 +113,8 @@ def start_of(world: dict, args, arm: Arm, work: str) -> dict:
   ict_dir = os.path.join(directory, "ict")
   ns = arm_args(args, arm._replace(refresh=0))
   config = knowledge.arm_config("frozen", world["dir"], ns, ict_dir)
-  if not os.path.exists(reader_path + ".index"):
-    log(f"{arm.start}: the own-block reader, {args.reader_steps} steps")
-    tokenizer = tasks.get_task(config).tokenizer
-    reader, losses = own_block_reader.train(config, world, tokenizer, args.reader_steps,
-                                            arm.seed)
-    accuracy = own_block_reader.heldout_accuracy(reader, config, world, tokenizer)
-    log(f"{arm.start}: reader's held-out accuracy with the own block {accuracy}, last loss "
-        f"{losses[-1]:.3f}")
-    own_block_reader.save_for_pretraining(reader, reader_path + ".tmp")
-    for suffix in (".index", ".data-00000-of-00001"):  # the .index last: it marks complete
-      os.replace(reader_path + ".tmp" + suffix, reader_path + suffix)
-    tf_keras.backend.clear_session()
+  own_block_reader.trained_checkpoint(config, world, args.reader_steps, arm.seed, reader_path,
+                                      log=lambda m: log(f"{arm.start}: {m}"))
   if not layout.training_done(ict_dir):
     log(f"{arm.start}: ICT warm start, {args.ict_steps} steps")
     train_lib.run_experiment(knowledge.ict_config(world["dir"], ns), ict_dir)
@@ -174,9 +163,8 @@ def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
   # A checkpoint at every loop's end, so every evaluation step has one: a run's first save
   # is at its first loop's end and the interval counts from there (tf.train.CheckpointManager).
   every = math.gcd(arm.refresh or args.steps, args.curve_every)
-  config = knowledge.arm_config(kind, world["dir"], arm_args(args, arm),
-                                start["ict_dir"]).replace(
-      task=dict(pretrain=dict(mlm_init_checkpoint=start["reader"])),
+  config = knowledge.arm_config(kind, world["dir"], arm_args(args, arm), start["ict_dir"],
+                                start["reader"]).replace(
       trainer=dict(checkpoint_interval=every, max_to_keep=args.steps // every + 1))
   if arm.refresh:
     # "Every N steps" means the index searched is never more than N steps old: the trainer
