@@ -1,10 +1,10 @@
 """REALM's claim on a controlled world: the retriever learns, from the MLM loss alone, to
 fetch the block that holds the missing fact, and the knowledge then lives in the corpus.
 
-    python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 1000]
+    python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 400]
         [--batch_size 64] [--entities 3000] [--x_templates 1] [--num_candidates 2]
-        [--refresh_every 10] [--ict_steps 300] [--learning_rate 3e-3] [--curve_every 250]
-        [--seed 0]
+        [--refresh_every 10] [--ict_steps 300] [--reader_steps 600] [--learning_rate 3e-3]
+        [--curve_every 100] [--seed 0]
         [--config configs/tiny.yaml --config configs/knowledge.yaml] [--override k=v]
         [--work_dir DIR] [--no_write] [--name knowledge]
 
@@ -14,8 +14,10 @@ The world (realm_tf.corpus.knowledge_world): invented entities with closed-set a
 Z states each entity's facts in one block (plus namesake and town distractors); X states
 them in other wordings; held out are the (entity, attribute) pairs never seen in X. Every
 arm trains the registered realm/pretrain experiment on the configs' model (default:
-configs/knowledge.yaml over tiny.yaml) from the same seeded initialisation and the same ICT
-warm start (--ict_steps on Z's blocks), for the same steps, batch and learning rate:
+configs/knowledge.yaml over tiny.yaml) from the same seeded initialisation, the same reader
+(--reader_steps on X's sentences each with its own block, benchmarks.own_block_reader: a
+reader that reads from step 0) and the same ICT warm start (--ict_steps on Z's blocks), for
+the same steps, batch and learning rate:
   realm   REALM with asynchronous refresh: a snapshot every --refresh_every steps for the
           index builder running beside the trainer.
   frozen  REALM over the step-0 index (the start document tower's embeddings), never
@@ -715,7 +717,7 @@ def plot(payload: dict, path: str):
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--arms", default="realm,frozen,none,cold")
-  p.add_argument("--steps", type=int, default=1000)
+  p.add_argument("--steps", type=int, default=400)
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=3000)
   p.add_argument("--x_templates", type=int, default=1,

@@ -243,10 +243,18 @@ def verdict(arms: dict, args) -> dict:
              second_seed_gap=accuracy_gap(arms, f"refresh-10-seed{args.second_seed}",
                                           f"never-seed{args.second_seed}"))
   gap, stale = out["gap"], arms.get("refresh-300")
-  if not out["manipulation"]["holds"]:
+  m = out["manipulation"]
+  if not m["holds"]:
+    failed = [f"never's overlap@k {m['never_overlap_at_k']:.3f} (needs < {MANIPULATION_OVERLAP})"
+              if m["never_overlap_at_k"] >= MANIPULATION_OVERLAP else "",
+              f"never's document cosine {m['never_document_cosine']:.3f} (needs < "
+              f"{MANIPULATION_COSINE})" if m["never_document_cosine"] >= MANIPULATION_COSINE
+              else "",
+              f"refresh-10's lowest overlap@k {m['refresh10_lowest_overlap_at_k']:.3f} (needs "
+              f">= {FRESH_OVERLAP})" if m["refresh10_lowest_overlap_at_k"] < FRESH_OVERLAP
+              else ""]
     return dict(out, verdict="manipulation failed",
-                reason="the never-refreshed index did not go stale, or refresh-10 did not "
-                       "keep up; accuracies are not read")
+                reason="; ".join(f for f in failed if f) + ": the accuracies are not read")
   if abs(gap) < NULL_GAP:
     return dict(out, verdict="null", reason=f"|refresh-10 - never| = {abs(gap):.3f} < "
                 f"{NULL_GAP}: the query tower compensates for the stale index")
@@ -361,6 +369,8 @@ def markdown(payload: dict) -> str:
             f"{mach['load_average_1_5_15']}), {payload['wall_seconds']} s in all (target <= "
             f"{WALL_TARGET_SECONDS} s){', cut short' if payload.get('partial') else ''}. "
             f"Curves: {payload.get('name', 'knowledge_staleness')}_curves.png.", ""]
+  if payload.get("notes"):  # what the figures alone do not say (set by hand after a run)
+    lines += [payload["notes"], ""]
   return "\n".join(lines)
 
 
