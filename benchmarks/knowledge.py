@@ -1,10 +1,10 @@
 """REALM's claim on a controlled world: the retriever learns, from the MLM loss alone, to
 fetch the block that holds the missing fact, and the knowledge then lives in the corpus.
 
-    python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 1000]
+    python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 400]
         [--batch_size 64] [--entities 3000] [--x_templates 1] [--num_candidates 2]
-        [--refresh_every 10] [--ict_steps 300] [--learning_rate 3e-3] [--curve_every 250]
-        [--seed 0]
+        [--refresh_every 10] [--ict_steps 300] [--reader_steps 600] [--learning_rate 3e-3]
+        [--curve_every 100] [--seed 0]
         [--config configs/tiny.yaml --config configs/knowledge.yaml] [--override k=v]
         [--work_dir DIR] [--no_write] [--name knowledge]
 
@@ -14,8 +14,10 @@ The world (realm_tf.corpus.knowledge_world): invented entities with closed-set a
 Z states each entity's facts in one block (plus namesake and town distractors); X states
 them in other wordings; held out are the (entity, attribute) pairs never seen in X. Every
 arm trains the registered realm/pretrain experiment on the configs' model (default:
-configs/knowledge.yaml over tiny.yaml) from the same seeded initialisation and the same ICT
-warm start (--ict_steps on Z's blocks), for the same steps, batch and learning rate:
+configs/knowledge.yaml over tiny.yaml) from the same seeded initialisation, the same reader
+(--reader_steps on X's sentences each with its own block, benchmarks.own_block_reader: a
+reader that reads from step 0) and the same ICT warm start (--ict_steps on Z's blocks), for
+the same steps, batch and learning rate:
   realm   REALM with asynchronous refresh: a snapshot every --refresh_every steps for the
           index builder running beside the trainer.
   frozen  REALM over the step-0 index (the start document tower's embeddings), never
@@ -47,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks import harness
+from benchmarks import harness, own_block_reader
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
@@ -95,8 +97,9 @@ def heldout_sentences(world_dir: str) -> int:
     return len(json.load(f)["held_out"])
 
 
-def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
-  """The registered realm/pretrain experiment on --config's sizes, for one arm."""
+def arm_config(arm: str, world_dir: str, args, ict_dir: str = "", reader: str = ""):
+  """The registered realm/pretrain experiment on --config's sizes, for one arm (ict_dir:
+  the retriever's warm start; reader: a reader checkpoint to start from, else random)."""
   values = {
       "task.pretrain.train_data.input_path": os.path.join(world_dir, "pretraining-*"),
       "task.pretrain.validation_data.input_path": os.path.join(world_dir, "heldout-*"),
@@ -125,6 +128,7 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = ""):
       "trainer.warmup_steps": max(1, args.steps // 20),
       "trainer.seed": args.seed,
       "task.pretrain.init_checkpoint": "" if arm == "cold" else ict_dir,
+      "task.pretrain.mlm_init_checkpoint": reader,
   }
   if arm == "frozen":  # the published step-0 index stays: no snapshots, no builder
     values.update({"task.pretrain.refresh_every_steps": 0, "index.max_staleness_steps": 0,
@@ -364,6 +368,7 @@ def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
       drop_remainder=False)
   rows = iter(world["held_out"])
   by: dict = {}
+  pairs: dict = {}  # attribute → [(true token id, predicted token id)]
   for batch in data:
     _, out = task.forward(model, batch, False)
     weights = batch["masked_lm"]["weights"].numpy()  # [B, M]
@@ -371,8 +376,11 @@ def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
                    | (weights == 0), axis=1)  # [B]
     span_log_p = (out["token_log_probs"].numpy() * weights[:, None, :]).sum(-1)  # [B, K]
     ids = out["block_ids"].numpy()  # [B, k] (k = 0 without retrieval)
+    predicted = out["mlm_predictions"].numpy()[:, 0]  # [B]: every value is one wordpiece
+    true = batch["masked_lm"]["ids"].numpy()[:, 0]
     for i in range(len(right)):
       row = next(rows)
+      pairs.setdefault(row["attribute"], []).append((int(true[i]), int(predicted[i])))
       read = list(ids[i]).index(row["gold_block_id"]) if row["gold_block_id"] in ids[i] \
           else None
       # Candidates in the reader's order: the null document first when it is read.
@@ -389,8 +397,31 @@ def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
         sentences=len(v), span_accuracy=round(float(v[:, 0].mean()), 4),
         own_block_top1=round(float(v[:, 1].mean()), 4) if index is not None else None,
         own_block_read=round(float(v[:, 2].mean()), 4) if index is not None else None,
-        p_value_given_own_block=float(f"{own_read:.4g}") if own_read is not None else None)
+        p_value_given_own_block=float(f"{own_read:.4g}") if own_read is not None else None,
+        confusion=confusion(pairs[attribute], task.tokenizer))
   return out
+
+
+def confusion(pairs: list, tokenizer) -> dict:
+  """The confusion matrix of (true, predicted) token ids: {values: the true values, sorted;
+  matrix[i][j]: sentences whose value is values[i] predicted as values[j], the last column
+  anything outside the values}. Why: one accuracy per attribute cannot tell a reader that
+  confuses a few values among themselves from one that guesses a prior."""
+  ids = sorted({t for t, _ in pairs})
+  words = [w.decode() for w in tokenizer.detokenize(tf.constant([[i] for i in ids])).numpy()]
+  column = {i: n for n, i in enumerate(ids)}
+  matrix = np.zeros([len(ids), len(ids) + 1], np.int64)
+  for t, p in pairs:
+    matrix[column[t], column.get(p, len(ids))] += 1
+  return dict(values=words, matrix=matrix.tolist())
+
+
+def top_confusions(matrix: dict, n: int = 3) -> list:
+  """The `n` commonest (true value, predicted value, sentences) off the diagonal."""
+  values, m = matrix["values"] + ["(other)"], matrix["matrix"]
+  cells = [(m[i][j], values[i], values[j]) for i in range(len(m)) for j in range(len(m[i]))
+           if i != j and m[i][j]]
+  return [(t, p, c) for c, t, p in sorted(cells, reverse=True)[:n]]
 
 
 def knowledge_edit(arm: str, config, model_dir: str, edited: dict, documents) -> dict:
@@ -445,9 +476,10 @@ def train_arm(arm: str, config, model_dir: str):
   return result, final, wall, start_retriever, trained, documents
 
 
-def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str) -> dict:
+def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str,
+            reader: str) -> dict:
   model_dir = os.path.join(work, arm)
-  config = arm_config(arm, world["dir"], args, ict_dir)
+  config = arm_config(arm, world["dir"], args, ict_dir, reader)
   log(f"arm {arm}: {ARMS[arm]}, {args.steps} steps of batch {args.batch_size}")
   result, final, wall, start_retriever, trained, documents = train_arm(arm, config, model_dir)
   kinds = top1_kinds(top1_blocks(config, trained, documents, world), world) \
@@ -528,6 +560,11 @@ def run(args) -> dict:
   edited_dir = os.path.join(work, "world-edited")
   edited = knowledge_world.write_files(edited_dir, knowledge_world.edit_world(world, args.seed))
   edited.update(dir=edited_dir, old_heldout=os.path.join(world_dir, "heldout-*"))
+  reader = ""
+  if args.reader_steps:
+    reader = own_block_reader.trained_checkpoint(
+        arm_config("realm", world_dir, args), world, args.reader_steps, args.seed,
+        os.path.join(work, "reader", "ckpt-1"), log)
   ict_dir, ict_seconds = "", 0.0
   if args.ict_steps:
     ict_dir = os.path.join(work, "ict")
@@ -536,7 +573,7 @@ def run(args) -> dict:
     train_lib.run_experiment(ict_config(world_dir, args), ict_dir)
     ict_seconds = round(time.time() - start, 1)
     tf_keras.backend.clear_session()
-  config = arm_config("realm", world_dir, args, ict_dir)
+  config = arm_config("realm", world_dir, args, ict_dir, reader)
   start_retriever = retriever_from(config)
   step0_kinds = top1_kinds(top1_blocks(config, start_retriever, start_retriever, world),
                            world)
@@ -544,7 +581,7 @@ def run(args) -> dict:
   tf_keras.backend.clear_session()
   log(f"world: {len(world['blocks'])} blocks, {len(world['x'])} x, "
       f"{len(world['held_out'])} held out; step-0 gold top-1 {step0:.3f}")
-  arms = {arm: run_arm(arm, world, edited, args, work, ict_dir)
+  arms = {arm: run_arm(arm, world, edited, args, work, ict_dir, reader)
           for arm in args.arms.split(",")}
   return dict(
       settings=dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
@@ -552,6 +589,7 @@ def run(args) -> dict:
                     refresh_every=args.refresh_every, learning_rate=args.learning_rate,
                     num_candidates=args.num_candidates, seed=args.seed,
                     ict_steps=args.ict_steps, ict_seconds=ict_seconds,
+                    reader_steps=args.reader_steps,
                     curve_every=args.curve_every,
                     config=[os.path.relpath(c, REPO) for c in args.config],
                     overrides=args.override or []),
@@ -621,6 +659,16 @@ def markdown(payload: dict) -> str:
              f"{f(a['p_value_given_own_block'])}"
     for arm, attributes in with_attributes:
       lines.append(f"| {arm} | " + " | ".join(cell(a) for a in attributes.values()) + " |")
+    confused = [(arm, attributes) for arm, attributes in with_attributes
+                if any(a.get("confusion") for a in attributes.values())]
+    if confused:
+      lines += ["", "The commonest confusions (true value → predicted: held-out sentences; the "
+                "whole matrices are in the JSON, per_attribute.*.confusion):", ""]
+      for arm, attributes in confused:
+        lines.append(f"- {arm}: " + "; ".join(
+            f"{name} " + (", ".join(f"{t} → {p}: {c}" for t, p, c in
+                                    top_confusions(a["confusion"])) or "none")
+            for name, a in attributes.items() if a.get("confusion")) + ".")
   stale = [(arm, [p for p in r.get("gold_top1_curve", []) if "overlap_at_k" in p])
            for arm, r in arms]
   stale = [(arm, points) for arm, points in stale if points]
@@ -669,7 +717,7 @@ def plot(payload: dict, path: str):
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   p.add_argument("--arms", default="realm,frozen,none,cold")
-  p.add_argument("--steps", type=int, default=1000)
+  p.add_argument("--steps", type=int, default=400)
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=3000)
   p.add_argument("--x_templates", type=int, default=1,
@@ -682,6 +730,9 @@ def parse_args(argv=None):
                  help="steps between the curves' points (default: steps / 4)")
   p.add_argument("--ict_steps", type=int, default=300,
                  help="an ICT warm start of the retriever shared by every arm (0: none)")
+  p.add_argument("--reader_steps", type=int, default=600,
+                 help="a reader trained on each X sentence with its own block first, shared "
+                      "by every arm (benchmarks.own_block_reader; 0: a random-init reader)")
   p.add_argument("--learning_rate", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--config", action="append",
@@ -740,7 +791,7 @@ def targets(payload: dict) -> list[dict]:
     accuracy_gain = realm["heldout_span_accuracy"] - frozen["heldout_span_accuracy"]
     top1_gain = realm["gold_top1"] - frozen["gold_top1"]
     out.append(row("REALM with refresh minus the frozen index (held-out accuracy, own-block "
-                   "top-1), this warm start (benchmarks.knowledge_sweep sweeps it)",
+                   "top-1), this warm start (benchmarks.knowledge_staleness varies the interval)",
                    [round(accuracy_gain, 4), round(top1_gain, 4)],
                    max(accuracy_gain, top1_gain) >= REFRESH_MARGIN, f"either >= {REFRESH_MARGIN}"))
   if set(ARMS) <= set(arms):

@@ -2,8 +2,8 @@
 a knowledge world whose document tower moves, with a verdict either way.
 
     python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
-        [--second_seed_refresh 10,0] [--steps 600] [--batch_size 64] [--entities 1000]
-        [--reader_steps 600] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
+        [--second_seed_refresh 10,0] [--control_refresh 10,0] [--steps 600]
+        [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
         [--work_dir DIR] [--fresh] [--no_write] [--name knowledge_staleness]
 
@@ -16,9 +16,12 @@ saved as the run's mlm_init_checkpoint), a weak ICT warm start (--ict_steps), an
 both retriever towers at the reader's rate from step 0.
 
 Arms (same world, seed, steps and batch): refresh every --refresh steps (the index builder
-beside the trainer re-embeds the corpus from a snapshot; 0 = never: the step-0 index,
-published once) and, for --second_seed_refresh, the same at --second_seed (its own reader,
-ICT start and initialisation). At every --curve_every steps, per arm:
+beside the trainer re-embeds the corpus from a snapshot, and the trainer waits when the
+index searched would be older than the interval; 0 = never: the step-0 index, published
+once); for --second_seed_refresh, the same at --second_seed (its own reader, ICT start and
+initialisation); for --control_refresh, the positive control: the same with one tower for
+queries and documents (model.retriever.share_towers), where a stale index cannot be made up
+for by the query tower alone, since the query tower is the document tower. At every --curve_every steps, per arm:
   held-out span accuracy   the trainer's own evaluation over all held-out sentences, against
                            the index it searched then (± binomial standard error);
   own-block top-1          against the index searched at that step, and against an exact
@@ -37,8 +40,9 @@ The verdict (`verdict`, fixed here before any run):
   null           the gap < NULL_GAP (the query tower compensates for the stale index).
   inconclusive   anything else (a gap between the two bounds, or the arms out of order).
 Each arm is saved as it finishes: a rerun with the same settings keeps the finished arms.
-Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless --no_write; always in
-<work_dir>).
+The control's own manipulation check and gap are reported beside the verdict, not in it.
+Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless --no_write;
+always in <work_dir>).
 """
 import argparse
 import gc
@@ -46,12 +50,12 @@ import math
 import os
 import tempfile
 import time
+from typing import NamedTuple
 
 import numpy as np
 import tf_keras
 
 from benchmarks import harness, knowledge, own_block_reader
-from realm_tf import tasks
 from realm_tf.io import layout
 from realm_tf.training import train_lib
 
@@ -67,55 +71,58 @@ ARM_OVERRIDES = ("trainer.retriever_frozen_steps=0",
                  "trainer.retriever_learning_rate_multiplier=1.0")
 
 
-def arm_name(refresh: int, seed: int, first_seed: int) -> str:
-  name = f"refresh-{refresh}" if refresh else "never"
-  return name if seed == first_seed else f"{name}-seed{seed}"
+class Arm(NamedTuple):
+  """One run: its name, refresh interval (0: never), seed and whether the retriever's two
+  towers are one (the positive control)."""
+  name: str
+  refresh: int
+  seed: int
+  shared: bool = False
+
+  @property
+  def start(self) -> str:
+    """The key of the start (reader and ICT warm start) it shares with other arms."""
+    return f"seed{self.seed}" + ("-shared" if self.shared else "")
 
 
-def arm_plan(args) -> list[tuple[str, int, int]]:
-  """(name, refresh interval, seed) of every arm, in run order."""
-  plan = [(arm_name(r, args.seed, args.seed), r, args.seed) for r in args.refresh]
-  plan += [(arm_name(r, args.second_seed, args.seed), r, args.second_seed)
-           for r in args.second_seed_refresh]
-  return plan
+def arm_plan(args) -> list[Arm]:
+  """Every arm, in run order: the intervals at --seed, the second seed's, the control's."""
+  def name(refresh, suffix=""):
+    return (f"refresh-{refresh}" if refresh else "never") + suffix
+  return ([Arm(name(r), r, args.seed) for r in args.refresh]
+          + [Arm(name(r, f"-seed{args.second_seed}"), r, args.second_seed)
+             for r in args.second_seed_refresh]
+          + [Arm(name(r, "-shared"), r, args.seed, shared=True) for r in args.control_refresh])
 
 
-def arm_args(args, refresh: int, seed: int) -> argparse.Namespace:
+def arm_args(args, arm: Arm) -> argparse.Namespace:
   """benchmarks.knowledge's arguments for one arm (its config is knowledge.arm_config's)."""
+  shared = ["model.retriever.share_towers=true"] if arm.shared else []
   return argparse.Namespace(**dict(
-      vars(args), seed=seed, refresh_every=refresh or args.steps,
+      vars(args), seed=arm.seed, refresh_every=arm.refresh or args.steps,
       curve_sentences=args.heldout_sentences,
-      override=list(ARM_OVERRIDES) + list(args.override or [])))
+      override=list(ARM_OVERRIDES) + shared + list(args.override or [])))
 
 
-def start_of(world: dict, args, seed: int, work: str) -> dict:
-  """The start every arm of `seed` shares: a reader trained to read own blocks (saved as a
-  pre-training checkpoint) and a weak ICT warm start of the retriever; reused when its
+def start_of(world: dict, args, arm: Arm, work: str) -> dict:
+  """The start every arm of `arm.start` shares: a reader trained to read own blocks (saved
+  as a pre-training checkpoint) and a weak ICT warm start of the retriever; reused when its
   directory holds them (a rerun)."""
-  directory = os.path.join(work, f"start-seed{seed}")
+  directory = os.path.join(work, f"start-{arm.start}")
   reader_path = os.path.join(directory, "reader", "ckpt-1")
   ict_dir = os.path.join(directory, "ict")
-  ns = arm_args(args, 0, seed)
+  ns = arm_args(args, arm._replace(refresh=0))
   config = knowledge.arm_config("frozen", world["dir"], ns, ict_dir)
-  if not os.path.exists(reader_path + ".index"):
-    log(f"seed {seed}: the own-block reader, {args.reader_steps} steps")
-    tokenizer = tasks.get_task(config).tokenizer
-    reader, losses = own_block_reader.train(config, world, tokenizer, args.reader_steps, seed)
-    accuracy = own_block_reader.heldout_accuracy(reader, config, world, tokenizer)
-    log(f"seed {seed}: reader's held-out accuracy with the own block {accuracy}, last loss "
-        f"{losses[-1]:.3f}")
-    own_block_reader.save_for_pretraining(reader, reader_path + ".tmp")
-    for suffix in (".index", ".data-00000-of-00001"):  # the .index last: it marks complete
-      os.replace(reader_path + ".tmp" + suffix, reader_path + suffix)
-    tf_keras.backend.clear_session()
+  own_block_reader.trained_checkpoint(config, world, args.reader_steps, arm.seed, reader_path,
+                                      log=lambda m: log(f"{arm.start}: {m}"))
   if not layout.training_done(ict_dir):
-    log(f"seed {seed}: ICT warm start, {args.ict_steps} steps")
+    log(f"{arm.start}: ICT warm start, {args.ict_steps} steps")
     train_lib.run_experiment(knowledge.ict_config(world["dir"], ns), ict_dir)
     tf_keras.backend.clear_session()
   start = knowledge.retriever_from(config)
   step0 = knowledge.gold_top1(config, start, start, world)
   tf_keras.backend.clear_session()
-  log(f"seed {seed}: step-0 own-block top-1 {step0:.3f}")
+  log(f"{arm.start}: step-0 own-block top-1 {step0:.3f}")
   return dict(reader=reader_path, ict_dir=ict_dir, step0_gold_top1=step0)
 
 
@@ -139,6 +146,9 @@ def curve(config, model_dir: str, world: dict, start_retriever,
     point = knowledge.staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
     searched = knowledge.index_embeddings(model_dir, point["index_version"], block_ids)
     point.update(
+        # The top-1s alone: with k=2 the second candidate is often a near-tie, so overlap@k
+        # moves with it even where the block read first is the same.
+        overlap_at_1=round(knowledge.top_k_overlap(queries, searched, fresh, 1), 4),
         top1_searched=round(float(np.mean(knowledge.top1_of(queries, searched, block_ids)
                                           == gold)), 4),
         top1_exact=round(float(np.mean(knowledge.top1_of(queries, fresh, block_ids) == gold)),
@@ -148,20 +158,24 @@ def curve(config, model_dir: str, world: dict, start_retriever,
   return points
 
 
-def run_arm(name: str, refresh: int, seed: int, world: dict, start: dict, args,
-            work: str) -> dict:
-  arm = "realm" if refresh else "frozen"
+def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
+  kind = "realm" if arm.refresh else "frozen"
   # A checkpoint at every loop's end, so every evaluation step has one: a run's first save
   # is at its first loop's end and the interval counts from there (tf.train.CheckpointManager).
-  every = math.gcd(refresh or args.steps, args.curve_every)
-  config = knowledge.arm_config(arm, world["dir"], arm_args(args, refresh, seed),
-                                start["ict_dir"]).replace(
-      task=dict(pretrain=dict(mlm_init_checkpoint=start["reader"])),
+  every = math.gcd(arm.refresh or args.steps, args.curve_every)
+  config = knowledge.arm_config(kind, world["dir"], arm_args(args, arm), start["ict_dir"],
+                                start["reader"]).replace(
       trainer=dict(checkpoint_interval=every, max_to_keep=args.steps // every + 1))
-  model_dir = os.path.join(work, name)
-  log(f"arm {name}: {args.steps} steps, refresh {'every ' + str(refresh) if refresh else 'never'}"
-      f", seed {seed}")
-  result, final, wall, start_retriever, _, _ = knowledge.train_arm(arm, config, model_dir)
+  if arm.refresh:
+    # "Every N steps" means the index searched is never more than N steps old: the trainer
+    # waits for the builder when it falls behind (on 2 cores a build of the corpus takes
+    # longer than 10 steps, and knowledge.arm_config's 3N would let it lag 30-40).
+    config = config.replace(index=dict(max_staleness_steps=arm.refresh))
+  model_dir = os.path.join(work, arm.name)
+  description = (f"refresh {'every ' + str(arm.refresh) + ' steps' if arm.refresh else 'never'}"
+                 f", seed {arm.seed}{', shared towers' if arm.shared else ''}")
+  log(f"arm {arm.name}: {args.steps} steps, {description}")
+  result, final, wall, start_retriever, _, _ = knowledge.train_arm(kind, config, model_dir)
   points = curve(config, model_dir, world, start_retriever, args.curve_every)
   n = len(world["held_out"])
   accuracy = {r["step"]: r["span_accuracy"] for r in layout.read_metrics(model_dir)
@@ -173,9 +187,8 @@ def run_arm(name: str, refresh: int, seed: int, world: dict, start: dict, args,
           math.sqrt(accuracy[p["step"]] * (1 - accuracy[p["step"]]) / n), 4)
   train = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
   out = dict(
-      arm=name, refresh_every=refresh, seed=seed, steps=result["step"],
-      description=f"refresh {'every ' + str(refresh) + ' steps' if refresh else 'never'}, "
-                  f"seed {seed}",
+      arm=arm.name, refresh_every=arm.refresh, seed=arm.seed, shared_towers=arm.shared,
+      steps=result["step"], description=description,
       wall_seconds=round(wall, 1), heldout_span_accuracy=final.get("span_accuracy"),
       heldout_span_accuracy_stderr=round(math.sqrt(
           final["span_accuracy"] * (1 - final["span_accuracy"]) / n), 4),
@@ -185,39 +198,63 @@ def run_arm(name: str, refresh: int, seed: int, world: dict, start: dict, args,
   tf_keras.backend.clear_session()
   gc.collect()
   last = points[-1]
-  log(f"arm {name}: held-out {out['heldout_span_accuracy']:.3f}, top-1 searched "
+  log(f"arm {arm.name}: held-out {out['heldout_span_accuracy']:.3f}, top-1 searched "
       f"{last['top1_searched']:.3f} / exact {last['top1_exact']:.3f}, overlap "
       f"{last.get('overlap_at_k')}, cosine {last.get('document_cosine_to_step0')}, "
       f"{out['wall_seconds']} s")
   return out
 
 
-def verdict(arms: dict, args) -> dict:
-  """The rule of the module docstring applied to the arms run. Returns {manipulation:
-  {holds, ...figures}, verdict: 'clear' | 'null' | 'inconclusive' | 'manipulation failed' |
-  'incomplete', gaps, reason}."""
-  never, fresh = arms.get("never"), arms.get("refresh-10")
-  if never is None or fresh is None:
-    return dict(verdict="incomplete", reason="the refresh-10 and never arms are both needed")
-  last = never["curve"][-1]
-  fresh_overlaps = [p["overlap_at_k"] for p in fresh["curve"] if "overlap_at_k" in p]
-  manipulation = dict(
-      never_overlap_at_k=last["overlap_at_k"], never_document_cosine=last[
-          "document_cosine_to_step0"], refresh10_lowest_overlap_at_k=min(fresh_overlaps),
+def manipulation(arms: dict, never: str, fresh: str) -> dict:
+  """The manipulation check on the arms named `never` and `fresh` (refresh-10): the
+  never-refreshed index went stale and refresh-10's did not."""
+  last = arms[never]["curve"][-1]
+  fresh_overlaps = [p["overlap_at_k"] for p in arms[fresh]["curve"] if "overlap_at_k" in p]
+  return dict(
+      never_overlap_at_k=last["overlap_at_k"],
+      never_document_cosine=last["document_cosine_to_step0"],
+      refresh10_lowest_overlap_at_k=min(fresh_overlaps),
       holds=bool(last["overlap_at_k"] < MANIPULATION_OVERLAP
                  and last["document_cosine_to_step0"] < MANIPULATION_COSINE
                  and min(fresh_overlaps) >= FRESH_OVERLAP))
-  gap = fresh["heldout_span_accuracy"] - never["heldout_span_accuracy"]
-  out = dict(manipulation=manipulation, gap=round(gap, 4))
-  second = [arms.get(arm_name(r, args.second_seed, args.seed)) for r in (10, 0)]
-  if all(second):
-    out["second_seed_gap"] = round(second[0]["heldout_span_accuracy"]
-                                   - second[1]["heldout_span_accuracy"], 4)
-  stale = arms.get("refresh-300")
-  if not manipulation["holds"]:
+
+
+def accuracy_gap(arms: dict, fresh: str, never: str):
+  """Held-out accuracy of `fresh` minus `never`, or None when either was not run."""
+  if fresh not in arms or never not in arms:
+    return None
+  return round(arms[fresh]["heldout_span_accuracy"] - arms[never]["heldout_span_accuracy"], 4)
+
+
+def verdict(arms: dict, args) -> dict:
+  """The rule of the module docstring applied to the arms run (the control's figures
+  beside it). Returns {verdict: 'clear' | 'null' | 'inconclusive' | 'manipulation failed' |
+  'incomplete', reason, manipulation, gap, second_seed_gap, control}."""
+  out = {}
+  if "refresh-10-shared" in arms and "never-shared" in arms:
+    out["control"] = dict(manipulation=manipulation(arms, "never-shared", "refresh-10-shared"),
+                          gap=accuracy_gap(arms, "refresh-10-shared", "never-shared"))
+  never, fresh = arms.get("never"), arms.get("refresh-10")
+  if never is None or fresh is None:
+    return dict(out, verdict="incomplete",
+                reason="the refresh-10 and never arms are both needed")
+  out.update(manipulation=manipulation(arms, "never", "refresh-10"),
+             gap=accuracy_gap(arms, "refresh-10", "never"),
+             second_seed_gap=accuracy_gap(arms, f"refresh-10-seed{args.second_seed}",
+                                          f"never-seed{args.second_seed}"))
+  gap, stale = out["gap"], arms.get("refresh-300")
+  m = out["manipulation"]
+  if not m["holds"]:
+    failed = [f"never's overlap@k {m['never_overlap_at_k']:.3f} (needs < {MANIPULATION_OVERLAP})"
+              if m["never_overlap_at_k"] >= MANIPULATION_OVERLAP else "",
+              f"never's document cosine {m['never_document_cosine']:.3f} (needs < "
+              f"{MANIPULATION_COSINE})" if m["never_document_cosine"] >= MANIPULATION_COSINE
+              else "",
+              f"refresh-10's lowest overlap@k {m['refresh10_lowest_overlap_at_k']:.3f} (needs "
+              f">= {FRESH_OVERLAP})" if m["refresh10_lowest_overlap_at_k"] < FRESH_OVERLAP
+              else ""]
     return dict(out, verdict="manipulation failed",
-                reason="the never-refreshed index did not go stale, or refresh-10 did not "
-                       "keep up; accuracies are not read")
+                reason="; ".join(f for f in failed if f) + ": the accuracies are not read")
   if abs(gap) < NULL_GAP:
     return dict(out, verdict="null", reason=f"|refresh-10 - never| = {abs(gap):.3f} < "
                 f"{NULL_GAP}: the query tower compensates for the stale index")
@@ -225,13 +262,13 @@ def verdict(arms: dict, args) -> dict:
       min(never["heldout_span_accuracy"], fresh["heldout_span_accuracy"])
       <= stale["heldout_span_accuracy"]
       <= max(never["heldout_span_accuracy"], fresh["heldout_span_accuracy"]))
-  if gap >= CLEAR_GAP and out.get("second_seed_gap", 0) > 0 and in_between:
+  if gap >= CLEAR_GAP and (out["second_seed_gap"] or 0) > 0 and in_between:
     return dict(out, verdict="clear", reason=f"refresh-10 - never = {gap:+.3f} >= {CLEAR_GAP}, "
                 f"the same sign at seed {args.second_seed}, refresh-300 in between")
   return dict(out, verdict="inconclusive", reason=(
       f"refresh-10 - never = {gap:+.3f}; second seed "
-      f"{out.get('second_seed_gap', 'not run')}; refresh-300 "
-      f"{'in between' if in_between else 'not in between (or not run)'}"))
+      f"{'not run' if out['second_seed_gap'] is None else format(out['second_seed_gap'], '+.3f')}"
+      f"; refresh-300 {'in between' if in_between else 'not in between (or not run)'}"))
 
 
 def run(args, started: float) -> dict:
@@ -243,30 +280,30 @@ def run(args, started: float) -> dict:
                   ict_steps=args.ict_steps, num_candidates=args.num_candidates,
                   learning_rate=args.learning_rate, curve_every=args.curve_every,
                   refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
-                  seed=args.seed, second_seed=args.second_seed,
+                  control_refresh=args.control_refresh, seed=args.seed, second_seed=args.second_seed,
                   config=[os.path.relpath(c, knowledge.REPO) for c in args.config],
                   overrides=list(ARM_OVERRIDES) + list(args.override or []))
   work_output = harness.Output(args.name, markdown, plot, directory=work)
   payload = harness.kept_result(work_output, settings, args.fresh, log) or dict(
       settings=settings, arms={}, starts={})
+  earlier_seconds = payload.get("wall_seconds", 0.0)  # a rerun's finished arms took these
   payload.update(world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
                             held_out=len(world["held_out"]), chance=knowledge.chance(world)),
                  work_dir=work, name=args.name)
 
   def save(partial: bool):
     payload.update(machine=harness.machine(), partial=partial,
-                   wall_seconds=round(time.time() - started, 1),
+                   wall_seconds=round(earlier_seconds + time.time() - started, 1),
                    verdict=verdict(payload["arms"], args))
     return work_output.write(payload)
 
   arms = harness.Arms(save)
-  plan = {name: (refresh, seed) for name, refresh, seed in arm_plan(args)}
+  plan = {arm.name: arm for arm in arm_plan(args)}
   for name in arms.due(plan, kept=payload["arms"]):
-    refresh, seed = plan[name]
-    if str(seed) not in payload["starts"]:
-      payload["starts"][str(seed)] = start_of(world, args, seed, work)
-    payload["arms"][name] = run_arm(name, refresh, seed, world, payload["starts"][str(seed)],
-                                    args, work)
+    arm = plan[name]
+    if arm.start not in payload["starts"]:
+      payload["starts"][arm.start] = start_of(world, args, arm, work)
+    payload["arms"][name] = run_arm(arm, world, payload["starts"][arm.start], args, work)
   arms.finish()
   return payload
 
@@ -284,18 +321,26 @@ def markdown(payload: dict) -> str:
            f"both retriever towers trained at the reader's rate from step 0; the reader "
            f"pre-trained {s['reader_steps']} steps on own blocks, ICT {s['ict_steps']} steps "
            f"(step-0 own-block top-1: " + ", ".join(
-               f"seed {seed} {start['step0_gold_top1']:.3f}"
-               for seed, start in sorted(payload["starts"].items())) + "). Configs "
+               f"{key} {start['step0_gold_top1']:.3f}"
+               for key, start in sorted(payload["starts"].items())) + "). Configs "
            f"{' + '.join(s['config'])} with {' '.join(s['overrides'])}.", "",
            f"**Verdict: {v['verdict']}.** {v.get('reason', '')}", ""]
-  m = v.get("manipulation")
-  if m:
-    lines += [f"Manipulation check ({'holds' if m['holds'] else 'fails'}): the never-refreshed "
+  for label, m in (("Manipulation check", v.get("manipulation")),
+                   ("Positive control (one tower for queries and documents: the never arm's "
+                    "query tower cannot keep to the old documents while the documents' tower "
+                    "moves); its manipulation check",
+                    (v.get("control") or {}).get("manipulation"))):
+    if not m:
+      continue
+    lines += [f"{label} ({'holds' if m['holds'] else 'fails'}): the never-refreshed "
               f"index's overlap@k with an exact search of the current document tower at the "
               f"last step {m['never_overlap_at_k']:.3f} (needs < {MANIPULATION_OVERLAP}), its "
               f"document embeddings' mean cosine to step 0 {m['never_document_cosine']:.3f} "
               f"(needs < {MANIPULATION_COSINE}); refresh-10's lowest overlap@k "
               f"{m['refresh10_lowest_overlap_at_k']:.3f} (needs >= {FRESH_OVERLAP}).", ""]
+  if (v.get("control") or {}).get("gap") is not None:
+    lines += [f"Positive control: refresh-10 minus never {v['control']['gap']:+.3f} held-out.",
+              ""]
   lines += ["| arm | held-out span accuracy | own-block top-1, index searched / exact | "
             "overlap@k | document cosine to step 0 | index refreshes | train s |",
             "|---|---|---|---|---|---|---|"]
@@ -307,12 +352,13 @@ def markdown(payload: dict) -> str:
         f"{_fmt(last.get('overlap_at_k'))} | {_fmt(last.get('document_cosine_to_step0'))} | "
         f"{r['index_refreshes']} | {r['wall_seconds']} |")
   lines += ["", "At each evaluation point (step: held-out accuracy / own-block top-1 against "
-            "the index searched / overlap@k / document cosine to step 0):", "",
+            "the index searched / overlap@k / overlap@1 / document cosine to step 0):", "",
             "| arm | points |", "|---|---|"]
   for name, r in payload["arms"].items():
     lines.append(f"| {name} | " + "; ".join(
         f"{p['step']}: {_fmt(p.get('heldout_span_accuracy'))} / {p['top1_searched']:.3f} / "
-        f"{_fmt(p.get('overlap_at_k'))} / {_fmt(p.get('document_cosine_to_step0'))}"
+        f"{_fmt(p.get('overlap_at_k'))} / {_fmt(p.get('overlap_at_1'))} / "
+        f"{_fmt(p.get('document_cosine_to_step0'))}"
         for p in r["curve"]) + " |")
   mach = payload["machine"]
   lines += ["", "± one binomial standard error over the held-out sentences. The verdict's "
@@ -323,6 +369,8 @@ def markdown(payload: dict) -> str:
             f"{mach['load_average_1_5_15']}), {payload['wall_seconds']} s in all (target <= "
             f"{WALL_TARGET_SECONDS} s){', cut short' if payload.get('partial') else ''}. "
             f"Curves: {payload.get('name', 'knowledge_staleness')}_curves.png.", ""]
+  if payload.get("notes"):  # what the figures alone do not say (set by hand after a run)
+    lines += [payload["notes"], ""]
   return "\n".join(lines)
 
 
@@ -343,6 +391,8 @@ def parse_args(argv=None):
   p.add_argument("--refresh", type=ints, default=[10, 30, 100, 300, 0],
                  help="refresh intervals in steps; 0 = never (the step-0 index)")
   p.add_argument("--second_seed_refresh", type=ints, default=[10, 0])
+  p.add_argument("--control_refresh", type=ints, default=[10, 0],
+                 help="the positive control's intervals: one tower for queries and documents")
   p.add_argument("--steps", type=int, default=600)
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=1000)
@@ -363,7 +413,7 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   args.config = args.config or [os.path.join(knowledge.REPO, "configs", name)
                                 for name in ("tiny.yaml", "knowledge.yaml")]
-  for refresh in args.refresh + args.second_seed_refresh:
+  for refresh in args.refresh + args.second_seed_refresh + args.control_refresh:
     if refresh and args.steps % refresh:
       raise SystemExit(f"--steps {args.steps} must be a multiple of every refresh interval")
   if args.steps % args.curve_every:

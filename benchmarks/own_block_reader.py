@@ -8,10 +8,13 @@ Starting REALM from a reader that already reads removes that reason to hold the 
 still (benchmarks.knowledge_staleness), and scoring it on the held-out sentences measures
 the reader's part apart from the retriever's (tests/test_knowledge_reader.py).
 """
+import os
+
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from realm_tf import tasks
 from realm_tf.corpus import knowledge_world
 from realm_tf.modeling import factory
 from realm_tf.modeling.spans import pack_reader_inputs
@@ -109,3 +112,23 @@ def save_for_pretraining(model, path: str) -> str:
   encoder (a pre-training run's checkpoint layout); returns the checkpoint's path."""
   return tf.train.Checkpoint(model=tf.train.Checkpoint(
       knowledge_augmented_encoder=model)).write(path)
+
+
+def trained_checkpoint(config, world: dict, steps: int, seed: int, path: str,
+                       log=print) -> str:
+  """A reader of `config` trained `steps` steps at `seed` on `world` and saved at `path`
+  for task.pretrain.mlm_init_checkpoint; kept when `path` holds it (a rerun). Returns
+  `path`."""
+  if os.path.exists(path + ".index"):
+    return path
+  log(f"the own-block reader: {steps} steps, seed {seed}")
+  tokenizer = tasks.get_task(config).tokenizer
+  reader, losses = train(config, world, tokenizer, steps, seed)
+  accuracy = heldout_accuracy(reader, config, world, tokenizer)
+  log(f"the own-block reader's held-out accuracy with the own block: "
+      f"{ {k: round(v, 3) for k, v in accuracy.items()} }, last loss {losses[-1]:.3f}")
+  save_for_pretraining(reader, path + ".tmp")
+  for suffix in (".data-00000-of-00001", ".index"):  # the .index last: it marks complete
+    os.replace(path + ".tmp" + suffix, path + suffix)
+  tf_keras.backend.clear_session()
+  return path

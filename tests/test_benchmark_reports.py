@@ -19,7 +19,7 @@ from benchmarks.harness import RESULTS_DIR
 from realm_tf.io import layout
 
 # Results written under another name than their benchmark's (--name).
-RENDERED_BY = {"knowledge_reader": "knowledge", "scale_100k": "scale",
+RENDERED_BY = {"scale_100k": "scale",
                "scann_scale_20k": "scann_scale"}
 
 

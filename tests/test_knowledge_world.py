@@ -3,6 +3,7 @@ learning signal REALM is for, measured on it at tiny scale (benchmarks.knowledge
 import json
 import os
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -241,3 +242,23 @@ def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_p
     assert 0 <= a["own_block_top1"] <= a["own_block_read"] <= 1
     p = a["p_value_given_own_block"]
     assert p is None or 0 < p < 1
+    # The confusion matrix counts every sentence once, its diagonal the right ones.
+    m = np.array(a["confusion"]["matrix"])
+    assert m.sum() == a["sentences"] and m.shape[1] == len(a["confusion"]["values"]) + 1
+    assert np.trace(m[:, :-1]) == pytest.approx(a["span_accuracy"] * a["sentences"], abs=0.5)
+
+
+def test_the_confusion_matrix_names_values_and_sets_aside_other_predictions(tokenizer):
+  """benchmarks.knowledge.confusion: rows are the true values in id order, by their words;
+  a prediction outside them goes to the last column; top_confusions lists the off-diagonal
+  cells, commonest first."""
+  ids = tokenizer.tokenize(tf.constant(["york", "dover", "the"])).flat_values.numpy().tolist()
+  york, dover, the = ids
+  pairs = [(york, york), (york, dover), (york, dover), (dover, the), (dover, dover)]
+  c = knowledge.confusion(pairs, tokenizer)
+  order = sorted([york, dover])
+  assert c["values"] == [{york: "york", dover: "dover"}[i] for i in order]
+  row = {v: r for v, r in zip(c["values"], c["matrix"])}
+  assert row["york"] == ([1, 2, 0] if order[0] == york else [2, 1, 0])
+  assert row["dover"] == ([0, 1, 1] if order[0] == york else [1, 0, 1])
+  assert knowledge.top_confusions(c) == [("york", "dover", 2), ("dover", "(other)", 1)]
