@@ -72,14 +72,13 @@ from realm_tf.retrieval import load_searcher
 from realm_tf.retrieval.encoders import BlockEncoder, export_encoder
 from realm_tf.text import Tokenizer
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET_RATIO = 0.9  # the pipeline's blocks/s over the plain loop's
 
 
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(prog="python -m benchmarks.embedding", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--config", default=os.path.join(REPO, "configs", "demo.yaml"),
+  parser.add_argument("--config", default=os.path.join(harness.REPO, "configs", "demo.yaml"),
                       help="the block encoder's model and block length")
   parser.add_argument("--articles_file", default=os.path.join(
       harness.SHARED_DATA, "wikipedia", "vital_articles.jsonl"),
@@ -423,7 +422,7 @@ def run(args) -> dict:
     result = dict(
         machine=machine, machine_after=after, args=vars(args), corpus=corpus,
         num_blocks=num_blocks, batch_size=args.batch_size, num_shards=shards,
-        encoder=f"BlockEncoder export of {os.path.relpath(args.config, REPO)} (block "
+        encoder=f"BlockEncoder export of {os.path.relpath(args.config, harness.REPO)} (block "
                 f"length {seq}, step 0: warm start only, the weights do not change the cost)",
         pipeline=dict(runner="DirectRunner", batch_size=args.batch_size, num_shards=shards,
                       build_scann=False, small_blocks=args.small_blocks),

@@ -62,7 +62,6 @@ from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
 from realm_tf.training import train_lib
 
 EVAL_BATCH = 64  # held-out passes: batch size does not change what is measured
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {
     "realm": "REALM, asynchronous index refresh",
     "frozen": "REALM, frozen step-0 index",
@@ -591,7 +590,7 @@ def run(args) -> dict:
                     ict_steps=args.ict_steps, ict_seconds=ict_seconds,
                     reader_steps=args.reader_steps,
                     curve_every=args.curve_every,
-                    config=[os.path.relpath(c, REPO) for c in args.config],
+                    config=[os.path.relpath(c, harness.REPO) for c in args.config],
                     overrides=args.override or []),
       world=dict(blocks=len(world["blocks"]), x=len(world["x"]),
                  held_out=len(world["held_out"]), chance=chance(world),
@@ -744,7 +743,7 @@ def parse_args(argv=None):
   p.add_argument("--name", default="knowledge",
                  help="results file name (another name keeps the committed run's files)")
   args = p.parse_args(argv)
-  args.config = args.config or [os.path.join(REPO, "configs", name)
+  args.config = args.config or [os.path.join(harness.REPO, "configs", name)
                                 for name in ("tiny.yaml", "knowledge.yaml")]
   args.curve_every = args.curve_every or max(1, args.steps // 4)
   return args

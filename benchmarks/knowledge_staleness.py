@@ -3,7 +3,8 @@ a knowledge world whose document tower moves, with a verdict either way.
 
     python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
         [--second_seed_refresh 10,0] [--control_refresh 10,0] [--steps 600]
-        [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5] [--num_candidates 2] [--curve_every 100]
+        [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5]
+        [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
         [--work_dir DIR] [--fresh] [--no_write] [--name knowledge_staleness]
 
@@ -21,7 +22,8 @@ index searched would be older than the interval; 0 = never: the step-0 index, pu
 once); for --second_seed_refresh, the same at --second_seed (its own reader, ICT start and
 initialisation); for --control_refresh, the positive control: the same with one tower for
 queries and documents (model.retriever.share_towers), where a stale index cannot be made up
-for by the query tower alone, since the query tower is the document tower. At every --curve_every steps, per arm:
+for by the query tower alone, since the query tower is the document tower. At every
+--curve_every steps, per arm:
   held-out span accuracy   the trainer's own evaluation over all held-out sentences, against
                            the index it searched then (± binomial standard error);
   own-block top-1          against the index searched at that step, and against an exact
@@ -128,9 +130,9 @@ def start_of(world: dict, args, arm: Arm, work: str) -> dict:
 
 def curve(config, model_dir: str, world: dict, start_retriever,
           curve_every: int) -> list[dict]:
-  """Per checkpoint at a multiple of `curve_every` steps: own-block top-1 against the index searched then and against an
-  exact search of that step's towers, overlap@k and the document cosine to step 0
-  (knowledge.staleness_point)."""
+  """Per checkpoint at a multiple of `curve_every` steps: own-block top-1 against the index
+  searched then and against an exact search of that step's towers, overlap@k and @1, and
+  the document cosine to step 0 (knowledge.staleness_point)."""
   task, index = knowledge.world_index(config)
   block_ids = np.asarray(index.store.block_ids, np.int64)
   gold = np.array([r["gold_block_id"] for r in world["held_out"]])
@@ -280,8 +282,9 @@ def run(args, started: float) -> dict:
                   ict_steps=args.ict_steps, num_candidates=args.num_candidates,
                   learning_rate=args.learning_rate, curve_every=args.curve_every,
                   refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
-                  control_refresh=args.control_refresh, seed=args.seed, second_seed=args.second_seed,
-                  config=[os.path.relpath(c, knowledge.REPO) for c in args.config],
+                  control_refresh=args.control_refresh, seed=args.seed,
+                  second_seed=args.second_seed,
+                  config=[os.path.relpath(c, harness.REPO) for c in args.config],
                   overrides=list(ARM_OVERRIDES) + list(args.override or []))
   work_output = harness.Output(args.name, markdown, plot, directory=work)
   payload = harness.kept_result(work_output, settings, args.fresh, log) or dict(
@@ -411,7 +414,7 @@ def parse_args(argv=None):
   p.add_argument("--no_write", action="store_true")
   p.add_argument("--name", default="knowledge_staleness")
   args = p.parse_args(argv)
-  args.config = args.config or [os.path.join(knowledge.REPO, "configs", name)
+  args.config = args.config or [os.path.join(harness.REPO, "configs", name)
                                 for name in ("tiny.yaml", "knowledge.yaml")]
   for refresh in args.refresh + args.second_seed_refresh + args.control_refresh:
     if refresh and args.steps % refresh:

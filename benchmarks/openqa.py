@@ -75,8 +75,7 @@ from realm_tf.io import layout, versioned
 from realm_tf.modeling import factory
 from realm_tf.training import train_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(REPO, "configs", "demo.yaml")
+CONFIG = os.path.join(harness.REPO, "configs", "demo.yaml")
 TRAIN_STEPS, BATCH, HELDOUT_QUESTIONS = 300, 8, 500
 WORK_DIR = os.path.join(tempfile.gettempdir(), "realm_tf_openqa_bench")
 log = harness.logger("openqa")

@@ -37,8 +37,7 @@ from benchmarks.common import encoder_flops
 from benchmarks.harness import RESULTS_DIR
 from realm_tf.configs import experiments, load_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAPER_CONFIGS = [os.path.join(REPO, "configs", "realm_paper", name)
+PAPER_CONFIGS = [os.path.join(harness.REPO, "configs", "realm_paper", name)
                  for name in ("bert_base.yaml", "pretrain.yaml")]
 GIB = 2.0 ** 30
 # The table's order (a result's JSON keeps its keys sorted): a step's parts in the order
@@ -139,7 +138,7 @@ def _measured_embedding_rate(demo_config) -> dict:
 
 def estimate(args) -> dict:
   c = load_config(PAPER_CONFIGS, experiment=experiments.PRETRAIN)
-  demo = load_config(os.path.join(REPO, "configs", "demo.yaml"))
+  demo = load_config(os.path.join(harness.REPO, "configs", "demo.yaml"))
   e, r, p = c.model.encoder, c.model.retriever, c.task.pretrain
   batch, k = p.train_data.global_batch_size, p.num_candidates
   steps, refresh = c.trainer.train_steps, p.refresh_every_steps

@@ -64,8 +64,7 @@ import tf_keras
 from benchmarks import harness
 from benchmarks.harness import SHARED_DATA, machine
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(REPO, "configs", "demo.yaml")
+CONFIG = os.path.join(harness.REPO, "configs", "demo.yaml")
 WORK_DIR = os.path.join(tempfile.gettempdir(), "realm_tf_pretrain_bench")
 ARMS = {
     "a": "REALM, asynchronous index refresh",

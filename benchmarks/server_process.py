@@ -12,7 +12,6 @@ import time
 
 from benchmarks import harness
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ServerProcess:
@@ -30,13 +29,13 @@ class ServerProcess:
     self.model = model
     self.log_path = log_path
     self._log = open(log_path, "w")  # pylint: disable=consider-using-with
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=REPO, PYTHONUNBUFFERED="1",
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=harness.REPO, PYTHONUNBUFFERED="1",
                **(env or {}))
     self.started = time.monotonic()
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "serving.server", "--port=0", f"--model_name={model}",
          f"--model_base_path={base_path}", "--file_system_poll_wait_seconds=1", *flags],
-        cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        cwd=harness.REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT)
     self.address = None
 
   def log(self) -> str:

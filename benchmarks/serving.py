@@ -41,7 +41,6 @@ import numpy as np
 
 from benchmarks import common, harness
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
                batching_speedup_at_8_clients=1.5, p50_over_floor_at_1_client=1.25)
 # targets_met's keys in the Markdown's order (a result's JSON keeps its keys sorted).
@@ -474,7 +473,7 @@ def run(args) -> dict:
   limits = common.compute_limits()
   work = args.work_dir or tempfile.mkdtemp(prefix="serving_bench_")
   os.makedirs(work, exist_ok=True)
-  config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
+  config = load_config(os.path.join(harness.REPO, "configs", "demo.yaml"),
                        ["runtime.enable_xla=false"], experiment="realm/openqa")
   timings = {}
   start = time.time()

@@ -43,7 +43,6 @@ from typing import Optional
 from benchmarks import harness
 from benchmarks.server_process import ServerProcess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "realm_qa"
 TARGETS = dict(failed_valid_requests=0, rss_growth_fraction=0.10)
 MAX_BATCH_SIZE = 32  # the server's --max_batch_size: "oversized_batch" sends more
@@ -93,7 +92,7 @@ def build_demo_export(work: str, articles: int) -> str:
   from benchmarks import serving as serving_bench  # pylint: disable=g-import-not-at-top
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
-  config = load_config(os.path.join(REPO, "configs", "demo.yaml"),
+  config = load_config(os.path.join(harness.REPO, "configs", "demo.yaml"),
                        ["runtime.enable_xla=false"], experiment="realm/openqa")
   blocks = serving_bench.prepare_corpus(work, articles, config.model.retriever.block_seq_length)
   run = exporter.build_run(config.replace(index=dict(blocks=blocks)))

@@ -24,7 +24,6 @@ from realm_tf.tagger.evaluation import evaluate_sentences
 from realm_tf.tagger.export import read_manifest
 from realm_tf.tagger.inference import SavedTagger
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def throughput(tagger: SavedTagger, texts: list[str], batch_size: int, repeats: int) -> dict:
@@ -75,7 +74,7 @@ def markdown(result: dict) -> str:
 def parse_args(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--tagger_dir", default=os.path.join(REPO, "runs", "tagger"))
+  parser.add_argument("--tagger_dir", default=os.path.join(harness.REPO, "runs", "tagger"))
   parser.add_argument("--conll_dir", default=os.path.join(SHARED_DATA, "ner", "conll2003"))
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=3)

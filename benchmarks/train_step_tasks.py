@@ -24,13 +24,12 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.common import compute_limits, encoder_flops
-from benchmarks.harness import SHARED_DATA, machine
+from benchmarks.harness import REPO, SHARED_DATA, machine
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import schema
 from realm_tf.modeling.networks import build_encoder
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TASK_TARGET = 0.15
 
 
