@@ -67,8 +67,9 @@ log = harness.logger("knowledge_staleness")
 MANIPULATION_OVERLAP, MANIPULATION_COSINE, FRESH_OVERLAP = 0.5, 0.9, 0.9
 CLEAR_GAP, NULL_GAP = 0.10, 0.05
 WALL_TARGET_SECONDS = 60 * 60
-# Held fixed in every arm, over configs/knowledge.yaml's hold: the retriever trains from
-# step 0 at the reader's rate, both towers.
+# Held fixed in every arm, whatever configs/knowledge.yaml says: the retriever trains from
+# step 0 at the reader's rate, both towers (an index goes stale only if the documents' tower
+# moves).
 ARM_OVERRIDES = ("trainer.retriever_frozen_steps=0",
                  "trainer.retriever_learning_rate_multiplier=1.0")
 

@@ -166,8 +166,7 @@ def _weak_start(work, repo_dir, tokenizer, entities: int, batch_size: int, reade
        str(ict_steps), "--steps", str(realm_steps), "--curve_every", str(realm_steps),
        "--refresh_every", str(realm_steps), "--work_dir", str(work),
        "--no_write", "--override=trainer.retriever_frozen_steps=0",
-       # The reader reads from step 0 here, and the index is the step-0 one: the query
-       # tower may move at the reader's rate (knowledge.yaml slows it for refreshed runs).
+       # The reader reads from step 0 here: the retriever moves at the reader's rate.
        "--override=trainer.retriever_learning_rate_multiplier=1.0"])
   world = knowledge_world.write_world(str(work / "world"), knowledge_world.WorldConfig(
       seed=0, entities=entities, x_templates=1))
