@@ -3,7 +3,7 @@ fetch the block that holds the missing fact, and the knowledge then lives in the
 
     python -m benchmarks.knowledge [--arms realm,frozen,none,cold] [--steps 400]
         [--batch_size 64] [--entities 3000] [--x_templates 1] [--num_candidates 2]
-        [--refresh_every 10] [--ict_steps 300] [--reader_steps 600] [--learning_rate 3e-3]
+        [--refresh_every 10] [--ict_steps 300] [--reader_steps 1500] [--learning_rate 3e-3]
         [--curve_every 100] [--seed 0]
         [--config configs/tiny.yaml --config configs/knowledge.yaml] [--override k=v]
         [--work_dir DIR] [--no_write] [--name knowledge]
@@ -729,7 +729,7 @@ def parse_args(argv=None):
                  help="steps between the curves' points (default: steps / 4)")
   p.add_argument("--ict_steps", type=int, default=300,
                  help="an ICT warm start of the retriever shared by every arm (0: none)")
-  p.add_argument("--reader_steps", type=int, default=600,
+  p.add_argument("--reader_steps", type=int, default=1500,
                  help="a reader trained on each X sentence with its own block first, shared "
                       "by every arm (benchmarks.own_block_reader; 0: a random-init reader)")
   p.add_argument("--learning_rate", type=float, default=3e-3)
