@@ -543,11 +543,12 @@ def wordpiece_lengths(config, world: dict) -> dict:
 
 
 def write_world(work: str, args) -> dict:
-  """The seeded world of args (--seed, --entities, --x_templates) in <work>/world; its
-  description, with its directory as world["dir"]."""
+  """The seeded world of args (--seed, --entities, --x_templates, --namesake_fraction) in
+  <work>/world; its description, with its directory as world["dir"]."""
   world_dir = os.path.join(work, "world")
   world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
-      seed=args.seed, entities=args.entities, x_templates=args.x_templates))
+      seed=args.seed, entities=args.entities, x_templates=args.x_templates,
+      namesake_fraction=args.namesake_fraction))
   world["dir"] = world_dir
   return world
 
@@ -584,7 +585,7 @@ def run(args) -> dict:
           for arm in args.arms.split(",")}
   return dict(
       settings=dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
-                    x_templates=args.x_templates,
+                    x_templates=args.x_templates, namesake_fraction=args.namesake_fraction,
                     refresh_every=args.refresh_every, learning_rate=args.learning_rate,
                     num_candidates=args.num_candidates, seed=args.seed,
                     ict_steps=args.ict_steps, ict_seconds=ict_seconds,
@@ -719,6 +720,8 @@ def parse_args(argv=None):
   p.add_argument("--steps", type=int, default=400)
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=3000)
+  p.add_argument("--namesake_fraction", type=float, default=0.5,
+                 help="share of entities with a namesake block (same first name)")
   p.add_argument("--x_templates", type=int, default=1,
                  help="X wordings per trained (entity, attribute) pair (1 to 3)")
   p.add_argument("--num_candidates", type=int, default=2)
