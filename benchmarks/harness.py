@@ -425,6 +425,11 @@ def percentiles(latencies_s) -> dict:
               mean_ms=round(float(ms.mean()), 2), requests=int(len(ms)))
 
 
+def share_stderr(share: float, n: int) -> float:
+  """One binomial standard error of a share measured over `n` trials."""
+  return math.sqrt(max(share * (1 - share), 0.0) / max(n, 1))
+
+
 def recall(got, want) -> float:
   """Mean over queries of the fraction of the reference top-k (`want`, a row per query)
   found in the returned top-k (`got`)."""

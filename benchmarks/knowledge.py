@@ -111,7 +111,7 @@ def arm_config(arm: str, world_dir: str, args, ict_dir: str = "", reader: str = 
       "index.blocks": world_dir,
       "index.max_staleness_steps": args.refresh_every * 3,
       # Every version the run commits is kept: the curves read the index searched at each
-      # checkpoint after the run (staleness_point).
+      # checkpoint after the run (checkpoint_curve).
       "index.keep_versions": args.steps // args.refresh_every + 2,
       "trainer.train_steps": args.steps,
       "trainer.steps_per_loop": args.refresh_every,
@@ -206,33 +206,6 @@ def index_embeddings(model_dir: str, version: int, block_ids: np.ndarray) -> np.
   return row_ordered_embeddings(export, block_ids)
 
 
-def staleness_point(config, model_dir: str, step: int, queries: np.ndarray,
-                    fresh: np.ndarray, step0: np.ndarray, block_ids: np.ndarray) -> dict:
-  """How stale the index the trainer searched at `step` was: the overlap of its top-k
-  with an exact search of that step's document tower (k = the run's num_candidates; 1.0:
-  refreshing could not have changed what was retrieved), and how far the document tower's
-  embeddings had moved from step 0 (mean cosine to their step-0 rows; 1.0: not at all).
-
-  Args:
-    config: the arm's config.
-    model_dir: the arm's run.
-    step: a checkpoint step.
-    queries: [H, P] held-out query embeddings under that step's query tower.
-    fresh: [N, P] block embeddings under that step's document tower.
-    step0: [N, P] block embeddings under the step-0 document tower.
-    block_ids: [N] the blocks' ids, in row order.
-
-  Returns:
-    {step, index_version, overlap_at_k, k, document_cosine_to_step0}.
-  """
-  version = index_version_in_use(model_dir, step)
-  k = config.task.pretrain.num_candidates
-  stale = index_embeddings(model_dir, version, block_ids)
-  return dict(step=step, index_version=version, k=k,
-              overlap_at_k=round(top_k_overlap(queries, stale, fresh, k), 4),
-              document_cosine_to_step0=round(mean_row_cosine(fresh, step0), 4))
-
-
 def top1_kinds(top: list[int], world: dict) -> dict:
   """What the top-1 blocks are: the entity's own block, a namesake's (same first name), a
   town's, or another entity's. Why: a retriever can raise p(y|x) without the own block, by
@@ -310,38 +283,65 @@ def top1_of(queries: np.ndarray, documents: np.ndarray, block_ids: np.ndarray) -
   return block_ids[np.argmax(queries @ documents.T, axis=1)].tolist()
 
 
-def final_point(config, model_dir: str, world: dict, start, trained,
-                frozen: bool) -> tuple[dict, dict]:
-  """(top1_kinds of the held-out sentences, staleness_point) at the run's newest
-  checkpoint, whose retriever is `trained` (`start`: the step-0 retriever; `frozen`: the
-  run searched the step-0 document tower's index)."""
+def own_share(queries: np.ndarray, documents: np.ndarray, block_ids: np.ndarray,
+              world: dict) -> float:
+  """Share of held-out sentences (`queries`, in world["held_out"] order) whose exact top-1
+  block among `documents` is the entity's own."""
+  gold = np.array([r["gold_block_id"] for r in world["held_out"]])
+  return round(float(np.mean(np.asarray(top1_of(queries, documents, block_ids)) == gold)), 4)
+
+
+def checkpoint_curve(config, model_dir: str, world: dict, start, every: int = 0) -> list[dict]:
+  """Step 0 and each kept checkpoint (at a multiple of `every` steps; 0: each): the
+  held-out sentences' own-block top-1 against the index the trainer searched at that step
+  (top1_searched) and against an exact search of that step's document tower (top1_exact);
+  how stale that index was: the overlap of its top-k with the exact search's (overlap_at_k,
+  k = the run's num_candidates; 1.0: a refresh could not have changed what was retrieved)
+  and of the top-1s alone (overlap_at_1); and how far the document tower had moved
+  (document_cosine_to_step0: the mean cosine of the block embeddings to their step-0 rows).
+
+  Args:
+    config: the arm's config.
+    model_dir: the arm's run (its checkpoints, metrics and every committed index version).
+    world: the world (its held_out rows give the own blocks).
+    start: the step-0 retriever (retriever_from(config)).
+    every: keep the checkpoints at multiples of this (0: all).
+
+  Returns:
+    [{step, top1_searched, top1_exact}] for step 0, then per checkpoint also
+    {index_version, k, overlap_at_k, overlap_at_1, document_cosine_to_step0}.
+  """
   task, index = world_index(config)
   block_ids = np.asarray(index.store.block_ids, np.int64)
-  _, step0 = tower_embeddings(config, world, start, task, index)
-  queries, fresh = tower_embeddings(config, world, trained, task, index)
-  kinds = top1_kinds(top1_of(queries, step0 if frozen else fresh, block_ids), world)
-  step = checkpoints(model_dir)[-1][0]
-  return kinds, staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
+  k = config.task.pretrain.num_candidates
+  queries, step0 = tower_embeddings(config, world, start, task, index)
+  top1 = own_share(queries, step0, block_ids, world)
+  points = [dict(step=0, top1_searched=top1, top1_exact=top1)]
+  for step, path in checkpoints(model_dir):
+    if every and step % every:
+      continue
+    queries, fresh = tower_embeddings(config, world, retriever_from(config, path), task, index)
+    version = index_version_in_use(model_dir, step)
+    searched = index_embeddings(model_dir, version, block_ids)
+    points.append(dict(
+        step=step, index_version=version, k=k,
+        overlap_at_k=round(top_k_overlap(queries, searched, fresh, k), 4),
+        # The top-1s alone: with k=2 the second candidate is often a near-tie, so overlap@k
+        # moves with it even where the block read first is the same.
+        overlap_at_1=round(top_k_overlap(queries, searched, fresh, 1), 4),
+        document_cosine_to_step0=round(mean_row_cosine(fresh, step0), 4),
+        top1_searched=own_share(queries, searched, block_ids, world),
+        top1_exact=own_share(queries, fresh, block_ids, world)))
+    tf_keras.backend.clear_session()
+  return points
 
 
 def gold_top1_curve(arm: str, config, model_dir: str, world: dict, start) -> list[dict]:
-  """Gold top-1 at each kept checkpoint: that step's query tower against that step's
-  document tower (the index a refresh would publish), or the step-0 tower (frozen); with
-  the staleness of the index the trainer searched then (staleness_point)."""
-  task, index = world_index(config)
-  block_ids = np.asarray(index.store.block_ids, np.int64)
-  queries, step0 = tower_embeddings(config, world, start, task, index)
-  curve = [dict(step=0, gold_top1=top1_kinds(top1_of(queries, step0, block_ids),
-                                            world)["own"])]
-  for step, path in checkpoints(model_dir):
-    trained = retriever_from(config, path)
-    queries, fresh = tower_embeddings(config, world, trained, task, index)
-    top = top1_of(queries, step0 if arm == "frozen" else fresh, block_ids)
-    point = dict(step=step, gold_top1=top1_kinds(top, world)["own"])
-    point.update(staleness_point(config, model_dir, step, queries, fresh, step0, block_ids))
-    curve.append(point)
-    tf_keras.backend.clear_session()
-  return curve
+  """checkpoint_curve with gold_top1 at each point: that step's query tower against that
+  step's document tower (the index a refresh would publish), or, frozen, against the
+  step-0 index it searched."""
+  return [dict(p, gold_top1=p["top1_searched"] if arm == "frozen" else p["top1_exact"])
+          for p in checkpoint_curve(config, model_dir, world, start)]
 
 
 def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
@@ -445,7 +445,7 @@ def knowledge_edit(arm: str, config, model_dir: str, edited: dict, documents) ->
     tf_keras.backend.clear_session()
     gc.collect()
   n = len(edited["held_out"])
-  out.update({f"{k}_stderr": math.sqrt(v * (1 - v) / n) for k, v in list(out.items())
+  out.update({f"{k}_stderr": harness.share_stderr(v, n) for k, v in list(out.items())
               if v is not None})
   out["sentences"] = n
   return out
@@ -497,7 +497,7 @@ def run_arm(arm: str, world: dict, edited: dict, args, work: str, ict_dir: str,
   out = dict(
       arm=arm, description=ARMS[arm], steps=result["step"], wall_seconds=round(wall, 1),
       heldout_sentences=n, heldout_span_accuracy=accuracy,
-      heldout_span_accuracy_stderr=(math.sqrt(accuracy * (1 - accuracy) / n)
+      heldout_span_accuracy_stderr=(harness.share_stderr(accuracy, n)
                                     if accuracy is not None else None),
       heldout_token_accuracy=final.get("mlm_accuracy"),
       heldout_retrieval_utility=final.get("retrieval_utility"),

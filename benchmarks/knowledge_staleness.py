@@ -54,7 +54,6 @@ import tempfile
 import time
 from typing import NamedTuple
 
-import numpy as np
 import tf_keras
 
 from benchmarks import harness, knowledge, own_block_reader
@@ -129,38 +128,6 @@ def start_of(world: dict, args, arm: Arm, work: str) -> dict:
   return dict(reader=reader_path, ict_dir=ict_dir, step0_gold_top1=step0)
 
 
-def curve(config, model_dir: str, world: dict, start_retriever,
-          curve_every: int) -> list[dict]:
-  """Per checkpoint at a multiple of `curve_every` steps: own-block top-1 against the index
-  searched then and against an exact search of that step's towers, overlap@k and @1, and
-  the document cosine to step 0 (knowledge.staleness_point)."""
-  task, index = knowledge.world_index(config)
-  block_ids = np.asarray(index.store.block_ids, np.int64)
-  gold = np.array([r["gold_block_id"] for r in world["held_out"]])
-  queries, step0 = knowledge.tower_embeddings(config, world, start_retriever, task, index)
-  points = [dict(step=0, top1_searched=float(np.mean(
-      knowledge.top1_of(queries, step0, block_ids) == gold)))]
-  points[0]["top1_exact"] = points[0]["top1_searched"]
-  for step, path in knowledge.checkpoints(model_dir):
-    if step % curve_every:
-      continue
-    trained = knowledge.retriever_from(config, path)
-    queries, fresh = knowledge.tower_embeddings(config, world, trained, task, index)
-    point = knowledge.staleness_point(config, model_dir, step, queries, fresh, step0, block_ids)
-    searched = knowledge.index_embeddings(model_dir, point["index_version"], block_ids)
-    point.update(
-        # The top-1s alone: with k=2 the second candidate is often a near-tie, so overlap@k
-        # moves with it even where the block read first is the same.
-        overlap_at_1=round(knowledge.top_k_overlap(queries, searched, fresh, 1), 4),
-        top1_searched=round(float(np.mean(knowledge.top1_of(queries, searched, block_ids)
-                                          == gold)), 4),
-        top1_exact=round(float(np.mean(knowledge.top1_of(queries, fresh, block_ids) == gold)),
-                         4))
-    points.append(point)
-    tf_keras.backend.clear_session()
-  return points
-
-
 def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
   kind = "realm" if arm.refresh else "frozen"
   # A checkpoint at every loop's end, so every evaluation step has one: a run's first save
@@ -179,25 +146,26 @@ def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
                  f", seed {arm.seed}{', shared towers' if arm.shared else ''}")
   log(f"arm {arm.name}: {args.steps} steps, {description}")
   result, final, wall, start_retriever, _, _ = knowledge.train_arm(kind, config, model_dir)
-  points = curve(config, model_dir, world, start_retriever, args.curve_every)
+  points = knowledge.checkpoint_curve(config, model_dir, world, start_retriever,
+                                       args.curve_every)
   n = len(world["held_out"])
-  accuracy = {r["step"]: r["span_accuracy"] for r in layout.read_metrics(model_dir)
+  metrics = layout.read_metrics(model_dir)
+  accuracy = {r["step"]: r["span_accuracy"] for r in metrics
               if r.get("mode") == "eval" and "span_accuracy" in r}
   for p in points:
     if p["step"] in accuracy:
       p["heldout_span_accuracy"] = accuracy[p["step"]]
-      p["heldout_span_accuracy_stderr"] = round(
-          math.sqrt(accuracy[p["step"]] * (1 - accuracy[p["step"]]) / n), 4)
-  train = [r for r in layout.read_metrics(model_dir) if r.get("mode") == "pretrain"]
+      p["heldout_span_accuracy_stderr"] = round(harness.share_stderr(accuracy[p["step"]], n), 4)
+  # How old the index searched was at each loop's end, as the trainer logged it.
+  staleness = [r["index_staleness_steps"] for r in metrics
+               if r.get("mode") == "pretrain" and r.get("index_staleness_steps") is not None]
   out = dict(
       arm=arm.name, refresh_every=arm.refresh, seed=arm.seed, shared_towers=arm.shared,
       steps=result["step"], description=description,
       wall_seconds=round(wall, 1), heldout_span_accuracy=final.get("span_accuracy"),
-      heldout_span_accuracy_stderr=round(math.sqrt(
-          final["span_accuracy"] * (1 - final["span_accuracy"]) / n), 4),
+      heldout_span_accuracy_stderr=round(harness.share_stderr(final["span_accuracy"], n), 4),
       index_refreshes=result.get("index_refreshes", 0), curve=points,
-      staleness_steps=[{k: r[k] for k in ("step", "index_staleness_steps") if k in r}
-                       for r in train])
+      index_staleness_steps=staleness_summary(staleness))
   tf_keras.backend.clear_session()
   gc.collect()
   last = points[-1]
@@ -206,6 +174,14 @@ def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
       f"{last.get('overlap_at_k')}, cosine {last.get('document_cosine_to_step0')}, "
       f"{out['wall_seconds']} s")
   return out
+
+
+def staleness_summary(steps: list) -> dict:
+  """{mean, max} of the index's age in steps at each loop's end ({} for none: a run whose
+  index never went older than its first)."""
+  if not steps:
+    return {}
+  return dict(mean=round(float(sum(steps)) / len(steps), 1), max=max(steps))
 
 
 def manipulation(arms: dict, never: str, fresh: str) -> dict:
@@ -347,15 +323,17 @@ def markdown(payload: dict) -> str:
     lines += [f"Positive control: refresh-10 minus never {v['control']['gap']:+.3f} held-out.",
               ""]
   lines += ["| arm | held-out span accuracy | own-block top-1, index searched / exact | "
-            "overlap@k | document cosine to step 0 | index refreshes | train s |",
-            "|---|---|---|---|---|---|---|"]
+            "overlap@k | document cosine to step 0 | index refreshes | index age at loop "
+            "ends, mean / max steps | train s |",
+            "|---|---|---|---|---|---|---|---|"]
   for name, r in payload["arms"].items():
-    last = r["curve"][-1]
+    last, age = r["curve"][-1], r.get("index_staleness_steps") or {}
+    age_text = f"{age['mean']} / {age['max']}" if age else "n/a"
     lines.append(
         f"| {name} | {r['heldout_span_accuracy']:.3f} ± {r['heldout_span_accuracy_stderr']:.3f}"
         f" | {last['top1_searched']:.3f} / {last['top1_exact']:.3f} | "
         f"{_fmt(last.get('overlap_at_k'))} | {_fmt(last.get('document_cosine_to_step0'))} | "
-        f"{r['index_refreshes']} | {r['wall_seconds']} |")
+        f"{r['index_refreshes']} | {age_text} | {r['wall_seconds']} |")
   lines += ["", "At each evaluation point (step: held-out accuracy / own-block top-1 against "
             "the index searched / overlap@k / overlap@1 / document cosine to step 0):", "",
             "| arm | points |", "|---|---|"]

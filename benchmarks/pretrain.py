@@ -49,7 +49,6 @@ import argparse
 import gc
 import hashlib
 import json
-import math
 import os
 import random
 import subprocess
@@ -434,7 +433,7 @@ def _acc(value, n: int) -> str:
   """An accuracy over n items with its binomial standard error."""
   if value is None:
     return "–"
-  return f"{value:.3f} ± {math.sqrt(max(value * (1 - value), 0.0) / max(n, 1)):.3f}"
+  return f"{value:.3f} ± {harness.share_stderr(value, n):.3f}"
 
 
 def markdown(payload: dict) -> str:

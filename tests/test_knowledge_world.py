@@ -246,6 +246,15 @@ def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_p
     m = np.array(a["confusion"]["matrix"])
     assert m.sum() == a["sentences"] and m.shape[1] == len(a["confusion"]["values"]) + 1
     assert np.trace(m[:, :-1]) == pytest.approx(a["span_accuracy"] * a["sentences"], abs=0.5)
+  # The frozen run searched its step-0 index throughout: at every checkpoint the index in
+  # use is version 0, and the top-1 against it is the step-0 top-1 of the current queries.
+  curve = knowledge.checkpoint_curve(config, model_dir, w, start)
+  assert curve[0]["step"] == 0 and curve[0]["top1_searched"] == curve[0]["top1_exact"]
+  assert [p["step"] for p in curve[1:]] == [c for c, _ in knowledge.checkpoints(model_dir)]
+  for p in curve[1:]:
+    assert p["index_version"] == 0 and p["k"] == config.task.pretrain.num_candidates
+    assert 0 <= p["overlap_at_k"] <= 1 and 0 <= p["overlap_at_1"] <= 1
+    assert -1 <= p["document_cosine_to_step0"] <= 1
 
 
 def test_the_confusion_matrix_names_values_and_sets_aside_other_predictions(tokenizer):
