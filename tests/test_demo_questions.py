@@ -90,6 +90,12 @@ def test_split_keeps_held_out_sentences_and_questions_apart():
   restated = [_sentence(f"Pilgrims often visit {c} in {m}. Few leave {c} again.", 50 + i, c)
               for i, (c, m) in enumerate(zip(cities, months))]
   assert split_corpus(restated, blocks, 2, 1, 100, seed=0).masked_heldout == []
+  # ... also when a can_mask check passes every candidate (it narrows, never widens).
+  assert split_corpus(restated, blocks, 2, 1, 100, seed=0,
+                      can_mask=lambda c: [True] * len(c)).masked_heldout == []
+  kept = split_corpus(sentences, blocks, 8, 1, 100, seed=0,
+                      can_mask=lambda c: [x.answer != "Talmont" for x in c]).masked_heldout
+  assert len(kept) == 7 and "Talmont" not in {c.answer for c in kept}
   # However many are asked for, at most half of the questions are held out.
   assert len(split_corpus(sentences, blocks, 2, 100, 100, seed=0).heldout_questions) == 3
   # Seeded: the same split again.

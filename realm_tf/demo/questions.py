@@ -225,7 +225,7 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
       answer_key(c.sentence.text[:c.span[0]] + " " + c.sentence.text[c.span[1]:]),
       answer_key(c.answer))]
   if can_mask is not None:
-    maskable = [c for c, ok in zip(candidates, can_mask(candidates)) if ok]
+    maskable = [c for c, ok in zip(maskable, can_mask(maskable)) if ok]
   masked = pick_diverse(maskable, num_masked, seed)
   masked_texts = {c.sentence.text for c in masked}
   pretraining = [s for s in sentences if s.text not in masked_texts]
