@@ -50,6 +50,17 @@ def check_filled_in(filled: list, titles: set, num_masked: int, num_candidates: 
     assert abs(row["p_null_document"] + sum(b["p"] for b in row["blocks"]) - 1.0) < 1e-4
 
 
+def check_fill_in_score(summary: dict, filled: list, printed: str):
+  """The accuracy act 1 prints: counted again from the filled-in rows."""
+  assert summary["count"] == len(filled)
+  for reading in ("with_retrieval", "without_retrieval"):
+    right = sum(r[reading] == r["answer_wordpieces"] for r in filled)
+    assert summary[reading]["right"] == right
+    assert summary[reading]["accuracy"] == right / len(filled)
+  assert f"Fill-in accuracy over {len(filled)} held-out masked sentences" in printed
+  assert "Held-out masked sentences filled in right: " in printed
+
+
 def check_generated_questions(corpus_dir: str, data: dict, num_eval_questions: int) -> set:
   """The data stage's files (`data`: its info) made from the preprocessed `corpus_dir`:
   held-out means held out, no question answerable only from its own block, and those

@@ -68,6 +68,7 @@ def test_demo_pipeline_end_to_end_on_the_tiny_config(repo_dir, tmp_path):
   demo_checks.check_filled_in(summary["filled_in"], titles, num_masked=2, num_candidates=3)
   assert stdout.count("without retrieval (null document only)") == 2
   assert stdout.count("retrieved z: p(z|x) = ") == 2
+  demo_checks.check_fill_in_score(summary["fill_in_score"], summary["filled_in"], stdout)
 
   # Answers over gRPC with provenance: source titles and p(z|x) of the blocks read.
   answers = summary["answers"]

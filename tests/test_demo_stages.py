@@ -22,7 +22,7 @@ import yaml
 
 from realm_tf.demo import pipeline
 from realm_tf.demo import world as world_lib
-from realm_tf.demo.fill_in import format_results
+from realm_tf.demo.fill_in import format_results, format_score
 from realm_tf.demo.pipeline import Demo, DemoOptions, format_summary
 from realm_tf.demo.world import format_world
 from realm_tf.io import layout, versioned
@@ -64,6 +64,7 @@ def test_demo_stages_hand_over_end_to_end_and_are_reused(repo_dir, tmp_path, mon
   demo = Demo(options(), log=lines.append)
   result = demo.run()
   printed = "\n".join(lines + [format_results(result["filled_in"]),
+                               format_score(result["fill_in_score"]),
                                format_world(result["world"]), format_summary(demo)])
 
   # Every default stage ran once, in order; act 1's Open-QA stages are off by default.
@@ -114,6 +115,7 @@ def test_demo_stages_hand_over_end_to_end_and_are_reused(repo_dir, tmp_path, mon
   demo_checks.check_filled_in(result["filled_in"], titles, SIZES["num_masked"],
                               SIZES["num_candidates"])
   assert printed.count("without retrieval (null document only)") == SIZES["num_masked"]
+  demo_checks.check_fill_in_score(result["fill_in_score"], result["filled_in"], printed)
   demo_checks.check_generated_questions(corpus_dir, data, SIZES["num_eval_questions"])
   demo_checks.check_world_act(world, printed, SIZES["world_entities"], SIZES["world_asked"],
                               SIZES["world_finetune_steps"])

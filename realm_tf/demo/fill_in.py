@@ -6,6 +6,8 @@ the prediction is the argmax of the marginal Σ_z p(z|x) p(y|z,x)), and with the
 document alone (no retrieval: what the same encoder knows by itself). Both use the
 pre-training task's own step code (`PretrainTask.forward`), on the run's newest index.
 """
+import collections
+import math
 from typing import List, Sequence
 
 import numpy as np
@@ -14,7 +16,7 @@ import tensorflow as tf
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.data import pretraining_inputs
-from realm_tf.demo.questions import Sentence
+from realm_tf.demo.questions import Sentence, answer_key
 from realm_tf.io import layout, versioned
 from realm_tf.text import Tokenizer
 
@@ -120,6 +122,62 @@ def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence]) ->
         source_block_id=sentence.block_id, blocks=blocks,
         checkpoint=checkpoint, index_version=index.version))
   return results
+
+
+def _commonest(fills: Sequence[str]) -> dict:
+  """The commonest of `fills` and its share (a collapsed head fills every blank alike)."""
+  value, count = collections.Counter(fills).most_common(1)[0]
+  return dict(fill=value, share=count / len(fills))
+
+
+def score(results: Sequence[dict]) -> dict:
+  """Fill-in accuracy with and without retrieval over fill_in's results.
+
+  A blank is filled right when every masked wordpiece is the answer's. Beside each
+  accuracy (± its binomial standard error): the commonest fill of a blank and the
+  commonest predicted wordpiece, each with its share (of blanks, of masked wordpieces),
+  which show a head that predicts one frequent word everywhere; and the share of
+  sentences for which some retrieved block states the answer (what retrieval could give).
+
+  Raises:
+    ValueError: no results.
+  """
+  if not results:
+    raise ValueError("no filled-in sentences to score")
+  n = len(results)
+  out = dict(count=n)
+  for reading in ("with_retrieval", "without_retrieval"):
+    right = sum(r[reading] == r["answer_wordpieces"] for r in results)
+    p = right / n
+    out[reading] = dict(
+        right=right, accuracy=p, stderr=math.sqrt(p * (1 - p) / n),
+        commonest_fill=_commonest([r[reading] for r in results]),
+        commonest_wordpiece=_commonest([w for r in results for w in r[reading].split()]))
+  key = [answer_key(r["answer"]) for r in results]
+  out["answer_in_retrieved_block"] = sum(
+      any(_contains(answer_key(b["text"]), k) for b in r["blocks"])
+      for r, k in zip(results, key)) / n
+  return out
+
+
+def _contains(words: tuple, key: tuple) -> bool:
+  return any(words[i:i + len(key)] == key for i in range(len(words) - len(key) + 1))
+
+
+def format_score(summary: dict) -> str:
+  """score()'s figures as the lines the demo prints."""
+  lines = [f"Fill-in accuracy over {summary['count']} held-out masked sentences "
+           f"(answer stated in some retrieved block for "
+           f"{100 * summary['answer_in_retrieved_block']:.0f}%):"]
+  for reading, label in (("with_retrieval", "with retrieval   "),
+                         ("without_retrieval", "without retrieval")):
+    r = summary[reading]
+    lines.append(f"  {label} {100 * r['accuracy']:5.1f}% ± {100 * r['stderr']:.1f} "
+                 f"({r['right']} right); commonest fill {r['commonest_fill']['fill']!r} "
+                 f"{100 * r['commonest_fill']['share']:.0f}% of blanks, commonest wordpiece "
+                 f"{r['commonest_wordpiece']['fill']!r} "
+                 f"{100 * r['commonest_wordpiece']['share']:.0f}% of masked wordpieces")
+  return "\n".join(lines)
 
 
 def format_results(results: Sequence[dict], top_blocks: int = 1) -> str:

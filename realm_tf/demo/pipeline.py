@@ -49,7 +49,7 @@ from realm_tf.configs import experiments, load_config
 from realm_tf.demo import corpus as corpus_lib
 from realm_tf.demo import questions as questions_lib
 from realm_tf.demo import records
-from realm_tf.demo.fill_in import fill_in, fits_query
+from realm_tf.demo.fill_in import fill_in, fits_query, score
 from realm_tf.demo.serve import serve_and_ask
 from realm_tf.demo.stages import StageError, Stages, clock, python_module, run_command
 from realm_tf.demo.world import WorldAct
@@ -93,7 +93,7 @@ class DemoOptions:
   max_train_questions: int = 2000
   num_eval_questions: int = 40
   num_asked: int = 5
-  num_masked: int = 4
+  num_masked: int = 50
   ask: Sequence[str] = ()
   seed: int = 0
   # The knowledge-world act (realm_tf.demo.world): invented people, their blocks, questions.
@@ -553,8 +553,8 @@ class Demo:
     world = WorldAct(self.stages, self.train, self.config_identity, self.log).run(
         pre["model_dir"], o.world_entities, o.world_finetune_steps, o.world_batch_size,
         o.world_asked, o.seed)
-    self.result = dict(filled_in=filled_in, answers=answers, openqa=qa, pretrain=pre,
-                       preprocess=prep, data=data, world=world,
+    self.result = dict(filled_in=filled_in, fill_in_score=score(filled_in), answers=answers,
+                       openqa=qa, pretrain=pre, preprocess=prep, data=data, world=world,
                        stages=[dataclasses.asdict(r) for r in self.stages.records],
                        seconds_this_run=time.time() - start)
     with open(os.path.join(self.stages.run_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -597,6 +597,12 @@ def format_summary(demo: Demo) -> str:
     lines.append(f"  {r.name:<12} {clock(r.seconds):>7}  {status:<6}  {r.directory}")
   lines.append(f"  total compute {clock(total)} over all stages; this run took "
                f"{clock(demo.result.get('seconds_this_run', 0.0))}")
+  filled = demo.result.get("fill_in_score")
+  if filled:
+    w, wo = filled["with_retrieval"], filled["without_retrieval"]
+    lines.append(f"  Held-out masked sentences filled in right: {100 * w['accuracy']:.1f}% "
+                 f"with retrieval, {100 * wo['accuracy']:.1f}% without "
+                 f"({filled['count']} sentences)")
   qa = demo.result.get("openqa", {})
   if qa.get("exact_match") is not None:
     lines.append(f"  Open-QA on {qa['eval_questions']} held-out cloze questions: exact match "
