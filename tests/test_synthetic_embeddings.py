@@ -1,0 +1,105 @@
+"""The embedding generator the full-size ScaNN run draws from: fitted, seeded, and the
+validation it must pass, on a small known mixture."""
+import numpy as np
+import pytest
+
+from benchmarks import synthetic_embeddings as se
+
+
+def _mixture(n, dim=16, centres=6, seed=0):
+  rng = np.random.default_rng(seed)
+  means = rng.normal(size=[centres, dim]).astype(np.float32) * 3
+  labels = rng.integers(0, centres, size=n)
+  # Each cluster stretched along one direction of its own, plus small isotropic noise.
+  directions = rng.normal(size=[centres, dim]).astype(np.float32)
+  directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+  stretch = rng.normal(size=[n, 1]).astype(np.float32) * 2
+  blocks = means[labels] + stretch * directions[labels] + 0.1 * rng.normal(size=[n, dim])
+  return blocks.astype(np.float32), means, directions
+
+
+def test_the_generator_recovers_the_mixture_and_is_seeded():
+  blocks, means, directions = _mixture(3000)
+  queries = blocks[:300] + np.float32(0.05)
+  generator = se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2, seed=0)
+  # Every true centre has a fitted mean close by, and its stretch is the leading factor.
+  for mean, direction in zip(means, directions):
+    c = np.argmin(np.linalg.norm(generator.means - mean, axis=1))
+    assert np.linalg.norm(generator.means[c] - mean) < 0.3
+    lead = generator.factors[c, :, 0]
+    assert abs(lead @ direction) / np.linalg.norm(lead) > 0.99
+    assert np.linalg.norm(lead) == pytest.approx(2.0, rel=0.15)
+    assert generator.residual_std[c].max() < 0.15
+  assert generator.weights.sum() == pytest.approx(1.0)
+  # Offsets are question minus its exact top-1 block.
+  top1 = np.argmax(queries @ blocks.T, axis=1)
+  np.testing.assert_allclose(generator.offsets, queries - blocks[top1], atol=1e-5)
+
+  a, ca = generator.blocks(500, seed=3)
+  b, cb = generator.blocks(500, seed=3)
+  np.testing.assert_array_equal(a, b)
+  np.testing.assert_array_equal(ca, cb)
+  assert a.shape == (500, 16) and a.dtype == np.float32
+  assert not np.array_equal(a, generator.blocks(500, seed=4)[0])
+  # A generated block lies near its own cluster's mean.
+  assert np.median(np.linalg.norm(a - generator.means[ca], axis=1)) < 2.5
+
+  q = generator.queries(a[:50], ca[:50], seed=1)
+  offsets = q - a[:50]
+  for row, c in zip(offsets, ca[:50]):
+    candidates = generator.offsets[generator.offset_clusters == c]
+    assert np.isclose(candidates, row, atol=1e-5).all(1).any()
+
+
+def test_a_saved_generator_loads_the_same(tmp_path):
+  blocks, _, _ = _mixture(600)
+  generator = se.EmbeddingGenerator.fit(blocks, blocks[:50], clusters=4, rank=2)
+  path = generator.save(str(tmp_path / "g.npz"))
+  again = se.EmbeddingGenerator.load(path)
+  np.testing.assert_array_equal(again.blocks(100, 7)[0], generator.blocks(100, 7)[0])
+
+
+def test_exact_top_is_numpy_sort_order():
+  rng = np.random.default_rng(1)
+  vectors = rng.normal(size=[500, 8]).astype(np.float32)
+  queries = rng.normal(size=[40, 8]).astype(np.float32)
+  rows, scores = se.exact_top(vectors, queries, 6)
+  want = np.argsort(-(queries @ vectors.T), axis=1)[:, :6]
+  np.testing.assert_array_equal(rows, want)
+  np.testing.assert_allclose(scores, np.take_along_axis(queries @ vectors.T, want, 1),
+                             rtol=1e-6)
+
+
+def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
+  """The validate step on a mixture against itself drawn again: every row present, the
+  verdict follows the tolerances, and the Markdown comes from the JSON alone."""
+  blocks, _, _ = _mixture(3000, seed=2)
+  rng = np.random.default_rng(0)
+  queries = blocks[rng.choice(3000, 400, replace=False)] + rng.normal(
+      size=[400, 16]).astype(np.float32) * 0.3
+  np.save(tmp_path / "blocks.npy", blocks)
+  np.save(tmp_path / "queries.npy", queries)
+  se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2).save(
+      str(tmp_path / "generator.npz"))
+  v = se.validate_step(str(tmp_path), num_queries=200, seed=0)
+  assert len(v["table"]) == 2 * len(se.LEAF_MULTIPLES)
+  for row in v["table"]:
+    assert 0.0 <= row["real"] <= 1.0 and 0.0 <= row["synthetic"] <= 1.0
+    assert row["difference"] == pytest.approx(row["synthetic"] - row["real"])
+  shipped = [r for r in v["table"] if r["configuration"] == "shipped"]
+  assert [r["leaves"] for r in shipped] == [55] * 4  # round(sqrt(3000))
+  # 55 // 20 = 2 searched by default, at 0.5, 1, 2 and 4 times that.
+  assert [r["leaves_searched"] for r in shipped] == [1, 2, 4, 8]
+  assert v["recall_agrees"] == all(abs(r["difference"]) <= se.RECALL_TOLERANCE
+                                   for r in v["table"])
+  assert v["verdict"] == ("trusted" if v["recall_agrees"] and v["gap_agrees"]
+                          else "not trusted")
+  result = dict(validate=v, real=dict(blocks=3000, rows_read={"x/corpus.jsonl": 1},
+                                      encoder="test"),
+                project=dict(dimension=16, energy_kept=1.0), fit=dict(clusters=6, rank=2))
+  path = tmp_path / "out.json"
+  output = se.harness.output_at(str(path), se.markdown)
+  output.write(result)
+  text = (tmp_path / "out.md").read_text()
+  assert f"**Verdict: {v['verdict']}**" in text
+  assert text.count("| shipped |") == 4 and text.count("| authors |") == 4
