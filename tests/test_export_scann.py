@@ -9,9 +9,9 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.corpus import schema
-from realm_tf.export import exporter, qa
+from realm_tf.export import exporter
 from realm_tf.io import versioned
-from realm_tf.retrieval import scann_searcher
+from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.index_export import ShardData, write_export
 from tests import task_fixtures as tf_
 
@@ -189,30 +189,30 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
 def test_shipped_parameters_by_shard_size():
   """Small shards: brute force in float32 (exact); larger: int8 reordering; a mode given
   as an override takes that mode's defaults for the size."""
-  assert scann_searcher.scann_params_for(5_000).reorder_dtype == "float32"
-  assert scann_searcher.scann_params_for(50_000).reorder_dtype == "int8"
-  tree = scann_searcher.scann_params_for(1 << 20)
+  assert scann_index.scann_params_for(5_000).reorder_dtype == "float32"
+  assert scann_index.scann_params_for(50_000).reorder_dtype == "int8"
+  tree = scann_index.scann_params_for(1 << 20)
   assert (tree.mode, tree.reorder_dtype, tree.num_leaves_to_search) == (
       "tree_ah_reorder", "int8", tree.num_leaves // 20)
-  forced = scann_searcher.scann_params_for(10_000, mode="tree_ah_reorder")
+  forced = scann_index.scann_params_for(10_000, mode="tree_ah_reorder")
   assert (forced.num_leaves, forced.num_leaves_to_search, forced.reorder_dtype) == (
       100, 5, "int8")
 
 
 def test_a_released_builder_searcher_is_gone():
-  """scann_searcher.release frees a built searcher (the builder registers each one for
+  """scann_index.release frees a built searcher (the builder registers each one for
   the life of the process otherwise)."""
   vectors = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
-  built = scann_searcher.build_scann(vectors, scann_searcher.scann_params_for(300))
+  built = scann_index.build_scann(vectors, scann_index.scann_params_for(300))
   built.search_batched(vectors[:1])
-  scann_searcher.release(built)
+  scann_index.release(built)
   with pytest.raises(tf.errors.NotFoundError):
     built.search_batched(vectors[:1])
 
 
 def test_scann_shards_refuse_bad_input(corpus):
   with pytest.raises(ValueError, match="at least one ScaNN shard"):
-    qa.scann_searcher([], DIMENSION)
+    scann_index.graph_searcher([], DIMENSION)
   with pytest.raises(ValueError, match="reorder_dtype"):
-    scann_searcher.build_scann(corpus["vectors"], scann_searcher.scann_params_for(
+    scann_index.build_scann(corpus["vectors"], scann_index.scann_params_for(
         NUM_BLOCKS, reorder_dtype="int4"))

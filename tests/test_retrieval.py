@@ -148,7 +148,7 @@ def test_scann_searcher_saved_in_a_savedmodel(tmp_path, corpus):
   vectors, ids, queries = corpus
   searcher = ScannSearcher.build(vectors[:3000], ids[:3000])
   module = tf.Module()
-  module.scann_state = searcher.serialize_to_module()
+  module.scann_state = searcher.state
   module.block_ids = searcher.block_ids
 
   @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32)])
