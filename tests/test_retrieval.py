@@ -143,6 +143,28 @@ def test_recall_grows_with_the_leaves_searched_and_defaults_are_the_build(tree_s
   np.testing.assert_array_equal(passed.scores.numpy(), own.scores.numpy())
 
 
+def test_leaves_holding_fewer_points_than_k_still_give_k_results():
+  """One leaf of a tree of 100 over 300 points holds a few points: ScaNN then returns
+  fewer columns than asked for the whole batch; the searcher pads them (ranked last) and
+  returns k, the points it found first, in exact order (float32 reordering)."""
+  vectors = clustered_vectors(300, 8, num_clusters=10, seed=5)
+  params = scann_params_for(300, mode="tree_ah_reorder", num_leaves=100,
+                            num_leaves_to_search=1, reorder_dtype="float32",
+                            training_sample_size=300)
+  searcher = ScannSearcher.build(vectors, params=params)
+  queries = queries_near(vectors, 4, seed=6)
+  result = _search(searcher, queries, 20, SearchOptions(0.01, 20))  # one leaf
+  assert result.block_ids.shape == (4, 20)
+  scores = result.scores.numpy()
+  found = scores > np.finfo(np.float32).min
+  assert found.any(axis=1).all() and not found.all(), found.sum(axis=1)
+  for q in range(4):
+    ids = result.block_ids.numpy()[q][found[q]]
+    np.testing.assert_allclose(scores[q][found[q]], vectors[ids] @ queries[q], rtol=1e-5,
+                               atol=1e-5)
+    assert list(scores[q][found[q]]) == sorted(scores[q][found[q]], reverse=True)
+
+
 def test_search_options_out_of_range_are_refused_by_name():
   """InvalidArgument naming the option: a fraction of 0 or above 1, fewer candidates
   reordered than the neighbours asked for."""

@@ -451,12 +451,18 @@ class ScannSearcher(Searcher):
         pre_reorder_num_neighbors=_reorder_count(options.reorder_num_neighbors,
                                                  self.layout, fetch),
         leaves_to_search=leaves_to_search(options.leaves_fraction,
-                                           self.layout))  # [Q, fetch]
-    indices = tf.cast(indices, tf.int64)
+                                           self.layout))  # [Q, m], m <= fetch
+    # ScaNN pads with index -1 a query that finds fewer than asked, but only up to the most
+    # any query of the batch found: where the leaves searched hold fewer than `fetch`
+    # points for every query, m < fetch. Padded to fetch, as the top-k below needs.
+    missing = fetch - tf.shape(indices)[1]
+    indices = tf.pad(tf.cast(indices, tf.int64), [[0, 0], [0, missing]],
+                     constant_values=-1)  # [Q, fetch]
+    scores = tf.pad(scores, [[0, 0], [0, missing]])  # [Q, fetch]
     if self.rescore_embeddings is not None:
       candidates = tf.gather(self.rescore_embeddings, tf.maximum(indices, 0))  # [Q, fetch, P]
       scores = tf.einsum("qp,qfp->qf", queries, tf.cast(candidates, tf.float32))
-    # ScaNN pads with index -1 when it finds fewer than asked: rank those last.
+    # Rank the -1 padding last.
     scores = tf.where(indices >= 0, scores, tf.float32.min)
     top = tf.math.top_k(scores, k=k)  # [Q, k]
     local = tf.gather(indices, top.indices, batch_dims=1)
