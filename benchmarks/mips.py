@@ -10,7 +10,9 @@ Two corpora, measured in one run:
              MiniLM-initialised block encoder of configs/demo.yaml), real questions
              (NQ-Open) as queries.
 For each: exact search (TF matmul + top_k) and ScaNN at a few settings; batched queries/s
-(batches of 256) and single-query queries/s. Results: benchmarks/results/mips.json and
+(batches of 256) and single-query queries/s. A setting is a build (ScannParams overrides)
+and the options it is searched with (scann_index.SearchOptions: the fraction of leaves
+searched, the candidates reordered), so one tree serves every leaves setting unrebuilt. Results: benchmarks/results/mips.json and
 mips.md (`--markdown_only` re-renders mips.md from the committed mips.json).
 """
 import argparse
@@ -25,7 +27,8 @@ import tensorflow as tf
 
 from benchmarks import harness
 from benchmarks.harness import SHARED_DATA, machine
-from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_params_for
+from realm_tf.retrieval import ExactSearcher, ScannSearcher, scann_index, scann_params_for
+from realm_tf.retrieval.scann_index import SearchOptions
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
 K = 10
@@ -53,14 +56,24 @@ def _dir_bytes(path: str) -> int:
 def _scann_bytes_per_vector(searcher: ScannSearcher, num: int) -> float:
   tmp = tempfile.mkdtemp()
   try:
-    tf.saved_model.save(searcher.serialize_to_module(), tmp)
+    tf.saved_model.save(searcher.state, tmp)
     return _dir_bytes(tmp) / num
   finally:
     shutil.rmtree(tmp)
 
 
 def measure(vectors: np.ndarray, queries: np.ndarray, settings: list[dict]) -> dict:
-  """Exact and ScaNN settings over one corpus."""
+  """Exact and ScaNN settings over one corpus.
+
+  Args:
+    vectors: [N, P] float32 corpus.
+    queries: [Q, P] float32 queries.
+    settings: dicts of `build` (ScannParams overrides; each distinct one built once) and
+      `options` (the SearchOptions it is searched with; absent: the build's own).
+
+  Returns:
+    The corpus's sizes and one row per search (exact first).
+  """
   n, dim = vectors.shape
   ids = np.arange(n, dtype=np.int64)
   exact = ExactSearcher(vectors, ids)
@@ -71,50 +84,68 @@ def measure(vectors: np.ndarray, queries: np.ndarray, settings: list[dict]) -> d
                    bytes_per_vector=float(vectors.itemsize * dim),
                    qps_batched=_qps(exact_search, queries, BATCH),
                    qps_single=_qps(exact_search, queries[:200], 1, min_seconds=2.0))
-  rows = [exact_row]
+  rows, built = [exact_row], {}
   for setting in settings:
-    params = scann_params_for(n, **setting)
-    start = time.perf_counter()
-    searcher = ScannSearcher.build(vectors, ids, params=params)
-    build = time.perf_counter() - start
-    search = tf.function(lambda q, s=searcher: s.search(q, K))
+    params = scann_params_for(n, **setting["build"])
+    key = json.dumps(params.to_dict(), sort_keys=True)
+    if key not in built:
+      start = time.perf_counter()
+      searcher = ScannSearcher.build(vectors, ids, params=params)
+      built[key] = (searcher, time.perf_counter() - start,
+                    _scann_bytes_per_vector(searcher, n))
+    searcher, build, size = built[key]
+    options = setting.get("options", SearchOptions())
+    search = _searching(searcher, options)
     got = np.concatenate([search(tf.constant(queries[i:i + BATCH])).block_ids.numpy()
                           for i in range(0, len(queries), BATCH)])
-    row = dict(name=_name(params), params=params.to_dict(), recall_at_10=harness.recall(got, truth),
-               build_seconds=build,
-               bytes_per_vector=_scann_bytes_per_vector(searcher, n),
+    row = dict(name=_name(params, searcher.layout, options), params=params.to_dict(),
+               options=options._asdict(), recall_at_10=harness.recall(got, truth),
+               build_seconds=build, bytes_per_vector=size,
                qps_batched=_qps(search, queries, BATCH),
                qps_single=_qps(search, queries[:500], 1, min_seconds=2.0))
     row["speedup_batched_vs_exact"] = row["qps_batched"] / exact_row["qps_batched"]
     row["speedup_single_vs_exact"] = row["qps_single"] / exact_row["qps_single"]
     rows.append(row)
-    print(json.dumps({k: v for k, v in row.items() if k != "params"}), flush=True)
+    print(json.dumps({k: v for k, v in row.items() if k not in ("params", "options")}),
+          flush=True)
   return dict(num_vectors=n, dimension=dim, num_queries=len(queries), k=K,
               query_batch=BATCH, rows=rows)
 
 
-def _name(params) -> str:
+def _searching(searcher: ScannSearcher, options: SearchOptions):
+  """A tf.function: queries [Q, P] → the SearchResult of `searcher` with `options`."""
+
+  @tf.function
+  def search(queries):
+    with scann_index.searching_with(options):
+      return searcher.search(queries, K)
+
+  return search
+
+
+def _name(params, layout: scann_index.ShardLayout, options: SearchOptions) -> str:
+  """The row's name: the mode, and the reordering and leaves as searched."""
   if params.mode == "brute_force":
     return f"scann brute_force ({params.reorder_dtype})"
-  name = f"scann {params.mode} reorder={params.reorder_num_neighbors}"
+  reorder = options.reorder_num_neighbors or layout.reorder_num_neighbors
+  name = f"scann {params.mode} reorder={reorder}"
   if params.mode == "tree_ah_reorder":
-    name += f" leaves={params.num_leaves} search={params.num_leaves_to_search}"
+    searched = scann_index.leaves_to_search(options.leaves_fraction, layout)
+    searched = layout.num_leaves_to_search if searched == -1 else searched
+    name += f" leaves={layout.num_leaves} search={searched}"
   return name + f" ({params.reorder_dtype})"
 
 
 def synthetic(num_vectors: int) -> dict:
   vectors = clustered_vectors(num_vectors, 128, num_clusters=2000, seed=0)
   queries = queries_near(vectors, 2048, seed=1)
-  leaves = int(round(np.sqrt(num_vectors)))
-  settings = [
-      dict(num_leaves_to_search=max(1, leaves // 125), reorder_num_neighbors=40),
-      dict(num_leaves_to_search=max(1, leaves // 80), reorder_num_neighbors=50),
-      dict(num_leaves_to_search=max(1, leaves // 40), reorder_num_neighbors=100),
-      dict(num_leaves_to_search=max(1, leaves // 20), reorder_num_neighbors=100),
-      dict(num_leaves_to_search=max(1, leaves // 10), reorder_num_neighbors=200),
-      dict(num_leaves_to_search=max(1, leaves // 40), reorder_num_neighbors=100,
-           reorder_dtype="int8"),
-  ]
+  # One float32 tree searched at five settings (a fraction of its sqrt(N) leaves, and
+  # candidates reordered), and the shipped int8 one at one of them.
+  float32 = dict(reorder_dtype="float32")
+  settings = [dict(build=float32, options=SearchOptions(fraction, reorder))
+              for fraction, reorder in ((0.008, 40), (0.012, 50), (0.025, 100), (0.05, 100),
+                                        (0.1, 200))]
+  settings.append(dict(build=dict(reorder_dtype="int8"), options=SearchOptions(0.025, 100)))
   return measure(vectors, queries, settings)
 
 
@@ -158,10 +189,12 @@ def real(work_dir: str) -> dict:
   encode = load_encoder(query_encoder)
   queries = np.concatenate([encode(text=tf.constant(questions[i:i + 256]))["embeddings"]
                             .numpy() for i in range(0, len(questions), 256)])
-  settings = [dict(), dict(mode="ah_reorder", reorder_num_neighbors=100),
-              dict(mode="tree_ah_reorder", num_leaves=int(np.sqrt(len(vectors))),
-                   num_leaves_to_search=max(1, int(np.sqrt(len(vectors))) // 10),
-                   reorder_num_neighbors=100)]
+  # Brute force (the shipped mode at this size), asymmetric hashing, and a tree (sqrt(N)
+  # leaves) searching a tenth of its leaves.
+  settings = [dict(build=dict()),
+              dict(build=dict(mode="ah_reorder", reorder_dtype="float32")),
+              dict(build=dict(mode="tree_ah_reorder", reorder_dtype="float32"),
+                   options=SearchOptions(leaves_fraction=0.1))]
   result = measure(vectors, queries, settings)
   manifest = versioned.read_version(index).manifest
   result.update(corpus="wikipedia/vital_articles.jsonl", encoder="MiniLM (configs/demo.yaml)",

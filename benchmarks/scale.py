@@ -337,6 +337,7 @@ def export_phase(args, work: str) -> dict:
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
   from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
@@ -353,8 +354,8 @@ def export_phase(args, work: str) -> dict:
     scann_start = time.time()
     # As exporter.build_module where the index carries no ScaNN shards: built shard by
     # shard; the served index then holds no embeddings (it scores with the searcher).
-    searcher, handles = qa.scann_searcher(qa.build_scann_shards(vectors, block_ids),
-                                          DIMENSION)
+    searcher, handles = scann_index.graph_searcher(
+        scann_index.build_shards(vectors, block_ids), DIMENSION)
     scann_seconds = time.time() - scann_start
   c = config.task.openqa
   embeddings = np.asarray(vectors) if searcher is None else None

@@ -227,6 +227,8 @@ def export_phase(args, work: str) -> dict:
   from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.index_loading import version_scann_shards  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
   from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
@@ -247,8 +249,8 @@ def export_phase(args, work: str) -> dict:
   searcher, handles = None, ()
   if kind == "realm_qa_scann":
     version = versioned.latest_version(os.path.join(work, "index"))
-    searcher, handles = qa.scann_searcher(
-        exporter.version_scann_shards(version, embeddings, block_ids), vectors.shape[1])
+    searcher, handles = scann_index.graph_searcher(
+        version_scann_shards(version, embeddings, block_ids), vectors.shape[1])
   c = config.task.openqa
   served = served_index.ServedIndex(
       embeddings if searcher is None else None, block_ids, texts, task.tokenizer,
@@ -289,12 +291,13 @@ def _queries(args, work: str, vectors) -> np.ndarray:
 
 def recall_phase(args, work: str) -> dict:
   """recall@5 against exact search of the shipped shards and the authors' configuration
-  (per shard, merged), each searcher's resident bytes per block and time per query."""
+  (per shard, merged: a ShardedSearcher, as served), each searcher's resident bytes per
+  block (its state and the searcher made from it, as a served shard holds both) and time
+  per query."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import scann_searcher  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.index_export import load_shard_array, shard_name  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import ScannParams, ScannSearcher, ShardedSearcher, load_searcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.index_export import load_shard_array  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
   vectors = _embeddings(work)
   queries = _queries(args, work, vectors)
@@ -307,48 +310,31 @@ def recall_phase(args, work: str) -> dict:
   version = versioned.latest_version(os.path.join(work, "index"))
   infos = version.manifest["shards"]
 
-  def shipped():
-    for info in infos:
-      path = os.path.join(version.path, shard_name(info["shard"], len(infos)), "scann")
-      state = tf.saved_model.load(path)
-      yield (scann_ops.searcher_from_module(state),
-             load_shard_array(version, info["shard"], len(infos), "block_ids.npy"), state)
-
   def authors():
+    shards = []
     for info in infos:
       ids = load_shard_array(version, info["shard"], len(infos), "block_ids.npy")
-      params = scann_searcher.ScannParams(**AUTHORS)
-      yield scann_searcher.build_scann(np.asarray(vectors[ids], np.float32), params), ids, None
+      shards.append(ScannSearcher.build(np.asarray(vectors[ids], np.float32), ids,
+                                        params=ScannParams(**AUTHORS)))
+    return ShardedSearcher(shards)
 
   out = dict(queries=len(queries), exact_ms_per_query_batched=round(exact_ms, 3),
              authors_params=dict(AUTHORS, anisotropic_quantization_threshold="none"),
              shipped_params=infos[0].get("scann"))
-  for name, make in (("shipped", shipped), ("authors", authors)):
+  for name, make in (("shipped", lambda: load_searcher(version)), ("authors", authors)):
     gc.collect()
     before = scale.trimmed_rss()
-    searchers = list(make())
-    # One search per shard builds what a searcher builds lazily, before memory is read.
-    for searcher, _, _ in searchers:
-      searcher.search_batched(tf.constant(queries[:1]), final_num_neighbors=5)
+    searcher = make()
+    search = tf.function(lambda q, s=searcher: s.search(q, 5).block_ids)
+    # One search builds what a searcher builds lazily (and the trace), before memory is read.
+    search(tf.constant(queries[:1]))
     held = scale.trimmed_rss() - before
-    got = []
     begin = time.time()
-    for q in queries:
-      found_ids, found_scores = [], []
-      for searcher, ids, _ in searchers:
-        local, scores = searcher.search_batched(tf.constant(q[None]), final_num_neighbors=5)
-        local = local.numpy()[0]
-        found_ids += [int(ids[j]) for j in local if j >= 0]
-        found_scores += [float(s) for j, s in zip(local, scores.numpy()[0]) if j >= 0]
-      order = np.argsort(-np.asarray(found_scores), kind="stable")[:5]
-      got.append([found_ids[j] for j in order])
+    got = [search(tf.constant(q[None])).numpy()[0].tolist() for q in queries]
     out[name] = dict(recall_at_5=round(harness.recall(got, want), 4),
                      ms_per_single_query=round((time.time() - begin) * 1000 / len(queries), 3),
                      resident_bytes=held, resident_bytes_per_block=round(held / args.blocks, 1))
-    for searcher, _, _ in searchers:
-      if name == "authors":
-        scann_searcher.release(searcher)
-    del searchers
+    del searcher, search
   return out
 
 
@@ -359,8 +345,7 @@ def memory_phase(args, work: str) -> dict:
   growth of this process's trimmed RSS. One large shard, so that per-shard constants
   (graphs, codebooks, the tree) do not pass for per-block cost as they do at small N."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from scann.scann_ops.py import scann_ops  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import scann_searcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
   n = args.memory_blocks
   dimension = _embeddings(work).shape[1]
   # As scale.seeded_embeddings: a centroid per article plus as much noise, at this width.
@@ -368,16 +353,17 @@ def memory_phase(args, work: str) -> dict:
   centroids = rng.standard_normal((5000, dimension), np.float32)
   vectors = centroids[rng.integers(0, 5000, size=n)]
   vectors += rng.standard_normal((n, dimension), np.float32)
-  params = scann_searcher.scann_params_for(n)
-  built = scann_searcher.build_scann(vectors, params)
+  params = scann_index.scann_params_for(n)
   before = scale.trimmed_rss()
-  state = built.serialize_to_module()
+  # Built, serialised and the builder's searcher released: what stays is the state.
+  state = scann_index.scann_state(vectors, params)
   state_rss = scale.trimmed_rss() - before
-  scann_searcher.release(built)
-  del built, vectors
+  del vectors
   before = scale.trimmed_rss()
-  searcher = scann_ops.searcher_from_module(state)
-  searcher.search_batched(tf.zeros([1, dimension]), final_num_neighbors=5)
+  searcher = scann_index.host_searcher(
+      scann_index.ScannShard(state, np.arange(n, dtype=np.int64)), dimension)
+  searcher.search(tf.zeros([1, dimension]), 5)
+  # (with its [n] int64 block ids, 8 bytes a block, which a served shard holds too)
   searcher_rss = scale.trimmed_rss() - before
   variables = sum(int(np.prod(v.shape)) * v.dtype.size for v in state.variables
                   if v.dtype != tf.string)

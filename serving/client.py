@@ -2,7 +2,7 @@
 
     python -m serving.client --server localhost:8500 "who wrote the iliad?" ["..." ...]
         [--model realm_qa] [--signature serving_default] [--timeout 10] [--top_blocks 5]
-        [--json]
+        [--json] [--leaves_fraction 0.1 --reorder_num_neighbors 200]
 
 Uses only the official tensorflow-serving-api stubs, so it works the same against
 `python -m serving.server` and a real tensorflow_model_server. The contract of the QA
@@ -16,11 +16,17 @@ signature (inputs and outputs, B questions, K retrieved blocks):
   block_titles     string  [B, K]
   block_texts      string  [B, K]
   retrieval_probs  float32 [B, K]   p(z|x)
+
+A ScaNN export (realm_qa_scann) also serves `answer_with_search_options`, the same
+contract plus two scalar inputs chosen per request: leaves_fraction (float32, in (0, 1]:
+the fraction of each ScaNN shard's tree leaves searched) and reorder_num_neighbors
+(int32, at least the blocks retrieved: the candidates re-scored). --leaves_fraction and
+--reorder_num_neighbors (both or neither) send them, to that signature by default.
 """
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 
 import grpc
 import numpy as np
@@ -29,6 +35,9 @@ from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 QUESTION = "question"
+SEARCH_OPTIONS_SIGNATURE = "answer_with_search_options"
+LEAVES_FRACTION = "leaves_fraction"
+REORDER_NUM_NEIGHBORS = "reorder_num_neighbors"
 PER_QUESTION = ("answer", "score", "answer_block")
 PER_BLOCK = ("block_ids", "block_titles", "block_texts", "retrieval_probs")
 MAX_MESSAGE_BYTES = 64 << 20
@@ -39,8 +48,9 @@ def _text(value) -> str:
 
 
 def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequence[str],
-        model: str = "realm_qa", signature: str = "serving_default",
-        timeout: float = 10.0) -> list:
+        model: str = "realm_qa", signature: Optional[str] = None,
+        timeout: float = 10.0, leaves_fraction: Optional[float] = None,
+        reorder_num_neighbors: Optional[int] = None) -> list:
   """One Predict for all `questions`; a dict per question with its answer and provenance.
 
   Args:
@@ -48,8 +58,11 @@ def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequ
       tensorflow_model_server).
     questions: the questions, one request for all of them.
     model: the served model's name.
-    signature: the signature to call (QA contract above).
+    signature: the signature to call (QA contract above); default serving_default, or
+      answer_with_search_options when search options are given.
     timeout: the request's deadline in seconds.
+    leaves_fraction: with reorder_num_neighbors, the ScaNN search options (see above).
+    reorder_num_neighbors: with leaves_fraction.
 
   Returns:
     One dict per question, in order: {"question", "answer", "score", "answer_block",
@@ -57,17 +70,26 @@ def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequ
     "text", "retrieval_prob", "is_answer_block"}, ...] (K blocks, best first)}.
 
   Raises:
-    ValueError: no questions, or a response that does not follow the QA contract
-      (missing outputs, wrong ranks or row counts).
+    ValueError: no questions, only one of the search options, or a response that does
+      not follow the QA contract (missing outputs, wrong ranks or row counts).
     grpc.RpcError: the server's error (unknown model, deadline, overload, ...).
   """
   if not questions:
     raise ValueError("ask: no questions")
+  if (leaves_fraction is None) != (reorder_num_neighbors is None):
+    # The signature takes both: there is no one value meaning every shard's own.
+    raise ValueError("ask: leaves_fraction and reorder_num_neighbors go together")
   request = predict_pb2.PredictRequest()
   request.model_spec.name = model
-  request.model_spec.signature_name = signature
+  request.model_spec.signature_name = signature or (
+      "serving_default" if leaves_fraction is None else SEARCH_OPTIONS_SIGNATURE)
   encoded = np.array([q.encode("utf-8") for q in questions], dtype=object)  # [B]
   request.inputs[QUESTION].CopyFrom(tf.make_tensor_proto(encoded))
+  if leaves_fraction is not None:
+    request.inputs[LEAVES_FRACTION].CopyFrom(
+        tf.make_tensor_proto(np.float32(leaves_fraction)))  # []
+    request.inputs[REORDER_NUM_NEIGHBORS].CopyFrom(
+        tf.make_tensor_proto(np.int32(reorder_num_neighbors)))  # []
   response = stub.Predict(request, timeout=timeout)
   outputs = {}
   batch = len(questions)
@@ -139,10 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("questions", nargs="+", help="one or more questions")
   parser.add_argument("--server", default="localhost:8500", help="host:port of the gRPC API")
   parser.add_argument("--model", default="realm_qa")
-  parser.add_argument("--signature", default="serving_default")
+  parser.add_argument("--signature", default=None,
+                      help="default serving_default, or answer_with_search_options with "
+                      "the search options below")
   parser.add_argument("--timeout", type=float, default=10.0, help="deadline in seconds")
   parser.add_argument("--top_blocks", type=int, default=5, help="retrieved blocks to print")
   parser.add_argument("--json", action="store_true", help="print the answers as JSON")
+  parser.add_argument("--leaves_fraction", type=float, default=None,
+                      help="ScaNN exports: the fraction of each shard's leaves searched, "
+                      "in (0, 1] (with --reorder_num_neighbors)")
+  parser.add_argument("--reorder_num_neighbors", type=int, default=None,
+                      help="ScaNN exports: candidates re-scored, at least the blocks "
+                      "retrieved (with --leaves_fraction)")
   return parser
 
 
@@ -156,12 +186,16 @@ def main(argv=None) -> int:
     The exit status: 0, or 1 when the server refused or answered outside the contract
     (the reason on stderr).
   """
-  args = build_parser().parse_args(argv)
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if (args.leaves_fraction is None) != (args.reorder_num_neighbors is None):
+    parser.error("--leaves_fraction and --reorder_num_neighbors go together")
   options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
   with grpc.insecure_channel(args.server, options=options) as channel:
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     try:
-      answers = ask(stub, args.questions, args.model, args.signature, args.timeout)
+      answers = ask(stub, args.questions, args.model, args.signature, args.timeout,
+                    args.leaves_fraction, args.reorder_num_neighbors)
     except grpc.RpcError as e:
       print(f"serving.client: {args.server}: {e.code().name}: {e.details()}", file=sys.stderr)
       return 1

@@ -203,6 +203,21 @@ def test_qa_outputs_follow_the_client_contract(realm_qa):
                         retrieval_probs=tf.float32)
 
 
+def test_search_options_signature_follows_the_client_contract(exported):
+  """The ScaNN export's tunable signature: the client's names, the QA outputs, scalar
+  options beside the batched question."""
+  from serving import client  # pylint: disable=g-import-not-at-top
+  assert (qa.SEARCH_OPTIONS_SIGNATURE, qa.LEAVES_FRACTION, qa.REORDER_NUM_NEIGHBORS) == (
+      client.SEARCH_OPTIONS_SIGNATURE, client.LEAVES_FRACTION, client.REORDER_NUM_NEIGHBORS)
+  loaded = tf.saved_model.load(exported["published"]["realm_qa_scann"])
+  signature = loaded.signatures[client.SEARCH_OPTIONS_SIGNATURE]
+  _, inputs = signature.structured_input_signature
+  assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == {
+      client.QUESTION: (tf.string, [None]), client.LEAVES_FRACTION: (tf.float32, []),
+      client.REORDER_NUM_NEIGHBORS: (tf.int32, [])}
+  assert set(signature.structured_outputs) == set(client.PER_QUESTION + client.PER_BLOCK)
+
+
 def test_reader_export_reads_blocks_like_the_model(exported):
   """Given the blocks the model retrieved, the reader export chooses the span the model's
   reader scores best (its own span scores: the reader export has no retrieval score)."""
@@ -388,6 +403,15 @@ def test_stock_export_uses_only_ops_of_a_stock_model_server(exported):
   assert any("Wordpiece" in op for op in not_core), not_core
   assert not found["stock+text"], not_core
   assert {op for op in found["scann"] if op.startswith("Scann")}
+  # Every signature of the ScaNN export, answer_with_search_options included (its option
+  # checks and leaves arithmetic are core ops), needs only ScaNN's ops beyond those: a
+  # stock model server with ScaNN's op library linked in runs it.
+  assert found["scann+text"] and all(op.startswith("Scann") for op in found["scann+text"])
+  signatures = {kind: set(tf.saved_model.load(exported["published"][kind]).signatures)
+                for kind in ("realm_qa", "realm_qa_scann")}
+  assert signatures == {"realm_qa": {"serving_default", "answer"},
+                        "realm_qa_scann": {"serving_default", "answer",
+                                           qa.SEARCH_OPTIONS_SIGNATURE}}
 
 
 def _negate_scann_data(loaded):
@@ -408,6 +432,12 @@ def test_scann_searcher_is_built_once_not_per_call(exported):
   first = _outputs(loaded, question)
   _negate_scann_data(loaded)
   np.testing.assert_array_equal(_outputs(loaded, question)["block_ids"], first["block_ids"])
+  # answer_with_search_options shares the searcher serving_default built (one function
+  # under both): its first call does not read the changed data either.
+  tuned = loaded.signatures[qa.SEARCH_OPTIONS_SIGNATURE](
+      question=tf.constant(question), leaves_fraction=tf.constant(1.0),
+      reorder_num_neighbors=tf.constant(1000))
+  np.testing.assert_array_equal(tuned["block_ids"].numpy(), first["block_ids"])
   # The control: the same change before the first call reaches the searcher.
   fresh = tf.saved_model.load(path)
   _negate_scann_data(fresh)

@@ -4,15 +4,19 @@ question by question, answers as the exact export does whenever ScaNN's top-k is
 and its scores are exact (float32 reordering)."""
 import os
 
+import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from realm_tf.corpus import schema
-from realm_tf.export import exporter, qa
+from realm_tf.export import exporter
 from realm_tf.io import versioned
-from realm_tf.retrieval import scann_searcher
+from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.index_export import ShardData, write_export
+from serving import client
+from serving.server import ModelServer, ServerOptions
 from tests import task_fixtures as tf_
 
 NUM_BLOCKS = 600
@@ -189,30 +193,81 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
 def test_shipped_parameters_by_shard_size():
   """Small shards: brute force in float32 (exact); larger: int8 reordering; a mode given
   as an override takes that mode's defaults for the size."""
-  assert scann_searcher.scann_params_for(5_000).reorder_dtype == "float32"
-  assert scann_searcher.scann_params_for(50_000).reorder_dtype == "int8"
-  tree = scann_searcher.scann_params_for(1 << 20)
+  assert scann_index.scann_params_for(5_000).reorder_dtype == "float32"
+  assert scann_index.scann_params_for(50_000).reorder_dtype == "int8"
+  tree = scann_index.scann_params_for(1 << 20)
   assert (tree.mode, tree.reorder_dtype, tree.num_leaves_to_search) == (
       "tree_ah_reorder", "int8", tree.num_leaves // 20)
-  forced = scann_searcher.scann_params_for(10_000, mode="tree_ah_reorder")
+  forced = scann_index.scann_params_for(10_000, mode="tree_ah_reorder")
   assert (forced.num_leaves, forced.num_leaves_to_search, forced.reorder_dtype) == (
       100, 5, "int8")
 
 
 def test_a_released_builder_searcher_is_gone():
-  """scann_searcher.release frees a built searcher (the builder registers each one for
+  """scann_index.release frees a built searcher (the builder registers each one for
   the life of the process otherwise)."""
   vectors = np.random.default_rng(0).standard_normal((300, 8)).astype(np.float32)
-  built = scann_searcher.build_scann(vectors, scann_searcher.scann_params_for(300))
+  built = scann_index.build_scann(vectors, scann_index.scann_params_for(300))
   built.search_batched(vectors[:1])
-  scann_searcher.release(built)
+  scann_index.release(built)
   with pytest.raises(tf.errors.NotFoundError):
     built.search_batched(vectors[:1])
 
 
 def test_scann_shards_refuse_bad_input(corpus):
   with pytest.raises(ValueError, match="at least one ScaNN shard"):
-    qa.scann_searcher([], DIMENSION)
+    scann_index.graph_searcher([], DIMENSION)
   with pytest.raises(ValueError, match="reorder_dtype"):
-    scann_searcher.build_scann(corpus["vectors"], scann_searcher.scann_params_for(
+    scann_index.build_scann(corpus["vectors"], scann_index.scann_params_for(
         NUM_BLOCKS, reorder_dtype="int4"))
+
+
+def test_served_search_options_over_grpc(corpus):
+  """A tree export's answer_with_search_options over gRPC (serving.client's flags' path):
+  given each shard's build-time leaves (a fraction rounding up to them) and reorder count,
+  the same answers and blocks as serving_default; every leaf and candidate searched is a
+  search of its own; options out of range are INVALID_ARGUMENT naming the option."""
+  run = _swap_in(corpus, "index_tree", 3, True, mode="tree_ah_reorder",
+                 reorder_dtype="float32", training_sample_size=NUM_BLOCKS)
+  scann = exporter.build_module(run, "realm_qa_scann")
+  layouts = {s.layout for s in scann.index.searcher.shards}
+  assert len(layouts) == 1, layouts  # three shards of 200: one fraction fits them all
+  layout = layouts.pop()
+  assert layout.num_leaves > 1 and layout.reorder_num_neighbors == 100
+  assert "answer_with_search_options" in scann.signatures()
+  root = os.path.join(corpus["root"], "served_tree")
+  exporter.save_export(scann, root, "realm_qa_scann", 1, {},
+                       warmup=[dict(question=["who wrote the iliad?"])])
+  server = ModelServer(ServerOptions(
+      model_name="realm_qa_scann", model_base_path=os.path.join(root, "realm_qa_scann"),
+      file_system_poll_wait_seconds=0, port=0)).start()
+  questions = _questions()
+  own_fraction = (layout.num_leaves_to_search - 0.5) / layout.num_leaves
+  try:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+      default = client.ask(stub, questions, "realm_qa_scann", timeout=60)
+      own = client.ask(stub, questions, "realm_qa_scann", timeout=60,
+                       leaves_fraction=own_fraction,
+                       reorder_num_neighbors=layout.reorder_num_neighbors)
+      assert {a["model"]["signature"] for a in own} == {"answer_with_search_options"}
+      for a, b in zip(own, default):
+        assert (a["answer"], [x["block_id"] for x in a["blocks"]]) == (
+            b["answer"], [x["block_id"] for x in b["blocks"]]), a["question"]
+        np.testing.assert_allclose([x["retrieval_prob"] for x in a["blocks"]],
+                                   [x["retrieval_prob"] for x in b["blocks"]], atol=1e-6)
+      # Every leaf, every block reordered: exact top-k, so exact's blocks (float32).
+      everything = client.ask(stub, questions, "realm_qa_scann", timeout=60,
+                              leaves_fraction=1.0, reorder_num_neighbors=NUM_BLOCKS)
+      exact = _exact(corpus, questions)["found"].block_ids.numpy()
+      assert [[x["block_id"] for x in a["blocks"]] for a in everything] == exact.tolist()
+      for fraction, reorder, named in ((0.0, 100, "leaves_fraction"),
+                                       (1.5, 100, "leaves_fraction"),
+                                       (1.0, 1, "reorder_num_neighbors")):
+        with pytest.raises(grpc.RpcError) as refused:
+          client.ask(stub, questions[:1], "realm_qa_scann", timeout=60,
+                     leaves_fraction=fraction, reorder_num_neighbors=reorder)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert named in refused.value.details()
+  finally:
+    server.stop(grace=0.5)

@@ -13,6 +13,8 @@ from realm_tf.retrieval import (
     latest_export, list_exports, load_searcher, new_export_dir, scann_params_for,
     write_export, write_shard)
 from realm_tf.retrieval.index_export import ExportError, commit_export
+from realm_tf.retrieval.scann_index import (
+    SearchOptions, ShardLayout, check_search_options, leaves_to_search, searching_with)
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
 
@@ -92,6 +94,102 @@ def test_scann_recall_at_10_against_exact(corpus):
   np.testing.assert_allclose(result.scores.numpy(), exact, rtol=1e-5, atol=1e-5)
 
 
+@pytest.fixture(scope="module")
+def tree_shard():
+  """A tree + AH + float32 reordering shard over loosely clustered vectors (100 leaves,
+  5 searched by default), where the leaves searched matter; and its queries."""
+  vectors = clustered_vectors(10_000, 16, num_clusters=100, spread=1.0, seed=0)
+  ids = np.arange(10_000, dtype=np.int64) * 3 + 1
+  params = scann_params_for(len(vectors), mode="tree_ah_reorder", reorder_dtype="float32")
+  searcher = ScannSearcher.build(vectors, ids, params=params)
+  return searcher, vectors, ids, queries_near(vectors, 64, seed=1)
+
+
+def _search(searcher, queries, k, options=None):
+  with searching_with(options or SearchOptions()):
+    return searcher.search(tf.constant(queries), k)
+
+
+def test_every_leaf_and_every_candidate_reordered_is_exact_search(tree_shard):
+  """leaves_fraction 1.0 and as many candidates reordered as the shard has points: the
+  float32 reordering scores every point exactly, so the top-k is NumPy's."""
+  searcher, vectors, ids, queries = tree_shard
+  assert searcher.layout == ShardLayout(num_leaves=100, num_leaves_to_search=5,
+                                        reorder_num_neighbors=100)
+  result = _search(searcher, queries, 10, SearchOptions(1.0, len(vectors)))
+  want_ids, want_scores = _exact_top(vectors, ids, queries, 10)
+  np.testing.assert_array_equal(result.block_ids.numpy(), want_ids)
+  np.testing.assert_allclose(result.scores.numpy(), want_scores, rtol=1e-5, atol=1e-5)
+
+
+def test_recall_grows_with_the_leaves_searched_and_defaults_are_the_build(tree_shard):
+  """recall@10 does not fall as leaves_fraction grows (and a twentieth of the leaves
+  misses what all of them find); no options search as the build said: the same results
+  as passing its own leaves (a fraction that rounds up to 5 of 100) and reorder count."""
+  searcher, vectors, ids, queries = tree_shard
+  want, _ = _exact_top(vectors, ids, queries, 10)
+  recall = [_recall(_search(searcher, queries, 10, SearchOptions(f, 100)).block_ids.numpy(),
+                    want) for f in (0.05, 0.2, 1.0)]
+  assert recall == sorted(recall), recall
+  assert recall[2] - recall[0] > 0.05, recall
+  layout = searcher.layout
+  fraction = (layout.num_leaves_to_search - 0.5) / layout.num_leaves
+  assert leaves_to_search(fraction, layout) == layout.num_leaves_to_search
+  assert int(leaves_to_search(tf.constant(fraction), layout)) == layout.num_leaves_to_search
+  own = _search(searcher, queries, 10)
+  passed = _search(searcher, queries, 10,
+                   SearchOptions(fraction, layout.reorder_num_neighbors))
+  np.testing.assert_array_equal(passed.block_ids.numpy(), own.block_ids.numpy())
+  np.testing.assert_array_equal(passed.scores.numpy(), own.scores.numpy())
+
+
+def test_leaves_holding_fewer_points_than_k_still_give_k_results():
+  """One leaf of a tree of 100 over 300 points holds a few points: ScaNN then returns
+  fewer columns than asked for the whole batch; the searcher pads them (ranked last) and
+  returns k, the points it found first, in exact order (float32 reordering)."""
+  vectors = clustered_vectors(300, 8, num_clusters=10, seed=5)
+  params = scann_params_for(300, mode="tree_ah_reorder", num_leaves=100,
+                            num_leaves_to_search=1, reorder_dtype="float32",
+                            training_sample_size=300)
+  searcher = ScannSearcher.build(vectors, params=params)
+  queries = queries_near(vectors, 4, seed=6)
+  result = _search(searcher, queries, 20, SearchOptions(0.01, 20))  # one leaf
+  assert result.block_ids.shape == (4, 20)
+  scores = result.scores.numpy()
+  found = scores > np.finfo(np.float32).min
+  assert found.any(axis=1).all() and not found.all(), found.sum(axis=1)
+  for q in range(4):
+    ids = result.block_ids.numpy()[q][found[q]]
+    np.testing.assert_allclose(scores[q][found[q]], vectors[ids] @ queries[q], rtol=1e-5,
+                               atol=1e-5)
+    assert list(scores[q][found[q]]) == sorted(scores[q][found[q]], reverse=True)
+
+
+def test_search_options_out_of_range_are_refused_by_name():
+  """InvalidArgument naming the option: a fraction of 0 or above 1, fewer candidates
+  reordered than the neighbours asked for."""
+  for fraction, reorder, named in ((0.0, 10, "leaves_fraction"),
+                                   (1.5, 10, "leaves_fraction"),
+                                   (0.5, 9, "reorder_num_neighbors")):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=named):
+      check_search_options(fraction, reorder, k=10)
+  checked = check_search_options(1.0, 10, k=10)
+  assert (float(checked.leaves_fraction), int(checked.reorder_num_neighbors)) == (1.0, 10)
+
+
+def test_a_shard_without_a_tree_or_reordering_ignores_the_options():
+  """Brute force has no leaves and no reordering: the options change nothing (the search
+  op is given -1, its own)."""
+  vectors = clustered_vectors(500, 8, num_clusters=10, seed=3)
+  searcher = ScannSearcher.build(vectors)
+  assert searcher.layout == ShardLayout(0, 0, 0)
+  assert leaves_to_search(0.5, searcher.layout) == -1
+  queries = queries_near(vectors, 8, seed=4)
+  own = _search(searcher, queries, 5)
+  tuned = _search(searcher, queries, 5, SearchOptions(0.05, 5))
+  np.testing.assert_array_equal(tuned.block_ids.numpy(), own.block_ids.numpy())
+
+
 def _export(index_dir, version, vectors, ids, num_shards=2, **kw):
   parts = np.array_split(np.arange(len(vectors)), num_shards)
   return write_export(str(index_dir), version,
@@ -148,7 +246,7 @@ def test_scann_searcher_saved_in_a_savedmodel(tmp_path, corpus):
   vectors, ids, queries = corpus
   searcher = ScannSearcher.build(vectors[:3000], ids[:3000])
   module = tf.Module()
-  module.scann_state = searcher.serialize_to_module()
+  module.scann_state = searcher.state
   module.block_ids = searcher.block_ids
 
   @tf.function(input_signature=[tf.TensorSpec([None, 32], tf.float32)])

@@ -40,14 +40,14 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export import qa
 from realm_tf.export.qa import QAModule, ReaderModule
 from realm_tf.export.served_index import served_index_from
 from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
 from realm_tf.modeling.factory import set_precision
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
-from realm_tf.retrieval.index_export import load_shard_array, shard_name
+from realm_tf.retrieval import scann_index
+from realm_tf.retrieval.index_loading import version_scann_shards
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 
 KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
@@ -207,59 +207,11 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
 
 
 def index_scann_shards(index: KnowledgeIndex, rows_per_shard: int = 0,
-                       **overrides) -> list[qa.ScannShard]:
-  """The ScaNN shards a ScaNN export of the run's index serves: version_scann_shards of
-  its committed version (or, with none, shards built from its embeddings)."""
+                       **overrides) -> list[scann_index.ScannShard]:
+  """The ScaNN shards a ScaNN export of the run's index serves: those of its committed
+  version (or, with none, shards built from its embeddings; version_scann_shards)."""
   return version_scann_shards(index.export, index.embedding_blocks, index.store.block_ids,
                               rows_per_shard, **overrides)
-
-
-def version_scann_shards(export: Optional[versioned.Version], embeddings,
-                         block_ids: np.ndarray, rows_per_shard: int = 0,
-                         **overrides) -> list[qa.ScannShard]:
-  """The per-shard ScaNN states an index version carries (beam.embed_corpus, the index
-  builder and the released import's --build_scann publish them with it), each as it was
-  built; a shard without one, or no committed version at all, is built here from
-  `embeddings`, at most `rows_per_shard` rows at a time (qa.build_scann_shards). Nothing
-  is built over all N blocks at once.
-
-  Args:
-    export: the committed index version (None: build every shard here).
-    embeddings: [N, P] of the index in row order (a RowBlocks, an array or a memmap).
-    block_ids: [N] ascending int64 ids of those rows.
-    rows_per_shard: rows of a shard built here at most (0: row_blocks.ROWS_PER_BLOCK).
-    **overrides: ScannParams fields for the shards built here.
-
-  Returns:
-    One ScannShard per non-empty index shard with a state, plus those built.
-
-  Raises:
-    ValueError: a shard's block ids are not among `block_ids`.
-  """
-  ids = np.asarray(block_ids, np.int64)
-  if export is None:
-    return qa.build_scann_shards(embeddings, ids, None, rows_per_shard, **overrides)
-  shards = export.manifest.get("shards", [])
-  found, missing = [], []
-  for info in shards:
-    if not info["num_blocks"]:
-      continue
-    shard_ids = load_shard_array(export, info["shard"], len(shards), "block_ids.npy")
-    path = os.path.join(export.path, shard_name(info["shard"], len(shards)), "scann")
-    if tf.io.gfile.exists(path):
-      found.append(qa.ScannShard(tf.saved_model.load(path), shard_ids))
-      continue
-    rows = np.minimum(np.searchsorted(ids, shard_ids), len(ids) - 1)
-    if not np.array_equal(ids[rows], shard_ids):
-      raise ValueError(f"{export.path} shard {info['shard']}: its block ids are not the "
-                       "index's")
-    missing.append(rows)
-  if missing:
-    logging.info("Index %s: %d of %d shards carry no ScaNN state; building them",
-                 export.path, len(missing), len(shards))
-    found += qa.build_scann_shards(embeddings, ids, np.concatenate(missing),
-                                   rows_per_shard, **overrides)
-  return found
 
 
 def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
@@ -324,7 +276,7 @@ def build_module(run: ServingRun, kind: str,
   if kind in ("realm_qa", "realm_qa_scann"):
     searcher, handles = None, ()
     if kind == "realm_qa_scann":
-      searcher, handles = qa.scann_searcher(
+      searcher, handles = scann_index.graph_searcher(
           index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {})),
           run.index.dimension)
     served = served_index_from(run.index, run.tokenizer, searcher=searcher,

@@ -22,35 +22,40 @@ Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
   retrieval_probs float32 [B, K] (p(z|x): softmax over the K retrieved blocks' scores).
 
 Retrieval is either exact search (stock TensorFlow ops: exact_top_k's matmuls and top_k)
-or ScaNN's TensorFlow ops (`ScannHandle`: the searcher is deserialised by the first call,
-which the export's warm-up makes at load time, and reused by every later call). A ScaNN
+or ScaNN's TensorFlow ops (realm_tf.retrieval.scann_index's ScannHandle: the searcher is
+deserialised by the first call, which the export's warm-up makes at load time, and reused
+by every later call). A ScaNN
 export serves the per-shard ScaNN states of its index version (or states built shard by
 shard where the version has none) and holds no embeddings: p(z|x)'s logits are the
 searcher's reordered scores, so its answers are the exact export's wherever ScaNN finds
 the same top-k with exact scores (float32 reordering; tests/test_export_scann.py).
+A ScaNN export has a third signature, `answer_with_search_options` (question [B],
+leaves_fraction [] float32, reorder_num_neighbors [] int32): the same outputs, searching
+that fraction of each shard's leaves and re-scoring that many candidates, chosen per
+request without rebuilding a shard. Its scalar inputs make it unbatchable, so
+serving_default stays question-only.
 
 `ReaderModule` exports the reader alone: a question and K (title, text) blocks in, the
 best span's text, its score and each block's best span score out.
 """
-import contextlib
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from realm_tf.modeling import spans
 from realm_tf.export.served_index import ServedIndex
 from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
-# As a module: with a global `ScannSearcher` here, autograph's conversion of
-# _GraphScann.search_batched resolved scann_ops.ScannSearcher to ours (TypeError, seen).
-from realm_tf.retrieval import scann_searcher as scann_backend
-from realm_tf.retrieval.row_blocks import RowBlocks, block_bounds
+from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.searcher import Searcher
-from realm_tf.retrieval.sharded import ShardedSearcher
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
 
 QUESTION = "question"
+# The ScaNN export's tunable signature and its two scalar inputs (serving/client.py's
+# names for them; see QAModule.answer_with_search_options).
+SEARCH_OPTIONS_SIGNATURE = "answer_with_search_options"
+LEAVES_FRACTION = "leaves_fraction"
+REORDER_NUM_NEIGHBORS = "reorder_num_neighbors"
 # The QA signature's outputs and their dtypes (the contract of serving/client.py).
 _QA_DTYPES = dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
                   block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
@@ -68,160 +73,6 @@ class _Untracked:
 
   def __init__(self, **objects):
     self.__dict__.update(objects)
-
-
-# ---------------------------------------------------------------------------------- ScaNN
-
-
-class ScannHandle(tf.Module):
-  """A ScaNN searcher inside a SavedModel, deserialised once, not per request.
-
-  scann_ops' `searcher_from_module` makes the handle eagerly, and an eager resource handle
-  cannot be captured by a SavedModel function. Here the `answer` graph holds the
-  `TensorsToScann` op over the searcher's state variables. Its kernel is a
-  ResourceOpKernel that builds the searcher on its first run and, once initialised,
-  returns the same handle on every later run without reading the data again (ScaNN's
-  scann_ops.cc: TensorsToScannOp::Compute). The kernel lives as long as the loaded
-  function (TF2) or the session (tensorflow_model_server), so the searcher is built by the
-  first call, which the warm-up requests make at load time, and freed with the model. No
-  shared_name: two loaded versions never share (or leak) a searcher.
-
-  One op per graph: every op node has a kernel, and so a searcher, of its own, so a graph
-  whose searches sit in several branches (a cond, a loop's body) would build one per
-  branch. `bound_handles` makes each handle's op once, at the top of the traced function,
-  for every branch to capture. Eagerly, TensorFlow caches one kernel per op signature,
-  which every shard's op would share (each shard would search the first one's data): an
-  eager call makes the op in a function of the handle's own.
-  """
-
-  def __init__(self, state: tf.Module, name: str = "scann_handle"):
-    super().__init__(name=name)
-    self.state = state  # scann_ops.ScannState (or its restored form): the searcher's data
-    self._made = _Untracked(bound=None, eager=None)
-
-  def _make(self) -> tf.Tensor:
-    from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
-    s = self.state
-    return scann_ops.tensors_to_scann(
-        s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
-        s.ah_codebook, s.hashed_dataset, s.int8_dataset, s.int8_multipliers, s.dp_norms)
-
-  def handle(self) -> tf.Tensor:
-    """The searcher's resource handle, made in graph by a TensorsToScann op (see above)."""
-    made = self._made
-    if made.bound is not None:
-      return made.bound
-    if tf.executing_eagerly():
-      if made.eager is None:
-        made.eager = tf.function(self._make)
-      return made.eager()
-    return self._make()
-
-
-@contextlib.contextmanager
-def bound_handles(handles: Sequence[ScannHandle]):
-  """Within: each handle's TensorsToScann op is made once, in the graph being traced, and
-  every search of that graph (its branches included) uses it (see ScannHandle)."""
-  for handle in handles:
-    handle._made.bound = handle._make()  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    for handle in handles:
-      handle._made.bound = None  # pylint: disable=protected-access
-
-
-class _GraphScann:
-  """scann_ops.ScannSearcher's search_batched over a ScannHandle's in-graph handle."""
-
-  def __init__(self, handle: ScannHandle):
-    self._handle = handle
-
-  def search_batched(self, queries, final_num_neighbors=None,
-                     pre_reorder_num_neighbors=None, leaves_to_search=None):
-    from scann.scann_ops.py import scann_ops  # noqa: PLC0415  ScaNN's custom ops load only when a ScaNN export is served
-    return scann_ops.ScannSearcher(self._handle.handle()).search_batched(
-        queries, final_num_neighbors, pre_reorder_num_neighbors, leaves_to_search)
-
-
-class ScannShard(NamedTuple):
-  """One shard of a ScaNN export: ScaNN's state and the block ids of its rows."""
-  state: tf.Module  # scann_ops.ScannState (or its restored form)
-  block_ids: np.ndarray  # [n] int64
-
-
-def gather_rows(embeddings, rows: np.ndarray) -> np.ndarray:
-  """[len(rows), P] float32: rows of `embeddings` (a RowBlocks, or an [N, P] array or
-  memmap), read block by block without a copy of the whole table."""
-  rows = np.asarray(rows, np.int64)
-  if not isinstance(embeddings, RowBlocks):
-    return np.asarray(embeddings[rows], np.float32)
-  parts = np.empty([len(rows), embeddings.dimension], np.float32)
-  for variable, (start, end) in zip(embeddings.blocks, embeddings.bounds):
-    mine = np.flatnonzero((rows >= start) & (rows < end))
-    if len(mine):
-      # From the read value: a gather from the variable would make it copy-on-read.
-      parts[mine] = tf.gather(tf.convert_to_tensor(variable), rows[mine] - start).numpy()
-  return parts
-
-
-def build_scann_shards(embeddings, block_ids: np.ndarray, rows: Optional[np.ndarray] = None,
-                       rows_per_shard: int = 0, **overrides) -> list[ScannShard]:
-  """ScaNN states over `rows` of `embeddings`, one shard of at most `rows_per_shard` rows
-  at a time: the fallback where an index version carries no ScaNN shards.
-
-  Why shard by shard: ScaNN's builder copies its dataset more than once, so one searcher
-  over REALM's 13.35M blocks needs about 30 GiB in the building process; a shard of
-  ROWS_PER_BLOCK rows needs about 2 GiB, and each builder's searcher is released once its
-  state is taken. The shards are searched together and merged (ShardedSearcher).
-
-  Args:
-    embeddings: [N, P] in row order (a RowBlocks, or an array or memmap).
-    block_ids: [N] int64 ids of those rows.
-    rows: the rows to cover (default all), in the order the shards take them.
-    rows_per_shard: rows of a shard at most (0: ROWS_PER_BLOCK).
-    **overrides: ScannParams fields replacing scann_params_for's choices.
-
-  Returns:
-    One ScannShard per piece of `rows`.
-  """
-  block_ids = np.asarray(block_ids, np.int64)
-  rows = np.arange(len(block_ids)) if rows is None else np.asarray(rows, np.int64)
-  shards = []
-  for start, end in block_bounds(len(rows), rows_per_shard):
-    piece = rows[start:end]
-    built = scann_backend.build_scann(
-        gather_rows(embeddings, piece),
-        scann_backend.scann_params_for(len(piece), **overrides))
-    shards.append(ScannShard(built.serialize_to_module(), block_ids[piece]))
-    scann_backend.release(built)
-  return shards
-
-
-def scann_searcher(shards: Sequence[ScannShard], dimension: int
-                   ) -> tuple[Searcher, list[ScannHandle]]:
-  """A Searcher over in-graph ScaNN handles, one per shard, merged (ShardedSearcher).
-
-  Its scores are ScaNN's (reordered inner products in the shards' reorder_dtype): a QA
-  export takes them as p(z|x)'s logits and holds no embeddings of its own.
-
-  Args:
-    shards: the ScaNN states and their block ids (an index version's, or
-      build_scann_shards').
-    dimension: P.
-
-  Returns:
-    (the searcher, the ScannHandles the module must track).
-  """
-  if not shards:
-    raise ValueError("a ScaNN export needs at least one ScaNN shard")
-  handles, searchers = [], []
-  for i, shard in enumerate(shards):
-    handle = ScannHandle(shard.state, name=f"scann_handle_{i}")
-    handles.append(handle)
-    searchers.append(scann_backend.ScannSearcher(
-        _GraphScann(handle), shard.block_ids, int(dimension), name=f"scann_{i}"))
-  return ShardedSearcher(searchers), handles
 
 
 # ------------------------------------------------------------------------------ QA module
@@ -252,7 +103,7 @@ class QAModule(tf.Module):
   def __init__(self, model: OpenQAModel, index: ServedIndex, tokenizer: Tokenizer,
                query_seq_length: int, num_retrieved: int, num_read: int,
                searcher: Optional[Searcher] = None,
-               scann_handles: Sequence["ScannHandle"] = (), kind: str = "realm_qa",
+               scann_handles: Sequence[scann_index.ScannHandle] = (), kind: str = "realm_qa",
                max_blocks_per_pass: int = 0, reader_length_step: int = 0):
     """index: the corpus as served (served_index.served_index_from a KnowledgeIndex), with
     the ScaNN variant's searcher attached; scann_handles: that searcher's handles.
@@ -298,6 +149,13 @@ class QAModule(tf.Module):
                        f"{reader_length_step}")
     self.reader_lengths = reader_lengths(model.reader_seq_length, self.query_seq_length,
                                          reader_length_step)
+    if self.scann_handles:
+      # Only where there is something to tune: an exact export has no such function.
+      self.answer_with_search_options = tf.function(
+          self._answer_with_search_options, input_signature=[
+              tf.TensorSpec([None], tf.string, name=QUESTION),
+              tf.TensorSpec([], tf.float32, name=LEAVES_FRACTION),
+              tf.TensorSpec([], tf.int32, name=REORDER_NUM_NEIGHBORS)])
 
   @property
   def model(self) -> OpenQAModel:
@@ -385,17 +243,56 @@ class QAModule(tf.Module):
 
     return tf.cond(count <= group, lambda: self.predict(question), grouped)
 
-  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
-  def answer(self, question):
-    """The served signature: [B] questions → the QA outputs (see predict)."""
-    with bound_handles(self.scann_handles):
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION),
+                                tf.TensorSpec([], tf.float32, name=LEAVES_FRACTION),
+                                tf.TensorSpec([], tf.int32, name=REORDER_NUM_NEIGHBORS)])
+  def search_and_read(self, question, leaves_fraction, reorder_num_neighbors):
+    """[B] questions → the QA outputs (see predict), ScaNN searching with the given
+    options, where a value of 0 or less is each shard's own (scann_index.SearchOptions).
+
+    Why one function under both signatures: each graph that makes a ScannHandle's op
+    builds a searcher of its own when it first runs, so `answer` and
+    `answer_with_search_options` each calling this one function share one searcher per
+    shard instead of holding two (tests/test_export_qa.py checks it)."""
+    options = scann_index.SearchOptions(leaves_fraction, reorder_num_neighbors)
+    with scann_index.bound_handles(self.scann_handles), scann_index.searching_with(options):
       if self.questions_per_pass:
         return self.predict_in_groups(question)
       return self.predict(question)
 
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
+  def answer(self, question):
+    """The served signature: [B] questions → the QA outputs (see predict), each ScaNN
+    shard searching as it was built."""
+    return self.search_and_read(question, tf.constant(0.0), tf.constant(0))
+
+  def _answer_with_search_options(self, question, leaves_fraction, reorder_num_neighbors):
+    """The ScaNN export's tunable signature: `answer`, searching a fraction of each
+    shard's leaves and re-scoring reorder_num_neighbors candidates (SearchOptions).
+
+    Args:
+      question: [B] tf.string questions.
+      leaves_fraction: [] float32 in (0, 1]; shards without a tree ignore it.
+      reorder_num_neighbors: [] int32, at least num_retrieved; shards without
+        reordering ignore it.
+
+    Returns:
+      The QA outputs of predict.
+
+    Raises:
+      tf.errors.InvalidArgumentError: an option out of range, named.
+    """
+    options = scann_index.check_search_options(leaves_fraction, reorder_num_neighbors,
+                                               self.num_retrieved)
+    return self.search_and_read(question, *options)
+
   def signatures(self) -> dict:
-    """serving_default and `answer`, both the `answer` function."""
-    return {"serving_default": self.answer, "answer": self.answer}
+    """serving_default and `answer`, both the `answer` function, and in a ScaNN export
+    `answer_with_search_options` too."""
+    signatures = {"serving_default": self.answer, "answer": self.answer}
+    if self.scann_handles:
+      signatures[SEARCH_OPTIONS_SIGNATURE] = self.answer_with_search_options
+    return signatures
 
 
 # -------------------------------------------------------------------------- reader module

@@ -11,7 +11,7 @@ from realm_tf.retrieval.index_export import (
     IndexExport, ShardData, commit_export, garbage_collect, latest_export, list_exports,
     new_export_dir, write_export, write_shard)
 from realm_tf.retrieval.index_loading import load_searcher
-from realm_tf.retrieval.scann_searcher import ScannParams, ScannSearcher, scann_params_for
+from realm_tf.retrieval.scann_index import ScannParams, ScannSearcher, scann_params_for
 from realm_tf.retrieval.searcher import Searcher, SearchResult
 from realm_tf.retrieval.sharded import ShardedSearcher
 

@@ -35,7 +35,7 @@ from realm_tf.io.versioned import (  # noqa: F401  (re-exported for index reader
 )
 from realm_tf.io.versioned import Version as IndexExport
 from realm_tf.io.versioned import VersionError as ExportError
-from realm_tf.retrieval import scann_searcher
+from realm_tf.retrieval import scann_index
 
 
 @dataclasses.dataclass
@@ -156,12 +156,12 @@ def write_shard(export_dir: str, shard_index: int, num_shards: int, data: ShardD
   info = dict(shard=shard_index, num_shards=num_shards, num_blocks=int(embeddings.shape[0]),
               dimension=int(embeddings.shape[1]), embedding_dtype=embedding_dtype)
   if build_scann and embeddings.shape[0]:
-    params = scann_searcher.scann_params_for(embeddings.shape[0], **(scann_overrides or {}))
+    params = scann_index.scann_params_for(embeddings.shape[0], **(scann_overrides or {}))
     start = time.time()
-    searcher = scann_searcher.build_scann(embeddings, params)
+    # Built and released here: a worker writes shard after shard.
+    state = scann_index.scann_state(embeddings, params)
     info["scann_build_seconds"] = round(time.time() - start, 3)
-    tf.saved_model.save(searcher.serialize_to_module(), os.path.join(path, "scann"))
-    scann_searcher.release(searcher)  # a worker writes shard after shard
+    tf.saved_model.save(state, os.path.join(path, "scann"))
     info["scann"] = params.to_dict()
     # Checksummed here, on the worker that wrote it, in parallel with the other shards.
     files += [dict(e, name=f"{name}/scann/{e['name']}")

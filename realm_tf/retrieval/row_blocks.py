@@ -132,3 +132,26 @@ class RowBlocks(tf.Module):
       values = tf.where(owned[..., None], values, tf.zeros_like(values))
       result = values if result is None else result + values
     return result
+
+
+def gather_rows(embeddings, rows: np.ndarray) -> np.ndarray:
+  """[len(rows), P] float32: rows of `embeddings` (a RowBlocks, or an [N, P] array or
+  memmap), read block by block without a copy of the whole table.
+
+  Args:
+    embeddings: a RowBlocks, or an [N, P] array or memmap.
+    rows: [R] int64 global row numbers.
+
+  Returns:
+    [R, P] float32, in the order of `rows`.
+  """
+  rows = np.asarray(rows, np.int64)
+  if not isinstance(embeddings, RowBlocks):
+    return np.asarray(embeddings[rows], np.float32)
+  parts = np.empty([len(rows), embeddings.dimension], np.float32)
+  for variable, (start, end) in zip(embeddings.blocks, embeddings.bounds):
+    mine = np.flatnonzero((rows >= start) & (rows < end))
+    if len(mine):
+      # From the read value: a gather from the variable would make it copy-on-read.
+      parts[mine] = tf.gather(tf.convert_to_tensor(variable), rows[mine] - start).numpy()
+  return parts
