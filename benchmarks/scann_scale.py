@@ -62,10 +62,6 @@ from benchmarks.scale import DIMENSION, SEED, WIKIPEDIA_BLOCKS
 
 KINDS = ("realm_qa", "realm_qa_scann")
 POLICY = "availability_preserving"
-# ORQA's language/orqa/utils/scann_utils.py (load_scann_searcher's defaults).
-AUTHORS = dict(mode="tree_ah_reorder", num_leaves=1000, num_leaves_to_search=100,
-               training_sample_size=100_000, dimensions_per_block=2,
-               anisotropic_quantization_threshold=None, reorder_num_neighbors=0)
 # The targets of a full-size run (served RSS, hand-over peak, export peak in GiB; ScaNN's
 # p50 as a fraction of exact's; recall@5 of the shipped configuration).
 TARGETS = dict(served_gib=8.0, handover_gib=20.0, export_gib=16.0, p50_ratio=0.3,
@@ -296,7 +292,8 @@ def recall_phase(args, work: str) -> dict:
   per query."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import ScannParams, ScannSearcher, ShardedSearcher, load_searcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import ScannSearcher, ShardedSearcher, load_searcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.scann_index import AUTHORS_PARAMS  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.index_export import load_shard_array  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
   vectors = _embeddings(work)
@@ -315,11 +312,12 @@ def recall_phase(args, work: str) -> dict:
     for info in infos:
       ids = load_shard_array(version, info["shard"], len(infos), "block_ids.npy")
       shards.append(ScannSearcher.build(np.asarray(vectors[ids], np.float32), ids,
-                                        params=ScannParams(**AUTHORS)))
+                                        params=AUTHORS_PARAMS))
     return ShardedSearcher(shards)
 
   out = dict(queries=len(queries), exact_ms_per_query_batched=round(exact_ms, 3),
-             authors_params=dict(AUTHORS, anisotropic_quantization_threshold="none"),
+             authors_params=dict(AUTHORS_PARAMS.to_dict(),
+                                 anisotropic_quantization_threshold="none"),
              shipped_params=infos[0].get("scann"))
   for name, make in (("shipped", lambda: load_searcher(version)), ("authors", authors)):
     gc.collect()

@@ -1,7 +1,7 @@
 """Block and query embeddings with the structure of real ones, for ScaNN at sizes no real
 corpus here reaches, checked against real embeddings at the largest size one does.
 
-    python -m benchmarks.synthetic_embeddings --work_dir ../scann52 [--clusters 256]
+    python -m benchmarks.synthetic_embeddings --work_dir ../scann52 [--clusters 48]
 
 Why: a recall measured on vectors that look like no real embedding says nothing about real
 retrieval. The earlier ScaNN benchmark drew each block as its article's N(0, I) centroid
@@ -54,64 +54,109 @@ QUESTION_SETS = (("openqa", "nq_open", "train_subset.jsonl"),
                  ("openqa", "squad_open", "dev.jsonl"))
 # Fractions of the leaves searched, as multiples of each configuration's own.
 LEAF_MULTIPLES = (0.5, 1.0, 2.0, 4.0)
-# ORQA's language/orqa/utils/scann_utils.py (load_scann_searcher's defaults).
-AUTHORS = dict(mode="tree_ah_reorder", num_leaves=1000, num_leaves_to_search=100,
-               training_sample_size=100_000, dimensions_per_block=2,
-               anisotropic_quantization_threshold=None, reorder_num_neighbors=0)
 
 
 # ------------------------------------------------------------------------- the generator
 
 @dataclasses.dataclass
 class EmbeddingGenerator:
-  """A mixture of per-cluster Gaussians, each a low-rank covariance plus a diagonal, with
-  queries made as an indexed block plus a real question's offset from its top-1 block.
+  """Documents from a mixture of per-cluster Gaussians (each a low-rank covariance plus a
+  diagonal), their blocks around them, and queries made from an indexed block as a real
+  question is made from its top-1 block.
 
-  Why this shape: real sentence embeddings cluster by topic (k-means centroids), vary
-  within a topic along a few directions (the low-rank part) and a little in every other
-  one (the diagonal); a question lies near, not on, the block that answers it, and how
-  near is what makes the 5th and 6th neighbours close or far (the offsets).
+  Why this shape: real sentence embeddings cluster by topic (k-means centroids of the
+  documents' mean embeddings), vary within a topic along a few directions (the low-rank
+  part) and a little in every other one (the diagonal); the blocks of one article lie
+  close together (a question's neighbours are often one article's blocks, which sets how
+  far the 5th is from the 6th), so documents are drawn first, with the real number of
+  blocks each, and their blocks around them as real blocks lie around their article's
+  mean; their norms are narrow (unit vectors before the projection), which a
+  Gaussian's are not, so each block is rescaled to a norm drawn from its cluster's real
+  ones; a question lies near, not on, the block that answers it, and how near is what
+  makes the 5th and 6th neighbours close or far. A real question q with top-1 block b is
+  kept as q = scale * b + residual (residual orthogonal to b), not as the offset q - b:
+  the query tower's vectors are about 20 times longer than the blocks' (MiniLM's cosine
+  x 20), so an offset is mostly the question itself, and adding it to another block would
+  lose the score the block gives it. And a question's top-1 block is not a random one: inner
+  products favour long blocks, so a generated question takes as its block the one of its
+  cluster whose norm is nearest the real top-1 block's.
 
-  Attributes (C clusters, D dims, r rank, M offsets):
-    weights: [C] cluster shares of the real blocks.
+  Attributes (C clusters, D dims, r rank, M real questions):
+    weights: [C] cluster shares of the real documents.
     means: [C, D].
     factors: [C, D, r] principal directions x their standard deviations.
     residual_std: [C, D] the remaining per-dimension standard deviation.
-    offsets: [M, D] real question minus its exact top-1 real block.
-    offset_clusters: [M] the cluster of that top-1 block.
+    document_sizes: [S] the real documents' numbers of blocks (drawn from).
+    block_factors: [D, r] a block's deviation from its document's mean: principal
+      directions x standard deviations (over every real document of 2+ blocks).
+    block_std: [D] the deviation's remaining per-dimension standard deviation.
+    query_scales: [M] q.b / b.b of each real question q and its exact top-1 block b.
+    query_residuals: [M, D] q - scale * b (orthogonal to b).
+    query_clusters: [M] the cluster of that top-1 block.
+    query_anchor_norms: [M] that block's norm.
+    norms: [N] the real blocks' norms, ordered by cluster.
+    norm_starts: [C + 1] where each cluster's norms start in `norms`.
   """
   weights: np.ndarray
   means: np.ndarray
   factors: np.ndarray
   residual_std: np.ndarray
-  offsets: np.ndarray
-  offset_clusters: np.ndarray
+  document_sizes: np.ndarray
+  block_factors: np.ndarray
+  block_std: np.ndarray
+  query_scales: np.ndarray
+  query_residuals: np.ndarray
+  query_clusters: np.ndarray
+  query_anchor_norms: np.ndarray
+  norms: np.ndarray
+  norm_starts: np.ndarray
 
   @classmethod
   def fit(cls, blocks: np.ndarray, queries: np.ndarray, clusters: int, rank: int,
-          seed: int = 0) -> "EmbeddingGenerator":
+          seed: int = 0, documents: np.ndarray | None = None) -> "EmbeddingGenerator":
     """Fitted to real blocks [N, D] and real questions [Q, D] (inner-product geometry).
 
     Args:
       blocks: [N, D] real block embeddings.
       queries: [Q, D] real question embeddings.
       clusters: C, the k-means clusters.
-      rank: r, the principal directions kept per cluster.
+      rank: r, the principal directions kept per cluster (and for blocks in documents).
       seed: k-means' seed.
+      documents: [N] each block's document number (None: a document per block).
 
     Returns:
       The generator.
     """
     from sklearn.cluster import KMeans  # noqa: PLC0415  benchmark-only dependency
-    kmeans = KMeans(clusters, n_init=1, random_state=seed).fit(blocks)
-    labels = kmeans.labels_
+    documents = (np.arange(len(blocks)) if documents is None
+                 else np.unique(documents, return_inverse=True)[1])
+    sizes = np.bincount(documents)  # [S]
+    doc_means = np.zeros([len(sizes), blocks.shape[1]], np.float64)
+    np.add.at(doc_means, documents, blocks)
+    doc_means = (doc_means / sizes[:, None]).astype(np.float32)  # [S, D]
+    kmeans = KMeans(clusters, n_init=1, random_state=seed).fit(doc_means)
+    doc_labels = kmeans.labels_
+    labels = doc_labels[documents]  # [N]: a block's cluster is its document's
     dim = blocks.shape[1]
-    weights = np.bincount(labels, minlength=clusters) / len(blocks)
+    weights = np.bincount(doc_labels, minlength=clusters) / len(sizes)
+    in_documents = sizes[documents] > 1
+    deviations = (blocks - doc_means[documents])[in_documents]  # [n, D]
+    # A block's deviation from the mean of its n blocks has (n-1)/n of the variance a
+    # block has around its document's centre: scaled back up.
+    deviations /= np.sqrt((sizes[documents][in_documents] - 1) /
+                          sizes[documents][in_documents])[:, None]
+    block_factors = np.zeros([dim, rank], np.float32)
+    block_std = np.zeros([dim], np.float32)
+    if len(deviations) > 1:
+      _, values, vectors = np.linalg.svd(deviations, full_matrices=False)
+      r = min(rank, len(values))
+      block_factors[:, :r] = vectors[:r].T * (values[:r] / math.sqrt(len(deviations)))
+      block_std = (deviations - (deviations @ vectors[:r].T) @ vectors[:r]).std(0)
     means = np.zeros([clusters, dim], np.float32)
     factors = np.zeros([clusters, dim, rank], np.float32)
     residual_std = np.zeros([clusters, dim], np.float32)
     for c in range(clusters):
-      members = blocks[labels == c]
+      members = doc_means[doc_labels == c]
       means[c] = members.mean(0)
       centred = members - means[c]
       if len(members) < 2:
@@ -122,9 +167,20 @@ class EmbeddingGenerator:
       factors[c, :, :r] = vectors[:r].T * std  # [D, r]
       remainder = centred - (centred @ vectors[:r].T) @ vectors[:r]
       residual_std[c] = remainder.std(0)
-    top1 = np.argmax(queries @ blocks.T, axis=1)  # [Q]
+    top1 = np.concatenate([np.argmax(queries[i:i + 1024] @ blocks.T, axis=1)
+                           for i in range(0, len(queries), 1024)])  # [Q]
+    anchors = blocks[top1]  # [Q, D]
+    scales = np.sum(queries * anchors, 1) / np.sum(anchors * anchors, 1)  # [Q]
+    order = np.argsort(labels, kind="stable")
+    norm_starts = np.searchsorted(labels[order], np.arange(clusters + 1))
     return cls(weights.astype(np.float64), means, factors, residual_std,
-               (queries - blocks[top1]).astype(np.float32), labels[top1].astype(np.int32))
+               sizes.astype(np.int32), block_factors, block_std.astype(np.float32),
+               scales.astype(np.float32),
+               (queries - scales[:, None] * anchors).astype(np.float32),
+               labels[top1].astype(np.int32),
+               np.linalg.norm(anchors, axis=1).astype(np.float32),
+               np.linalg.norm(blocks[order], axis=1).astype(np.float32),
+               norm_starts.astype(np.int64))
 
   def save(self, path: str) -> str:
     np.savez(path, **dataclasses.asdict(self))
@@ -143,32 +199,67 @@ class EmbeddingGenerator:
       (vectors [count, D] float32, clusters [count] int32).
     """
     rng = np.random.default_rng(seed)
-    clusters = rng.choice(len(self.weights), size=count, p=self.weights).astype(np.int32)
-    rank = self.factors.shape[2]
-    z = rng.standard_normal([count, rank], dtype=np.float32)  # [n, r]
-    eps = rng.standard_normal([count, self.means.shape[1]], dtype=np.float32)  # [n, D]
-    out = self.means[clusters] + eps * self.residual_std[clusters]
-    for c in np.unique(clusters):  # one matmul per cluster, not per row
+    # Enough documents for `count` blocks (the real mean size, with a margin), cut to fit.
+    num_docs = int(count / self.document_sizes.mean() * 1.1) + 10
+    sizes = rng.choice(self.document_sizes, size=num_docs)
+    while sizes.sum() < count:
+      sizes = np.concatenate([sizes, rng.choice(self.document_sizes, size=num_docs)])
+    doc_clusters = rng.choice(len(self.weights), size=len(sizes), p=self.weights)
+    dim, rank = self.means.shape[1], self.factors.shape[2]
+    centres = self.means[doc_clusters] + (
+        rng.standard_normal([len(sizes), dim], dtype=np.float32) *
+        self.residual_std[doc_clusters])
+    z = rng.standard_normal([len(sizes), rank], dtype=np.float32)
+    for c in np.unique(doc_clusters):  # one matmul per cluster, not per document
+      docs = doc_clusters == c
+      centres[docs] += z[docs] @ self.factors[c].T
+    owner = np.repeat(np.arange(len(sizes)), sizes)[:count]  # [count] document of each
+    clusters = doc_clusters[owner].astype(np.int32)
+    deviation = (rng.standard_normal([count, self.block_factors.shape[1]], dtype=np.float32)
+                 @ self.block_factors.T +
+                 rng.standard_normal([count, dim], dtype=np.float32) * self.block_std)
+    out = centres[owner] + deviation
+    for c in np.unique(clusters):
       rows = clusters == c
-      out[rows] += z[rows] @ self.factors[c].T
+      real = self.norms[self.norm_starts[c]:self.norm_starts[c + 1]]
+      target = rng.choice(real, size=int(rows.sum()))
+      out[rows] *= (target / np.maximum(np.linalg.norm(out[rows], axis=1), 1e-12))[:, None]
     return out.astype(np.float32), clusters
 
-  def queries(self, anchors: np.ndarray, anchor_clusters: np.ndarray,
-              seed: int) -> np.ndarray:
-    """Questions about indexed blocks: each anchor [n, D] plus the offset of a real
-    question whose top-1 block was in the anchor's cluster (any real offset for a cluster
-    no question reached).
+  def queries(self, pool: np.ndarray, pool_clusters: np.ndarray, count: int,
+              seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Questions about blocks of `pool` (generated blocks [n, D] and their clusters [n]):
+    each a real question (drawn among those whose top-1 block's cluster is in the pool)
+    made again from the pool's block of that cluster whose norm is nearest the real top-1
+    block's: scale * x plus the real residual with its component along x taken out, at the
+    residual's own length.
 
     Returns:
-      [n, D] float32.
+      (questions [count, D] float32, their blocks' rows in `pool` [count]).
     """
     rng = np.random.default_rng(seed)
-    by_cluster = {}
-    for i, c in enumerate(self.offset_clusters):
-      by_cluster.setdefault(int(c), []).append(i)
-    everything = np.arange(len(self.offsets))
-    picks = np.array([rng.choice(by_cluster.get(int(c), everything)) for c in anchor_clusters])
-    return (anchors + self.offsets[picks]).astype(np.float32)
+    norms = np.linalg.norm(pool, axis=1)
+    by_cluster = {}  # cluster → (its pool rows sorted by norm, those norms)
+    for c in np.unique(pool_clusters):
+      rows = np.flatnonzero(pool_clusters == c)
+      rows = rows[np.argsort(norms[rows])]
+      by_cluster[int(c)] = (rows, norms[rows])
+    usable = np.flatnonzero(np.isin(self.query_clusters, list(by_cluster)))
+    picks = rng.choice(usable, size=count)
+    anchors = np.empty(count, np.int64)
+    for j, i in enumerate(picks):
+      rows, sorted_norms = by_cluster[int(self.query_clusters[i])]
+      at = np.clip(np.searchsorted(sorted_norms, self.query_anchor_norms[i]), 1, len(rows) - 1)
+      nearer = at - (abs(sorted_norms[at - 1] - self.query_anchor_norms[i]) <=
+                     abs(sorted_norms[at] - self.query_anchor_norms[i]))
+      anchors[j] = rows[nearer if len(rows) > 1 else 0]
+    x = pool[anchors]
+    residual = self.query_residuals[picks]  # [count, D]
+    unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+    orthogonal = residual - np.sum(residual * unit, 1, keepdims=True) * unit
+    orthogonal *= (np.linalg.norm(residual, axis=1) /
+                   np.maximum(np.linalg.norm(orthogonal, axis=1), 1e-12))[:, None]
+    return (self.query_scales[picks][:, None] * x + orthogonal).astype(np.float32), anchors
 
 
 # ------------------------------------------------------------------------------ steps
@@ -246,15 +337,32 @@ def project_step(work_dir: str) -> dict:
   return dict(dimension=DIMENSION, energy_kept=energy)
 
 
+def documents_of(work_dir: str) -> np.ndarray:
+  """[N] the document number of each row of real_blocks.npy (the index's row order)."""
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import block_store  # noqa: PLC0415
+  from realm_tf.retrieval import load_searcher  # noqa: PLC0415
+  # pylint: enable=g-import-not-at-top
+  index = os.path.join(work_dir, "index")
+  block_ids = np.concatenate([s.block_ids for s in load_searcher(index, backend="exact").shards])
+  store = block_store.BlockStore.from_tfrecords(
+      block_store.blocks_pattern(os.path.join(work_dir, "corpus")))
+  return np.unique(store.doc_uids[store.rows(block_ids)], return_inverse=True)[1]
+
+
 def fit_step(work_dir: str, clusters: int, rank: int) -> dict:
   blocks = np.load(os.path.join(work_dir, "blocks.npy"))
   queries = np.load(os.path.join(work_dir, "queries.npy"))
+  documents = documents_of(work_dir)
   start = time.perf_counter()
-  generator = EmbeddingGenerator.fit(blocks, queries, clusters, rank)
+  generator = EmbeddingGenerator.fit(blocks, queries, clusters, rank, documents=documents)
   generator.save(os.path.join(work_dir, "generator.npz"))
   return dict(clusters=clusters, rank=rank, seconds=time.perf_counter() - start,
-              smallest_cluster=int(round(generator.weights.min() * len(blocks))),
-              largest_cluster=int(round(generator.weights.max() * len(blocks))))
+              documents=int(documents.max()) + 1,
+              smallest_cluster_documents=int(round(generator.weights.min() *
+                                                   len(generator.document_sizes))),
+              largest_cluster_documents=int(round(generator.weights.max() *
+                                                  len(generator.document_sizes))))
 
 
 def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple:
@@ -274,10 +382,10 @@ def configurations(n: int) -> dict:
   """name → [(leaf fraction, ScannParams)]: the shipped and the authors' configurations at
   LEAF_MULTIPLES of their own searched fractions."""
   # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.scann_searcher import ScannParams, scann_params_for  # noqa: PLC0415
+  from realm_tf.retrieval.scann_index import AUTHORS_PARAMS, scann_params_for  # noqa: PLC0415
   # pylint: enable=g-import-not-at-top
   shipped = scann_params_for(n, mode="tree_ah_reorder")
-  authors = ScannParams(**AUTHORS)
+  authors = AUTHORS_PARAMS
   out = {}
   for name, params in (("shipped", shipped), ("authors", authors)):
     rows = []
@@ -290,26 +398,32 @@ def configurations(n: int) -> dict:
   return out
 
 
-def recall_curves(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray) -> dict:
-  """recall@K against `truth` [Q, K] for every configuration and leaf fraction."""
+def recall_curves(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
+                  repeats: int) -> dict:
+  """recall@K against `truth` [Q, K] for every configuration and leaf fraction, the mean
+  over `repeats` builds: ScaNN's k-means is not seeded, and one build's recall moves by
+  about 0.01 from the next, half the tolerance compared against."""
   # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.scann_searcher import build_scann, release  # noqa: PLC0415
+  from realm_tf.retrieval.scann_index import build_scann, release  # noqa: PLC0415
   # pylint: enable=g-import-not-at-top
   out = {}
   for name, rows in configurations(len(vectors)).items():
     curve = []
     for fraction, params in rows:
-      searcher = build_scann(vectors, params, num_neighbors=K)
-      found, _ = searcher.search_batched(queries, final_num_neighbors=K)
-      release(searcher)
+      recalls = []
+      for _ in range(repeats):
+        searcher = build_scann(vectors, params, num_neighbors=K)
+        found, _ = searcher.search_batched(queries, final_num_neighbors=K)
+        release(searcher)
+        recalls.append(harness.recall(found.numpy(), truth))
       curve.append(dict(leaf_fraction=fraction, leaves=params.num_leaves,
                         leaves_searched=params.num_leaves_to_search,
-                        recall_at_5=harness.recall(found.numpy(), truth)))
+                        recall_at_5=float(np.mean(recalls)), builds=recalls))
     out[name] = curve
   return out
 
 
-def describe(vectors: np.ndarray, queries: np.ndarray) -> dict:
+def describe(vectors: np.ndarray, queries: np.ndarray, repeats: int) -> dict:
   """What the validation compares, for one set of vectors and questions."""
   rows, scores = exact_top(vectors, queries, K + 1)
   gap = scores[:, K - 1] - scores[:, K]
@@ -319,10 +433,10 @@ def describe(vectors: np.ndarray, queries: np.ndarray) -> dict:
       gap_5th_6th_median_relative=float(np.median(gap / np.abs(scores[:, 0]))),
       top1_score_median=float(np.median(scores[:, 0])),
       norm_quantiles=[float(q) for q in np.quantile(norms, [0.05, 0.5, 0.95])],
-      recall=recall_curves(vectors, queries, rows[:, :K]))
+      recall=recall_curves(vectors, queries, rows[:, :K], repeats))
 
 
-def validate_step(work_dir: str, num_queries: int, seed: int) -> dict:
+def validate_step(work_dir: str, num_queries: int, seed: int, repeats: int = 3) -> dict:
   blocks = np.load(os.path.join(work_dir, "blocks.npy"))
   queries = np.load(os.path.join(work_dir, "queries.npy"))
   generator = EmbeddingGenerator.load(os.path.join(work_dir, "generator.npz"))
@@ -330,11 +444,10 @@ def validate_step(work_dir: str, num_queries: int, seed: int) -> dict:
   real_q = queries[rng.choice(len(queries), size=min(num_queries, len(queries)),
                               replace=False)]
   synthetic, clusters = generator.blocks(len(blocks), seed=seed)
-  anchors = rng.choice(len(synthetic), size=len(real_q), replace=False)
-  synthetic_q = generator.queries(synthetic[anchors], clusters[anchors], seed=seed + 1)
+  synthetic_q, _ = generator.queries(synthetic, clusters, len(real_q), seed=seed + 1)
   start = time.perf_counter()
-  real = describe(blocks, real_q)
-  made = describe(synthetic, synthetic_q)
+  real = describe(blocks, real_q, repeats)
+  made = describe(synthetic, synthetic_q, repeats)
   rows = []
   for name in real["recall"]:
     for a, b in zip(real["recall"][name], made["recall"][name]):
@@ -345,10 +458,70 @@ def validate_step(work_dir: str, num_queries: int, seed: int) -> dict:
   gap_ratio = made["gap_5th_6th_median"] / real["gap_5th_6th_median"]
   recall_ok = all(abs(r["difference"]) <= RECALL_TOLERANCE for r in rows)
   gap_ok = abs(gap_ratio - 1) <= GAP_TOLERANCE
-  return dict(blocks=len(blocks), queries=len(real_q), real=real, synthetic=made,
+  return dict(blocks=len(blocks), queries=len(real_q), repeats=repeats, real=real,
+              synthetic=made,
               table=rows, gap_ratio=gap_ratio, recall_agrees=recall_ok, gap_agrees=gap_ok,
               verdict="trusted" if recall_ok and gap_ok else "not trusted",
               seconds=time.perf_counter() - start)
+
+
+# One full-size shard: REALM's 13,353,718 blocks in 13 shards (about sqrt(n) leaves each).
+SHARD_ROWS = -(-13_353_718 // 13)
+CURVE_FRACTIONS = (1 / 80, 1 / 40, 1 / 20, 1 / 10, 1 / 5)
+CURVE_REORDERS = (100, 250, 500)
+AUTHORS_SEARCHED = (50, 100, 200, 400)
+
+
+def _search_curve(vectors, params, queries, truth, settings) -> dict:
+  """recall@K and batched ms a query of one built searcher, per (leaves, reorder) setting,
+  passed per call (ScaNN's search takes both), and the state's bytes a block."""
+  # pylint: disable=g-import-not-at-top
+  from scann.scann_ops.py import scann_ops  # noqa: PLC0415
+  from realm_tf.retrieval.scann_index import scann_state  # noqa: PLC0415
+  # pylint: enable=g-import-not-at-top
+  start = time.perf_counter()
+  state = scann_state(vectors, params)
+  build_seconds = time.perf_counter() - start
+  searcher = scann_ops.searcher_from_module(state)
+  state_bytes = sum(int(np.prod(v.shape)) * v.dtype.size for v in state.variables)
+  rows = []
+  for leaves, reorder in settings:
+    searcher.search_batched(queries[:10], final_num_neighbors=K, leaves_to_search=leaves,
+                            pre_reorder_num_neighbors=reorder)  # warm
+    start = time.perf_counter()
+    found, _ = searcher.search_batched(queries, final_num_neighbors=K,
+                                       leaves_to_search=leaves,
+                                       pre_reorder_num_neighbors=reorder)
+    ms = (time.perf_counter() - start) * 1000 / len(queries)
+    rows.append(dict(leaves_searched=leaves, leaf_fraction=leaves / params.num_leaves,
+                     reorder_num_neighbors=reorder, ms_per_query_batched=ms,
+                     recall_at_5=harness.recall(found.numpy(), truth)))
+  return dict(params=params.to_dict(), build_seconds=build_seconds,
+              state_bytes_per_block=state_bytes / len(vectors), rows=rows)
+
+
+def curve_step(work_dir: str, rows: int, num_queries: int, seed: int) -> dict:
+  """The recall curves at one full-size shard of generated vectors: the shipped tree
+  (about sqrt(n) leaves, AH with the anisotropic loss at 0.2, int8 reordering) by leaves
+  searched and reorder count, and the authors' configuration by leaves searched, with
+  exact search's time for the same queries."""
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.scann_index import AUTHORS_PARAMS, scann_params_for  # noqa: PLC0415
+  # pylint: enable=g-import-not-at-top
+  generator = EmbeddingGenerator.load(os.path.join(work_dir, "generator.npz"))
+  vectors, clusters = generator.blocks(rows, seed=seed)
+  queries, _ = generator.queries(vectors, clusters, num_queries, seed=seed + 1)
+  start = time.perf_counter()
+  truth, _ = exact_top(vectors, queries, K)
+  exact_ms = (time.perf_counter() - start) * 1000 / num_queries
+  shipped = scann_params_for(rows, mode="tree_ah_reorder")  # the full size's mode
+  shipped_settings = [(max(1, math.ceil(f * shipped.num_leaves)), r)
+                      for r in CURVE_REORDERS for f in CURVE_FRACTIONS]
+  out = dict(rows=rows, queries=num_queries, exact_ms_per_query_batched=exact_ms,
+             shipped=_search_curve(vectors, shipped, queries, truth, shipped_settings))
+  out["authors"] = _search_curve(vectors, AUTHORS_PARAMS, queries, truth,
+                                 [(n, -1) for n in AUTHORS_SEARCHED])
+  return out
 
 
 # ----------------------------------------------------------------------------- output
@@ -367,10 +540,12 @@ def markdown(result: dict) -> str:
       f"{v['gap_ratio']:.3f}).",
       "",
       f"Real: {real['blocks']:,} blocks of 128 wordpieces from "
-      f"{', '.join(k for k in real['rows_read'] if 'corpus' in k or 'jsonl' in k)} "
+      f"{', '.join('/'.join(parts) for parts in CORPORA)} "
+      f"({sum(real['rows_read'].get('/'.join(p), 0) for p in CORPORA):,} documents) "
       f"embedded by {real['encoder']}, projected to {result['project']['dimension']} "
       f"dimensions ({100 * result['project']['energy_kept']:.1f}% of the energy kept); "
-      f"{v['queries']:,} real questions. Synthetic: as many blocks and questions from the "
+      f"{v['queries']:,} real questions; each recall the mean of {v['repeats']} builds "
+      f"(ScaNN's k-means is not seeded). Synthetic: as many blocks and questions from the "
       f"generator ({result['fit']['clusters']} clusters, rank {result['fit']['rank']}).",
       "",
       "| configuration | leaves searched | fraction | recall@5 real | recall@5 synthetic | "
@@ -389,6 +564,23 @@ def markdown(result: dict) -> str:
   lines.append(f"| block norm, 5% / 50% / 95% | "
                f"{' / '.join(f'{x:.3f}' for x in v['real']['norm_quantiles'])} | "
                f"{' / '.join(f'{x:.3f}' for x in v['synthetic']['norm_quantiles'])} |")
+  if "curve" in result:
+    c = result["curve"]
+    lines += ["", f"## Recall curves at one full-size shard ({c['rows']:,} generated rows, "
+              f"{c['queries']:,} generated questions)", "",
+              f"Exact search: {c['exact_ms_per_query_batched']:.2f} ms a question (NumPy, "
+              f"batched). ScaNN's times are batched too, on this machine.", "",
+              "| configuration | leaves searched | fraction | reordered | recall@5 | "
+              "ms a question | state bytes a block | build s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for name in ("shipped", "authors"):
+      curve = c[name]
+      for r in curve["rows"]:
+        reordered = r["reorder_num_neighbors"] if r["reorder_num_neighbors"] > 0 else "—"
+        lines.append(f"| {name} | {r['leaves_searched']} of {curve['params']['num_leaves']} "
+                     f"| {r['leaf_fraction']:.4f} | {reordered} | {r['recall_at_5']:.3f} | "
+                     f"{r['ms_per_query_batched']:.3f} | "
+                     f"{curve['state_bytes_per_block']:.0f} | {curve['build_seconds']:.0f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -396,11 +588,17 @@ def parse_args(argv=None) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--work_dir", required=True,
                       help="beside the checkout; every step's files are kept there")
-  parser.add_argument("--clusters", type=int, default=256)
-  parser.add_argument("--rank", type=int, default=16)
+  parser.add_argument("--clusters", type=int, default=48)
+  parser.add_argument("--rank", type=int, default=32)
   parser.add_argument("--num_queries", type=int, default=2000)
+  parser.add_argument("--repeats", type=int, default=3,
+                      help="ScaNN builds each validation recall is the mean of")
   parser.add_argument("--batch_size", type=int, default=64)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--curve_rows", type=int, default=SHARD_ROWS,
+                      help="rows of the generated shard the recall curves are measured on "
+                      "(0: no curves)")
+  parser.add_argument("--curve_queries", type=int, default=1000)
   parser.add_argument("--output", default="", help="results JSON path (default "
                       "benchmarks/results/synthetic_embeddings.json)")
   return parser.parse_args(argv)
@@ -413,12 +611,16 @@ def run(args) -> dict:
   result = dict(real=harness.cached(path("real"), lambda: real_step(work, args.batch_size)))
   result["project"] = harness.cached(path("project"), lambda: project_step(work))
   settings = dict(clusters=args.clusters, rank=args.rank)
+  fields = [f.name for f in dataclasses.fields(EmbeddingGenerator)]
   result["fit"] = harness.cached(
-      path("fit"), lambda: fit_step(work, args.clusters, args.rank),
-      keep=lambda r: all(r.get(k) == v for k, v in settings.items()))
-  result["validate"] = validate_step(work, args.num_queries, args.seed)
+      path("fit"), lambda: dict(fit_step(work, args.clusters, args.rank), fields=fields),
+      keep=lambda r: all(r.get(k) == v for k, v in dict(settings, fields=fields).items()))
+  result["validate"] = validate_step(work, args.num_queries, args.seed, args.repeats)
+  if args.curve_rows:
+    result["curve"] = curve_step(work, args.curve_rows, args.curve_queries, args.seed)
   result.update(machine=harness.machine(), settings=dict(settings, seed=args.seed,
-                                                         num_queries=args.num_queries))
+                                                         num_queries=args.num_queries,
+                                                         repeats=args.repeats))
   return result
 
 

@@ -31,9 +31,13 @@ def test_the_generator_recovers_the_mixture_and_is_seeded():
     assert np.linalg.norm(lead) == pytest.approx(2.0, rel=0.15)
     assert generator.residual_std[c].max() < 0.15
   assert generator.weights.sum() == pytest.approx(1.0)
-  # Offsets are question minus its exact top-1 block.
+  # A real question is scale x its exact top-1 block plus a residual orthogonal to it.
   top1 = np.argmax(queries @ blocks.T, axis=1)
-  np.testing.assert_allclose(generator.offsets, queries - blocks[top1], atol=1e-5)
+  np.testing.assert_allclose(
+      generator.query_scales[:, None] * blocks[top1] + generator.query_residuals, queries,
+      atol=1e-4)
+  np.testing.assert_allclose(np.sum(generator.query_residuals * blocks[top1], 1), 0,
+                             atol=1e-3)
 
   a, ca = generator.blocks(500, seed=3)
   b, cb = generator.blocks(500, seed=3)
@@ -41,14 +45,46 @@ def test_the_generator_recovers_the_mixture_and_is_seeded():
   np.testing.assert_array_equal(ca, cb)
   assert a.shape == (500, 16) and a.dtype == np.float32
   assert not np.array_equal(a, generator.blocks(500, seed=4)[0])
-  # A generated block lies near its own cluster's mean.
+  # A generated block lies near its own cluster's mean, with a norm of a real block of
+  # that cluster.
   assert np.median(np.linalg.norm(a - generator.means[ca], axis=1)) < 2.5
+  for row, c in zip(a[:50], ca[:50]):
+    real = generator.norms[generator.norm_starts[c]:generator.norm_starts[c + 1]]
+    assert np.isclose(real, np.linalg.norm(row), rtol=1e-5).any()
 
-  q = generator.queries(a[:50], ca[:50], seed=1)
-  offsets = q - a[:50]
-  for row, c in zip(offsets, ca[:50]):
-    candidates = generator.offsets[generator.offset_clusters == c]
-    assert np.isclose(candidates, row, atol=1e-5).all(1).any()
+  q, rows = generator.queries(a, ca, 50, seed=1)
+  assert q.shape == (50, 16) and rows.shape == (50,)
+  # Each made from its anchor as some real question of the anchor's cluster: the same
+  # score against its anchor (scale x |x|^2) and a residual of the same length.
+  for question, x, c in zip(q, a[rows], ca[rows]):
+    mine = generator.query_clusters == c
+    scale = (question @ x) / (x @ x)
+    residual = np.linalg.norm(question - scale * x)
+    assert np.any(np.isclose(generator.query_scales[mine], scale, rtol=1e-3) &
+                  np.isclose(np.linalg.norm(generator.query_residuals[mine], axis=1),
+                             residual, rtol=1e-3))
+
+
+def test_blocks_come_in_documents_spread_as_the_real_ones():
+  """Documents of 1-3 blocks, each block its document's centre plus a deviation along one
+  direction: the sizes are kept, the deviation's direction and spread are found, and
+  generated blocks of one document lie that close together."""
+  rng = np.random.default_rng(5)
+  centres, _, _ = _mixture(900, seed=5)
+  sizes = rng.integers(1, 4, size=900)
+  documents = np.repeat(np.arange(900), sizes)
+  direction = np.eye(16, dtype=np.float32)[3]
+  blocks = (centres[documents] + rng.normal(size=[len(documents), 1]).astype(np.float32)
+            * 0.5 * direction).astype(np.float32)
+  generator = se.EmbeddingGenerator.fit(blocks, blocks[:100], clusters=6, rank=1,
+                                        documents=documents)
+  assert sorted(generator.document_sizes.tolist()) == sorted(sizes.tolist())
+  lead = generator.block_factors[:, 0]
+  assert abs(lead @ direction) / np.linalg.norm(lead) > 0.99
+  assert np.linalg.norm(lead) == pytest.approx(0.5, rel=0.15)
+  assert generator.weights.sum() == pytest.approx(1.0)
+  vectors, clusters = generator.blocks(2000, seed=0)
+  assert vectors.shape == (2000, 16) and clusters.shape == (2000,)
 
 
 def test_a_saved_generator_loads_the_same(tmp_path):
@@ -81,11 +117,14 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   np.save(tmp_path / "queries.npy", queries)
   se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2).save(
       str(tmp_path / "generator.npz"))
-  v = se.validate_step(str(tmp_path), num_queries=200, seed=0)
+  v = se.validate_step(str(tmp_path), num_queries=200, seed=0, repeats=2)
   assert len(v["table"]) == 2 * len(se.LEAF_MULTIPLES)
   for row in v["table"]:
     assert 0.0 <= row["real"] <= 1.0 and 0.0 <= row["synthetic"] <= 1.0
     assert row["difference"] == pytest.approx(row["synthetic"] - row["real"])
+  for curve in v["real"]["recall"]["shipped"]:  # the mean of its builds
+    assert len(curve["builds"]) == 2
+    assert curve["recall_at_5"] == pytest.approx(np.mean(curve["builds"]))
   shipped = [r for r in v["table"] if r["configuration"] == "shipped"]
   assert [r["leaves"] for r in shipped] == [55] * 4  # round(sqrt(3000))
   # 55 // 20 = 2 searched by default, at 0.5, 1, 2 and 4 times that.
@@ -94,7 +133,16 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
                                    for r in v["table"])
   assert v["verdict"] == ("trusted" if v["recall_agrees"] and v["gap_agrees"]
                           else "not trusted")
-  result = dict(validate=v, real=dict(blocks=3000, rows_read={"x/corpus.jsonl": 1},
+  c = se.curve_step(str(tmp_path), rows=3000, num_queries=100, seed=0)
+  shipped_curve = c["shipped"]["rows"]
+  assert len(shipped_curve) == len(se.CURVE_REORDERS) * len(se.CURVE_FRACTIONS)
+  assert [r["leaves_searched"] for r in shipped_curve[:len(se.CURVE_FRACTIONS)]] == [
+      1, 2, 3, 6, 11]  # ceil(f x 55)
+  first = [r["recall_at_5"] for r in shipped_curve[:len(se.CURVE_FRACTIONS)]]
+  assert all(0.0 <= x <= 1.0 for x in first) and first[-1] >= first[0]
+  assert [r["leaves_searched"] for r in c["authors"]["rows"]] == list(se.AUTHORS_SEARCHED)
+  assert c["shipped"]["state_bytes_per_block"] > 0 and c["exact_ms_per_query_batched"] > 0
+  result = dict(validate=v, curve=c, real=dict(blocks=3000, rows_read={},
                                       encoder="test"),
                 project=dict(dimension=16, energy_kept=1.0), fit=dict(clusters=6, rank=2))
   path = tmp_path / "out.json"
@@ -102,4 +150,6 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   output.write(result)
   text = (tmp_path / "out.md").read_text()
   assert f"**Verdict: {v['verdict']}**" in text
-  assert text.count("| shipped |") == 4 and text.count("| authors |") == 4
+  assert text.count("| shipped |") == 4 + len(shipped_curve)
+  assert text.count("| authors |") == 4 + len(se.AUTHORS_SEARCHED)
+  assert "## Recall curves at one full-size shard (3,000 generated rows" in text

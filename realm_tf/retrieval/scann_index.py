@@ -72,6 +72,16 @@ class ScannParams:
     return dataclasses.asdict(self)
 
 
+# The REALM authors' searcher (ORQA's language/orqa/utils/scann_utils.py,
+# load_scann_searcher's defaults): 1,000 leaves, 100 searched, AH with 2 dimensions a
+# block and ScaNN's default (isotropic) loss, no reordering. Measured beside the shipped
+# configuration (benchmarks.scann_scale, benchmarks.synthetic_embeddings).
+AUTHORS_PARAMS = ScannParams(mode="tree_ah_reorder", num_leaves=1000, num_leaves_to_search=100,
+                             training_sample_size=100_000, dimensions_per_block=2,
+                             anisotropic_quantization_threshold=None,
+                             reorder_num_neighbors=0)
+
+
 def scann_params_for(num_points: int, **overrides) -> ScannParams:
   """ScaNN's recommended configuration for a shard of `num_points` vectors.
 
