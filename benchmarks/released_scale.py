@@ -11,8 +11,9 @@ module, an Open-QA checkpoint with Adam's slots, global_step, params.json and no
 state file, as the authors' exporter leaves it), --blocks real-length records in
 blocks.tfr / titles.tfr (benchmarks.scale.LeadWords: `[CLS] title [SEP] text [SEP]` of 288
 wordpieces from the Wikipedia leads the demo ships), and block_emb [N, 128] float32 in
-encoded.ckpt: seeded clustered rows (benchmarks.scale.seeded_embeddings), except the
---check_rows rows the import re-embeds, which an independent NumPy BERT-base
+encoded.ckpt: seeded clustered rows (benchmarks.scale.seeded_embeddings), or with
+--embedding_generator rows of a generator fitted to real embeddings
+(benchmarks.synthetic_embeddings), except the --check_rows rows the import re-embeds, which an independent NumPy BERT-base
 (tests/bert_reference.py) computes from those blocks, so the release's own check runs at
 full size against an independent implementation.
 
@@ -78,6 +79,10 @@ def parse_args(argv=None):
                       help="rows the import re-embeds and compares with block_emb (each "
                       "also computed by the NumPy reference when the release is written: "
                       "about 10 s a row here)")
+  parser.add_argument("--embedding_generator", default="",
+                      help="a fitted generator (generator.npz of benchmarks."
+                      "synthetic_embeddings' work dir) to draw block_emb from; default: "
+                      "seeded clustered rows")
   parser.add_argument("--steps", default="import,evaluate,export,serve",
                       help="steps to run (the release is always written first)")
   parser.add_argument("--name", default="released_scale", help="results file stem")
@@ -164,7 +169,7 @@ def write_release(args, work: str) -> dict:
   del leads
   block_emb = np.empty([args.blocks, BERT_BASE["projection_size"]], np.float32)
   row = 0
-  for part in scale.seeded_embeddings(articles, num_titles, seed=SEED):
+  for part in embedding_rows(articles, num_titles, args.embedding_generator):
     block_emb[row:row + len(part)] = part
     row += len(part)
   del articles
@@ -197,8 +202,32 @@ def write_release(args, work: str) -> dict:
               records_seconds=round(records_seconds, 1),
               reference_seconds=round(reference_seconds, 1), blocks=args.blocks,
               text_bytes=text_bytes, checked_rows=len(checked),
+              embeddings=args.embedding_generator or "seeded clustered rows",
               bytes=du_bytes(root, on_disk=True),
               peak_rss_gib=gib(harness.peak_rss_bytes(), 2), finished=time.time())
+
+
+def embedding_rows(articles: np.ndarray, num_articles: int, generator_path: str = "",
+                   rows_per_part: int = 1 << 20):
+  """block_emb's rows in order, `rows_per_part` at a time (so the full size is never made
+  twice): part i of the fitted generator at `generator_path` drawn with seed SEED + i, or
+  without one scale.seeded_embeddings' clustered rows (one per entry of `articles`).
+
+  Yields:
+    [n, 128] float32 arrays, len(articles) rows in all.
+  """
+  from benchmarks import scale  # pylint: disable=g-import-not-at-top
+  if not generator_path:
+    yield from scale.seeded_embeddings(articles, num_articles, seed=SEED)
+    return
+  from benchmarks.synthetic_embeddings import EmbeddingGenerator  # pylint: disable=g-import-not-at-top
+  generator = EmbeddingGenerator.load(generator_path)
+  if generator.means.shape[1] != BERT_BASE["projection_size"]:
+    raise ValueError(f"{generator_path}: {generator.means.shape[1]}-d rows, the released "
+                     f"block_emb is {BERT_BASE['projection_size']}-d")
+  for part, start in enumerate(range(0, len(articles), rows_per_part)):
+    count = min(rows_per_part, len(articles) - start)
+    yield generator.blocks(count, seed=SEED + part)[0]
 
 
 def write_records(leads, corpus: str, blocks: int, checked) -> dict:

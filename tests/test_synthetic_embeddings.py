@@ -153,3 +153,22 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   assert text.count("| shipped |") == 4 + len(shipped_curve)
   assert text.count("| authors |") == 4 + len(se.AUTHORS_SEARCHED)
   assert "## Recall curves at one full-size shard (3,000 generated rows" in text
+
+
+def test_the_released_block_emb_is_drawn_part_by_part_from_the_generator(tmp_path):
+  """benchmarks.released_scale's rows: every part from the generator with its own seed, in
+  order, as many rows as blocks; 128-d only (the released width)."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  blocks, _, _ = _mixture(800, dim=128)
+  path = se.EmbeddingGenerator.fit(blocks, blocks[:40], clusters=4, rank=2).save(
+      str(tmp_path / "g.npz"))
+  articles = np.zeros(250, np.int64)
+  parts = list(released_scale.embedding_rows(articles, 1, path, rows_per_part=100))
+  assert [len(p) for p in parts] == [100, 100, 50]
+  generator = se.EmbeddingGenerator.load(path)
+  np.testing.assert_array_equal(parts[1], generator.blocks(100, released_scale.SEED + 1)[0])
+  seeded = np.concatenate(list(released_scale.embedding_rows(articles, 1)))
+  assert seeded.shape == (250, 128)
+  small = se.EmbeddingGenerator.fit(blocks[:, :16], blocks[:40, :16], clusters=4, rank=2)
+  with pytest.raises(ValueError, match="16-d rows"):
+    list(released_scale.embedding_rows(articles, 1, small.save(str(tmp_path / "s.npz"))))
