@@ -79,9 +79,10 @@ def test_blocks_come_in_documents_spread_as_the_real_ones():
   generator = se.EmbeddingGenerator.fit(blocks, blocks[:100], clusters=6, rank=1,
                                         documents=documents)
   assert sorted(generator.document_sizes.tolist()) == sorted(sizes.tolist())
-  lead = generator.block_factors[:, 0]
-  assert abs(lead @ direction) / np.linalg.norm(lead) > 0.99
-  assert np.linalg.norm(lead) == pytest.approx(0.5, rel=0.15)
+  for c in range(6):  # every cluster's documents spread along the same direction here
+    lead = generator.block_factors[c, :, 0]
+    assert abs(lead @ direction) / np.linalg.norm(lead) > 0.98
+    assert np.linalg.norm(lead) == pytest.approx(0.5, rel=0.25)
   assert generator.weights.sum() == pytest.approx(1.0)
   vectors, clusters = generator.blocks(2000, seed=0)
   assert vectors.shape == (2000, 16) and clusters.shape == (2000,)
