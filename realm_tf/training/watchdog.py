@@ -379,9 +379,11 @@ class Watchdog:
       self._stacks_due = True
     else:
       stacks = self._save_stacks()
+    # Served before the trainer is frozen: a peer asking in between would otherwise be told
+    # "stopped" (the SIGSTOP below) and name this process for it.
+    self._served = own
     if self.child.poll() is None:
       self.child.send_signal(signal.SIGSTOP)
-    self._served = own
     statuses, addresses = self._job_statuses(watch, own)
     # A peer that judged first decides for the job: every line names the same culprit.
     verdicts = [s["verdict"] for s in statuses.values() if s and s.get("verdict")]
