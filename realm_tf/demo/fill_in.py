@@ -16,7 +16,7 @@ import tensorflow as tf
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.data import pretraining_inputs
-from realm_tf.demo.questions import Sentence, answer_key
+from realm_tf.demo.questions import Sentence, answer_key, states
 from realm_tf.io import layout, versioned
 from realm_tf.text import Tokenizer
 
@@ -155,13 +155,9 @@ def score(results: Sequence[dict]) -> dict:
         commonest_wordpiece=_commonest([w for r in results for w in r[reading].split()]))
   key = [answer_key(r["answer"]) for r in results]
   out["answer_in_retrieved_block"] = sum(
-      any(_contains(answer_key(b["text"]), k) for b in r["blocks"])
+      any(states(answer_key(b["text"]), k) for b in r["blocks"])
       for r, k in zip(results, key)) / n
   return out
-
-
-def _contains(words: tuple, key: tuple) -> bool:
-  return any(words[i:i + len(key)] == key for i in range(len(words) - len(key) + 1))
 
 
 def format_score(summary: dict) -> str:

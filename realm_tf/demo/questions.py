@@ -33,7 +33,7 @@ def answer_key(text: str) -> Tuple[str, ...]:
   return tuple(w.lower() for w in _WORD.findall(text))
 
 
-def _states(words: Sequence[str], key: Tuple[str, ...]) -> bool:
+def states(words: Sequence[str], key: Tuple[str, ...]) -> bool:
   """Whether `key` occurs in `words` as a contiguous sequence."""
   return any(tuple(words[i:i + len(key)]) == key for i in range(len(words) - len(key) + 1))
 
@@ -133,7 +133,7 @@ def cloze_candidates(sentences: Iterable[Sentence], max_answer_words: int = 4,
           continue
         if context[0] in _POINTS_BACK:
           continue
-        if _states(context, key):
+        if states(context, key):
           continue  # "___ (Paris) ..." : the answer is in the question
         yield example, span, question, answer
 
@@ -221,7 +221,7 @@ def split_corpus(sentences: Sequence[Sentence], blocks: Sequence[Block],
   corpus (answerable_without_sources), which is how the demo fine-tunes and serves them."""
   candidates = cloze_questions(sentences, blocks, **limits)
   # The whole of x is read when masked: it must not state the answer elsewhere either.
-  maskable = [c for c in candidates if not _states(
+  maskable = [c for c in candidates if not states(
       answer_key(c.sentence.text[:c.span[0]] + " " + c.sentence.text[c.span[1]:]),
       answer_key(c.answer))]
   if can_mask is not None:
