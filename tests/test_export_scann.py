@@ -197,10 +197,10 @@ def test_shipped_parameters_by_shard_size():
   assert scann_index.scann_params_for(50_000).reorder_dtype == "int8"
   tree = scann_index.scann_params_for(1 << 20)
   assert (tree.mode, tree.reorder_dtype, tree.num_leaves_to_search) == (
-      "tree_ah_reorder", "int8", tree.num_leaves // 20)
+      "tree_ah_reorder", "int8", 204)  # a fifth of 1,024 leaves
   forced = scann_index.scann_params_for(10_000, mode="tree_ah_reorder")
   assert (forced.num_leaves, forced.num_leaves_to_search, forced.reorder_dtype) == (
-      100, 5, "int8")
+      100, 20, "int8")
 
 
 def test_a_released_builder_searcher_is_gone():

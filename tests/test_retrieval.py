@@ -114,7 +114,7 @@ def test_every_leaf_and_every_candidate_reordered_is_exact_search(tree_shard):
   """leaves_fraction 1.0 and as many candidates reordered as the shard has points: the
   float32 reordering scores every point exactly, so the top-k is NumPy's."""
   searcher, vectors, ids, queries = tree_shard
-  assert searcher.layout == ShardLayout(num_leaves=100, num_leaves_to_search=5,
+  assert searcher.layout == ShardLayout(num_leaves=100, num_leaves_to_search=20,
                                         reorder_num_neighbors=100)
   result = _search(searcher, queries, 10, SearchOptions(1.0, len(vectors)))
   want_ids, want_scores = _exact_top(vectors, ids, queries, 10)
@@ -125,7 +125,7 @@ def test_every_leaf_and_every_candidate_reordered_is_exact_search(tree_shard):
 def test_recall_grows_with_the_leaves_searched_and_defaults_are_the_build(tree_shard):
   """recall@10 does not fall as leaves_fraction grows (and a twentieth of the leaves
   misses what all of them find); no options search as the build said: the same results
-  as passing its own leaves (a fraction that rounds up to 5 of 100) and reorder count."""
+  as passing its own leaves (a fraction that rounds up to 20 of 100) and reorder count."""
   searcher, vectors, ids, queries = tree_shard
   want, _ = _exact_top(vectors, ids, queries, 10)
   recall = [_recall(_search(searcher, queries, 10, SearchOptions(f, 100)).block_ids.numpy(),

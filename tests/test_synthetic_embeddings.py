@@ -65,6 +65,66 @@ def test_the_generator_recovers_the_mixture_and_is_seeded():
                              residual, rtol=1e-3))
 
 
+def test_residual_scale_lengthens_only_the_residual():
+  """A calibrated generator's questions: the same anchors and the same score against them
+  (the residual is orthogonal to the anchor), a residual `residual_scale` times as long."""
+  blocks, _, _ = _mixture(1500, seed=3)
+  generator = se.EmbeddingGenerator.fit(blocks, blocks[:200] + np.float32(0.3), clusters=4,
+                                        rank=2)
+  pool, clusters = generator.blocks(400, seed=0)
+  q1, rows1 = generator.queries(pool, clusters, 30, seed=2)
+  scaled = se.dataclasses.replace(generator, residual_scale=1.5)
+  q2, rows2 = scaled.queries(pool, clusters, 30, seed=2)
+  np.testing.assert_array_equal(rows1, rows2)
+  x = pool[rows1]
+  np.testing.assert_allclose(np.sum(q2 * x, 1), np.sum(q1 * x, 1), rtol=1e-4, atol=1e-4)
+  unit = x / np.linalg.norm(x, axis=1, keepdims=True)
+  def residual(q):
+    return q - np.sum(q * unit, 1, keepdims=True) * unit
+  np.testing.assert_allclose(residual(q2), 1.5 * residual(q1), rtol=1e-4, atol=1e-4)
+
+
+def test_straddle_interpolates_where_recall_crosses_the_target():
+  scales = (1.0, 1.1, 1.2, 1.3)
+  recalls = (0.90, 0.86, 0.80, 0.78)
+  assert se.straddle(scales, recalls, 0.86) == pytest.approx(1.1)
+  assert se.straddle(scales, recalls, 0.83) == pytest.approx(1.15)
+  assert se.straddle(scales, recalls, 0.95) == 1.0  # easier than any: the grid's start
+  assert se.straddle(scales, recalls, 0.70) == 1.3  # harder than any: its end
+  # A noisy grid: the first crossing.
+  assert se.straddle(scales, (0.90, 0.84, 0.85, 0.80), 0.845) == pytest.approx(
+      1.0 + 0.1 * 0.055 / 0.06)
+
+
+def test_calibration_searches_half_the_real_corpus_at_every_scale():
+  blocks, _, _ = _mixture(2000, seed=4)
+  documents = np.arange(2000) // 2  # documents of 2 blocks: the even ones hold 1,000
+  rng = np.random.default_rng(0)
+  queries = blocks[rng.choice(2000, 150, replace=False)] + rng.normal(
+      size=[150, 16]).astype(np.float32) * 0.3
+  generator = se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2,
+                                        documents=documents)
+  scale, table = se.calibrate_residual_scale(generator, blocks, documents, queries[:100],
+                                             seed=0, repeats=1)
+  real, *grid = table
+  assert real["residual_scale"] is None and real["blocks"] == 1000
+  assert (real["leaves"], real["leaves_searched"]) == (32, 2)  # round(sqrt(1000)); 1.6
+  assert [r["residual_scale"] for r in grid] == list(se.CALIBRATION_SCALES)
+  assert all(0.0 <= r["recall_at_5"] <= 1.0 for r in table)
+  assert scale == se.straddle(se.CALIBRATION_SCALES, [r["recall_at_5"] for r in grid],
+                              real["recall_at_5"])
+
+
+def test_question_split_is_disjoint_and_seeded():
+  validation, calibration = se.question_split(1000, 400, seed=3)
+  assert len(validation) == 400 and len(calibration) == 200
+  assert not set(validation) & set(calibration)
+  again = se.question_split(1000, 400, seed=3)
+  np.testing.assert_array_equal(again[0], validation)
+  small = se.question_split(100, 400, seed=0)  # a quarter always left to calibrate on
+  assert len(small[0]) == 75 and len(small[1]) == 25
+
+
 def test_blocks_come_in_documents_spread_as_the_real_ones():
   """Documents of 1-3 blocks, each block its document's centre plus a deviation along one
   direction: the sizes are kept, the deviation's direction and spread are found, and
@@ -119,7 +179,7 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2).save(
       str(tmp_path / "generator.npz"))
   v = se.validate_step(str(tmp_path), num_queries=200, seed=0, repeats=2)
-  assert len(v["table"]) == 2 * len(se.LEAF_MULTIPLES)
+  assert len(v["table"]) == len(se.SHIPPED_FRACTIONS) + len(se.AUTHORS_MULTIPLES)
   for row in v["table"]:
     assert 0.0 <= row["real"] <= 1.0 and 0.0 <= row["synthetic"] <= 1.0
     assert row["difference"] == pytest.approx(row["synthetic"] - row["real"])
@@ -128,8 +188,8 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
     assert curve["recall_at_5"] == pytest.approx(np.mean(curve["builds"]))
   shipped = [r for r in v["table"] if r["configuration"] == "shipped"]
   assert [r["leaves"] for r in shipped] == [55] * 4  # round(sqrt(3000))
-  # 55 // 20 = 2 searched by default, at 0.5, 1, 2 and 4 times that.
-  assert [r["leaves_searched"] for r in shipped] == [1, 2, 4, 8]
+  # A fortieth, a twentieth, a tenth and a fifth of 55, rounded (at least 1).
+  assert [r["leaves_searched"] for r in shipped] == [1, 3, 6, 11]
   assert v["recall_agrees"] == all(abs(r["difference"]) <= se.RECALL_TOLERANCE
                                    for r in v["table"])
   assert v["verdict"] == ("trusted" if v["recall_agrees"] and v["gap_agrees"]
@@ -145,7 +205,12 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   assert c["shipped"]["state_bytes_per_block"] > 0 and c["exact_ms_per_query_batched"] > 0
   result = dict(validate=v, curve=c, real=dict(blocks=3000, rows_read={},
                                       encoder="test"),
-                project=dict(dimension=16, energy_kept=1.0), fit=dict(clusters=6, rank=2))
+                project=dict(dimension=16, energy_kept=1.0),
+                fit=dict(clusters=6, rank=2, residual_scale=1.05, calibration_questions=100,
+                         calibration=[dict(residual_scale=None, recall_at_5=0.8, blocks=1500,
+                                           leaves=39, leaves_searched=1),
+                                      dict(residual_scale=1.0, recall_at_5=0.82),
+                                      dict(residual_scale=1.1, recall_at_5=0.78)]))
   path = tmp_path / "out.json"
   output = se.harness.output_at(str(path), se.markdown)
   output.write(result)
@@ -154,6 +219,7 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   assert text.count("| shipped |") == 4 + len(shipped_curve)
   assert text.count("| authors |") == 4 + len(se.AUTHORS_SEARCHED)
   assert "## Recall curves at one full-size shard (3,000 generated rows" in text
+  assert "0.820 at x1.0, 0.780 at x1.1; interpolated: x1.050." in text
 
 
 def test_the_released_block_emb_is_drawn_part_by_part_from_the_generator(tmp_path):

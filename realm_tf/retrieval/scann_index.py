@@ -38,6 +38,14 @@ from realm_tf.retrieval.sharded import ShardedSearcher
 # (AH) + exact reordering below ~100k, partitioning tree + AH + reordering above.
 BRUTE_FORCE_BELOW = 20_000
 TREE_ABOVE = 100_000
+# A tree's leaves searched by default (about sqrt(N) leaves). Chosen from the recall curve
+# at one full-size shard (1.03M rows of embeddings generated to match real ones:
+# benchmarks/results/synthetic_embeddings.md): recall@5 about 0.92 at a twentieth (ScaNN's
+# usual starting point), 0.95 at a tenth and 0.965 at a fifth, each still a few percent of
+# exact search's time. A fifth keeps REALM's full index above 0.95 with a margin for what
+# the generator does not capture; a served request can ask for fewer
+# (answer_with_search_options) without a rebuild.
+SEARCHED_LEAVES_FRACTION = 0.2
 REORDER_TYPES = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8,
                  "bfloat16": ReorderType.BFLOAT16}
 
@@ -93,7 +101,7 @@ def scann_params_for(num_points: int, **overrides) -> ScannParams:
   Returns:
     brute force in float32 for small shards (exact scores; their data is small), asymmetric
     hashing with int8 reordering for mid-sized ones, and a tree (about sqrt(N) leaves,
-    1/20 searched) above.
+    SEARCHED_LEAVES_FRACTION of them searched) above.
   """
   mode = overrides.get("mode") or ("brute_force" if num_points < BRUTE_FORCE_BELOW else
                                    "ah_reorder" if num_points < TREE_ABOVE else
@@ -103,7 +111,7 @@ def scann_params_for(num_points: int, **overrides) -> ScannParams:
   elif mode == "tree_ah_reorder":
     leaves = max(1, int(round(math.sqrt(num_points))))
     params = ScannParams(mode=mode, num_leaves=leaves,
-                         num_leaves_to_search=max(1, leaves // 20),
+                         num_leaves_to_search=max(1, int(leaves * SEARCHED_LEAVES_FRACTION)),
                          training_sample_size=min(num_points, 250_000))
   else:
     params = ScannParams(mode=mode)
