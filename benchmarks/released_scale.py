@@ -28,7 +28,13 @@ Then the documented commands run, each as its own process, as a user runs them:
              blocks' texts
   handover   a second version (hard links of the first) published while one client keeps
              asking, under availability_preserving and then resource_preserving: peak
-             memory, time, and every request's outcome (0 failed is the target)
+             memory, time, and every request's outcome (0 failed is the target under
+             availability_preserving; resource_preserving unloads first, by design)
+  scann      (with --embedding_generator) recall@5 of the import's ScaNN shards against
+             exact search over the same index on generated questions, at the shards' own
+             settings and at other leaf fractions and reorder counts, and search alone one
+             question at a time; then python -m realm_tf.export --kinds realm_qa_scann,
+             served and handed over as above
 Per step: wall time, peak RSS of the step's process (its own rusage; the server's sampled),
 disk used under --work_dir. The release's inputs are deleted once the import has committed
 (a disk budget of ~70 GB). The results file is rewritten after every step, so a
@@ -59,7 +65,9 @@ BERT_BASE = dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size
                  span_hidden_size=256)
 # What a 24 GiB machine with ~70 GB of free disk must hold (GiB, GB, seconds).
 TARGETS = dict(peak_gib=22.0, evaluate_peak_gib=12.0, export_peak_gib=14.0, disk_gb=70.0,
-               wall_seconds=7200.0)
+               wall_seconds=7200.0, scann_export_peak_gib=16.0, scann_served_gib=8.0,
+               scann_handover_gib=20.0, scann_recall_at_5=0.95, search_p50_over_exact=0.05,
+               end_to_end_p50_over_exact=0.3)
 SEED = 43
 log = harness.logger("released_scale")
 
@@ -83,8 +91,19 @@ def parse_args(argv=None):
                       help="a fitted generator (generator.npz of benchmarks."
                       "synthetic_embeddings' work dir) to draw block_emb from; default: "
                       "seeded clustered rows")
-  parser.add_argument("--steps", default="import,evaluate,export,serve",
-                      help="steps to run (the release is always written first)")
+  parser.add_argument("--steps", default="import,evaluate,export,serve,scann",
+                      help="steps to run (the release is always written first); scann: "
+                      "the realm_qa_scann export, served and handed over, and the recall "
+                      "and search time of its shards against exact search (needs "
+                      "--embedding_generator)")
+  parser.add_argument("--index_shards", type=int, default=13,
+                      help="index shards of the import, each with its ScaNN searcher (13: "
+                      "about 1.03M rows a shard, the size synthetic_embeddings' curves "
+                      "chose the searched fraction at)")
+  parser.add_argument("--recall_questions", type=int, default=1000,
+                      help="generated questions ScaNN's recall@5 against exact is measured on")
+  parser.add_argument("--latency_questions", type=int, default=50,
+                      help="questions searched one at a time for search-alone p50")
   parser.add_argument("--name", default="released_scale", help="results file stem")
   parser.add_argument("--timeout", type=float, default=3600.0,
                       help="seconds a version may take to load")
@@ -293,6 +312,87 @@ def read_questions(count: int) -> list:
   return pairs
 
 
+# -------------------------------------------------------------------------- ScaNN recall
+
+# (leaves fraction, reorder count) searched beside the shards' own defaults (None, None).
+SEARCH_SETTINGS = ((None, None), (0.1, 100), (0.2, 100), (0.2, 250))
+K = 5
+
+
+def generator_questions(generator_path: str, blocks: int, count: int,
+                        rows_per_part: int = 1 << 20) -> np.ndarray:
+  """`count` (at least) questions of the fitted generator about block_emb's generated rows:
+  each part of embedding_rows drawn again (the same seed, so the same rows and clusters)
+  and an equal share of the questions made from its rows (seed SEED + 1000 + part).
+
+  Returns:
+    [ceil(count / parts) x parts, 128] float32.
+  """
+  from benchmarks.synthetic_embeddings import EmbeddingGenerator  # pylint: disable=g-import-not-at-top
+  generator = EmbeddingGenerator.load(generator_path)
+  starts = range(0, blocks, rows_per_part)
+  each = -(-count // len(starts))
+  out = []
+  for part, start in enumerate(starts):
+    rows, clusters = generator.blocks(min(rows_per_part, blocks - start), seed=SEED + part)
+    out.append(generator.queries(rows, clusters, each, seed=SEED + 1000 + part)[0])
+  return np.concatenate(out)
+
+
+def scann_recall(args, work: str) -> dict:
+  """ScaNN's recall@5 against exact search over the imported index (every shard's
+  searcher as the import built it), on generated questions, at the shards' own settings
+  and SEARCH_SETTINGS; and search alone, one question at a time, ScaNN against exact."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import load_searcher, scann_index  # pylint: disable=g-import-not-at-top
+  if not args.embedding_generator:
+    raise ValueError("the ScaNN recall needs --embedding_generator: its questions are the "
+                     "generator's")
+  index = layout.index_dir(os.path.join(work, "run"))
+  questions = generator_questions(args.embedding_generator, args.blocks,
+                                  args.recall_questions)
+  start = time.time()
+  exact = load_searcher(index, backend="exact")
+  exact_load_seconds = time.time() - start
+  truth = np.concatenate([exact.search(tf.constant(questions[i:i + 50]), K).block_ids.numpy()
+                          for i in range(0, len(questions), 50)])  # [Q, K]
+  start = time.time()
+  scann = load_searcher(index, backend="scann")
+  scann_load_seconds = time.time() - start
+  layouts = [shard.layout for shard in scann.shards]
+  single = questions[:args.latency_questions]
+
+  def one_at_a_time(searcher) -> dict:
+    searcher.search(tf.constant(single[:1]), K)  # warm
+    seconds = []
+    for q in single:
+      begin = time.perf_counter()
+      searcher.search(tf.constant(q[None]), K)
+      seconds.append(time.perf_counter() - begin)
+    return harness.percentiles(seconds)
+
+  exact_latency = one_at_a_time(exact)
+  rows = []
+  for fraction, reorder in SEARCH_SETTINGS:
+    with scann_index.searching_with(scann_index.SearchOptions(fraction, reorder)):
+      found = np.concatenate([scann.search(tf.constant(questions[i:i + 50]), K)
+                              .block_ids.numpy() for i in range(0, len(questions), 50)])
+      latency = one_at_a_time(scann)
+    rows.append(dict(leaves_fraction=fraction, reorder_num_neighbors=reorder,
+                     recall_at_5=harness.recall(found, truth),
+                     p50_ms=latency["p50_ms"], p99_ms=latency["p99_ms"],
+                     p50_over_exact=latency["p50_ms"] / exact_latency["p50_ms"]))
+  return dict(questions=len(questions), shards=len(layouts),
+              leaves=[l.num_leaves for l in layouts],
+              leaves_searched=[l.num_leaves_to_search for l in layouts],
+              exact_p50_ms=exact_latency["p50_ms"], exact_p99_ms=exact_latency["p99_ms"],
+              latency_questions=len(single), settings=rows,
+              exact_load_seconds=round(exact_load_seconds, 1),
+              scann_load_seconds=round(scann_load_seconds, 1),
+              peak_rss_gib=gib(harness.peak_rss_bytes(), 2))
+
+
 # ------------------------------------------------------------------------------- serving
 
 
@@ -335,24 +435,25 @@ class AskingClient:
     self._thread.join()
 
 
-def serve(args, work: str, policy: str, latency: bool) -> dict:
-  """serving.server on the export under `policy`: load, (latency) p50/p99 at one client,
-  then a hand-over to a hard-linked copy while a client keeps asking."""
+def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa") -> dict:
+  """serving.server on the export `model` (realm_qa or realm_qa_scann) under `policy`:
+  load, (latency) p50/p99 at one client, then a hand-over to a hard-linked copy while a
+  client keeps asking."""
   import grpc  # pylint: disable=g-import-not-at-top
   from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
   from benchmarks import scale  # pylint: disable=g-import-not-at-top
   from serving import client  # pylint: disable=g-import-not-at-top
-  source_base = os.path.join(work, "models", "realm_qa")
+  source_base = os.path.join(work, "models", model)
   first = harness.versions(source_base)[-1]
-  base = os.path.join(work, "serve", policy)
+  base = os.path.join(work, "serve", model, policy)
   shutil.rmtree(base, ignore_errors=True)
   os.makedirs(base)
   shutil.copytree(os.path.join(source_base, str(first)), os.path.join(base, str(first)),
                   copy_function=os.link)
-  server = ServerProcess(base, "realm_qa", os.path.join(work, f"server-{policy}.log"),
+  server = ServerProcess(base, model, os.path.join(work, f"server-{model}-{policy}.log"),
                          flags=[f"--aspired_version_policy={policy}"])
   questions = [q for q, _ in read_questions(max(args.requests, 20))]
-  result = dict(policy=policy)
+  result = dict(policy=policy, model=model)
   try:
     with harness.PeakSampler(server.process.pid) as load_peak:
       address = server.wait_listening(args.timeout)
@@ -369,13 +470,13 @@ def serve(args, work: str, policy: str, latency: bool) -> dict:
         latencies = []
         for question in questions[:args.requests]:
           begin = time.monotonic()
-          client.ask(stub, [question], model="realm_qa", timeout=300)
+          client.ask(stub, [question], model=model, timeout=300)
           latencies.append(time.monotonic() - begin)
         result.update(harness.percentiles(latencies))
         result["sample_answer"] = scale.describe_answer(
-            client.ask(stub, [questions[0]], model="realm_qa", timeout=300)[0])
+            client.ask(stub, [questions[0]], model=model, timeout=300)[0])
       before = harness.rss_bytes(server.process.pid)
-      with AskingClient(address, "realm_qa", questions) as asking, \
+      with AskingClient(address, model, questions) as asking, \
           harness.PeakSampler(server.process.pid) as handover_peak:
         begin = time.monotonic()
         second = harness.publish_copy(base, first, hard_links=True)
@@ -408,7 +509,8 @@ def markdown(result: dict) -> str:
            "| step | wall | peak RSS | disk under the work dir after it | notes |",
            "|---|---:|---:|---:|---|"]
   for name in ("release", "import", "evaluate", "export", "serve_availability_preserving",
-               "serve_resource_preserving"):
+               "serve_resource_preserving", "scann_recall", "export_scann",
+               "serve_scann_availability_preserving"):
     step = steps.get(name)
     if step is None:
       continue
@@ -419,6 +521,23 @@ def markdown(result: dict) -> str:
     notes = step.get("notes", "")
     lines.append(f"| {name} | {step.get('seconds', step.get('load_seconds', ''))} s | "
                  f"{peak} GiB | {step.get('disk_gb', '')} GB | {notes} |")
+  recall = steps.get("scann_recall", {})
+  if "settings" in recall:
+    lines += ["", f"## ScaNN against exact search ({recall['questions']:,} generated "
+              f"questions; {recall['shards']} shards of {min(recall['leaves'])}-"
+              f"{max(recall['leaves'])} leaves, {min(recall['leaves_searched'])}-"
+              f"{max(recall['leaves_searched'])} searched by default)", "",
+              f"Search alone, one question at a time (eager, every shard, merged): exact p50 "
+              f"{recall['exact_p50_ms']:.1f} ms.", "",
+              "| leaves searched | reordered | recall@5 | p50 ms | p99 ms | p50 / exact |",
+              "|---|---|---:|---:|---:|---:|"]
+    for row in recall["settings"]:
+      fraction = ("each shard's own" if row["leaves_fraction"] is None
+                  else f"{row['leaves_fraction']:.2f} of each shard's")
+      reorder = row["reorder_num_neighbors"] or "each shard's own"
+      lines.append(f"| {fraction} | {reorder} | {row['recall_at_5']:.3f} | "
+                   f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
+                   f"{row['p50_over_exact']:.3f} |")
   lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
   for target in result.get("targets", []):
     lines.append(f"| {target['what']} | {target['measured']} | "
@@ -450,12 +569,43 @@ def targets(result: dict) -> list:
     add(f"realm_tf.export peak <= {TARGETS['export_peak_gib']} GiB",
         f"{steps['export']['peak_rss_gib']} GiB",
         steps["export"]["peak_rss_gib"] <= TARGETS["export_peak_gib"])
-  for policy in ("availability_preserving", "resource_preserving"):
-    step = steps.get(f"serve_{policy}", {})
+  # resource_preserving unloads the old version before loading the new one, as TF Serving's
+  # policy of that name does: its failures are the policy's gap, measured, not a target.
+  for name in ("serve_availability_preserving", "serve_scann_availability_preserving"):
+    step = steps.get(name, {})
     if "failed_requests" in step:
-      add(f"0 failed requests through the {policy} hand-over",
+      add(f"0 failed requests through the {step.get('model', 'realm_qa')} hand-over "
+          "(availability_preserving)",
           f"{step['failed_requests']} of {step['requests_during_handover']}",
           step["failed_requests"] == 0)
+  if "peak_rss_gib" in steps.get("export_scann", {}):
+    add(f"realm_qa_scann export peak <= {TARGETS['scann_export_peak_gib']} GiB",
+        f"{steps['export_scann']['peak_rss_gib']} GiB",
+        steps["export_scann"]["peak_rss_gib"] <= TARGETS["scann_export_peak_gib"])
+  served = steps.get("serve_scann_availability_preserving", {})
+  if "rss_after_load_gib" in served:
+    add(f"realm_qa_scann served version <= {TARGETS['scann_served_gib']} GiB",
+        f"{served['rss_after_load_gib']} GiB",
+        served["rss_after_load_gib"] <= TARGETS["scann_served_gib"])
+    add(f"realm_qa_scann hand-over peak <= {TARGETS['scann_handover_gib']} GiB",
+        f"{served['handover_peak_rss_gib']} GiB",
+        served["handover_peak_rss_gib"] <= TARGETS["scann_handover_gib"])
+  exact_served = steps.get("serve_availability_preserving", {})
+  if "p50_ms" in served and "p50_ms" in exact_served:
+    ratio = served["p50_ms"] / exact_served["p50_ms"]
+    add(f"end-to-end p50, ScaNN export / exact export <= "
+        f"{TARGETS['end_to_end_p50_over_exact']}",
+        f"{ratio:.2f} ({served['p50_ms']:.0f} / {exact_served['p50_ms']:.0f} ms)",
+        ratio <= TARGETS["end_to_end_p50_over_exact"])
+  recall = steps.get("scann_recall", {})
+  if "settings" in recall:
+    own = recall["settings"][0]  # the shards' own settings: what serving_default searches
+    add(f"ScaNN recall@5 against exact >= {TARGETS['scann_recall_at_5']} "
+        f"({recall['questions']} generated questions, the shards' own settings)",
+        f"{own['recall_at_5']:.3f}", own["recall_at_5"] >= TARGETS["scann_recall_at_5"])
+    add(f"search alone p50, ScaNN / exact <= {TARGETS['search_p50_over_exact']}",
+        f"{own['p50_over_exact']:.3f} ({own['p50_ms']:.1f} / {recall['exact_p50_ms']:.0f} ms)",
+        own["p50_over_exact"] <= TARGETS["search_p50_over_exact"])
   if "max_disk_gb" in result:
     add(f"disk <= {TARGETS['disk_gb']} GB", f"{result['max_disk_gb']} GB",
         result["max_disk_gb"] <= TARGETS["disk_gb"])
@@ -477,8 +627,9 @@ def run(args) -> dict:
   reused = os.path.exists(os.path.join(run_dir, "params.yaml"))
   if reused:  # a run imported by an earlier invocation: its rows are kept
     earlier = output.read()
-    result["steps"] = {k: v for k, v in earlier.get("steps", {}).items()
-                       if k in ("release", "import", "evaluate", "export")}
+    # Every row an earlier invocation measured on this run stays until a step run now
+    # rewrites it (the full size runs in several invocations).
+    result["steps"] = {k: v for k, v in earlier.get("steps", {}).items() if k != "finished"}
     result["max_disk_gb"] = earlier.get("max_disk_gb", 0.0)
     log(f"reusing the run in {run_dir}")
 
@@ -517,6 +668,7 @@ def run(args) -> dict:
          f"--orqa_model={release}/orqa_nq_model_from_realm",
          f"--blocks={release}/enwiki-20181220/blocks.tfr",
          f"--titles={release}/enwiki-20181220/titles.tfr", "--noblock_records",
+         f"--index_shards={args.index_shards}", "--build_scann",
          f"--check_block_emb_rows={args.check_rows}"], os.path.join(work, "import.log"))
     summary = last_json(step.pop("output_tail"))
     step.update(block_emb_check=summary.get("block_emb_check"),
@@ -552,28 +704,33 @@ def run(args) -> dict:
     return step
 
 
-  def do_export():
+  def do_export(kind: str):
+    shutil.rmtree(os.path.join(work, "models", kind), ignore_errors=True)
     step = run_step(
         [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
-         f"--output_dir={os.path.join(work, 'models')}", "--kinds=realm_qa"],
-        os.path.join(work, "export.log"))
+         f"--output_dir={os.path.join(work, 'models')}", f"--kinds={kind}"],
+        os.path.join(work, f"export-{kind}.log"))
     step.pop("output_tail")
-    export = harness.inode_sizes(os.path.join(work, "models", "realm_qa"), on_disk=True)
+    export = harness.inode_sizes(os.path.join(work, "models", kind), on_disk=True)
     linked = harness.inode_sizes(run_dir)  # files the export hard-links from the run
     step["export_bytes"] = sum(export.values())
     step["export_bytes_not_shared_with_the_run"] = sum(
         size for inode, size in export.items() if inode not in linked)
     return step
 
-  if "export" in wanted:
-    shutil.rmtree(os.path.join(work, "models"), ignore_errors=True)
-    if not attempt("export", do_export):
-      wanted.discard("serve")
+  if "export" in wanted and not attempt("export", lambda: do_export("realm_qa")):
+    wanted.discard("serve")
   if "serve" in wanted:
     attempt("serve_availability_preserving",
             lambda: serve(args, work, "availability_preserving", latency=True))
     attempt("serve_resource_preserving",
             lambda: serve(args, work, "resource_preserving", latency=False))
+  if "scann" in wanted:
+    attempt("scann_recall", lambda: PHASES.run(args, work, "scann_recall"))
+    if attempt("export_scann", lambda: do_export("realm_qa_scann")):
+      attempt("serve_scann_availability_preserving",
+              lambda: serve(args, work, "availability_preserving", latency=True,
+                            model="realm_qa_scann"))
   # Last: at BERT-base on a 2-core CPU it is the longest step (a question is five reader
   # passes of 320 wordpieces), and its memory peaks as soon as the index is loaded.
   if "evaluate" in wanted:
@@ -583,7 +740,8 @@ def run(args) -> dict:
   return result
 
 
-PHASES = harness.Phases("benchmarks.released_scale", dict(release=write_release), log=log)
+PHASES = harness.Phases("benchmarks.released_scale",
+                        dict(release=write_release, scann_recall=scann_recall), log=log)
 
 
 def main(argv=None) -> int:
