@@ -263,3 +263,31 @@ def test_scann_searcher_saved_in_a_savedmodel(tmp_path, corpus):
   out = loaded.signatures["serving_default"](tf.constant(queries[:3]))
   want, _ = _exact_top(vectors[:3000], ids[:3000], queries[:3], 5)
   assert _recall(out["block_ids"].numpy(), want) >= 0.9
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_streamed_embeddings_give_numpy_row_order_a_row_block_at_a_time(tmp_path, scattered):
+  """StreamedEmbeddings.rows over shards of consecutive rows (read by slices) and over
+  shards holding scattered rows (read by masks): every row block, including ones that
+  cross shard boundaries, is the NumPy row-ordered array's; the shard arrays read are
+  read-only views of the verified bytes."""
+  from realm_tf.retrieval.index_export import (  # noqa: PLC0415
+      ShardData, latest_export, load_shard_array, write_export)
+  from realm_tf.retrieval.knowledge_index import StreamedEmbeddings  # noqa: PLC0415
+  rng = np.random.default_rng(4)
+  block_ids = np.sort(rng.choice(10_000, size=103, replace=False)).astype(np.int64)
+  vectors = rng.normal(size=[103, 6]).astype(np.float32)
+  rows = rng.permutation(103) if scattered else np.arange(103)
+  pieces = np.array_split(rows, 4)
+  path = write_export(str(tmp_path / "index"), 1,
+                      [ShardData(vectors[p], block_ids[p]) for p in pieces],
+                      build_scann=False)
+  export = latest_export(str(tmp_path / "index"))
+  assert export.path == path
+  streamed = StreamedEmbeddings(export, block_ids)
+  assert streamed.shape == (103, 6)
+  for start, end in ((0, 103), (0, 10), (20, 60), (25, 26), (90, 103)):
+    np.testing.assert_array_equal(streamed.rows(start, end), vectors[start:end])
+  shard = load_shard_array(export, 0, 4, "embeddings.npy")
+  np.testing.assert_array_equal(shard, vectors[pieces[0]])
+  assert not shard.flags.writeable

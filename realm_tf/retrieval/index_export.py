@@ -98,7 +98,20 @@ def load_shard_array(export: "IndexExport", shard: int, num_shards: int,
     versioned.VerificationError: the file is not listed, missing, truncated or corrupted.
   """
   data = versioned.read_verified(export, f"{shard_name(shard, num_shards)}/{name}")
-  return np.load(io.BytesIO(data), allow_pickle=False)
+  # A read-only view of the bytes read, not np.load's copy of them: a shard's embeddings
+  # are ~0.5 GB at REALM's size, and the copy held them twice while it was made.
+  header = io.BytesIO(data)
+  read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                 (2, 0): np.lib.format.read_array_header_2_0}.get(
+                     np.lib.format.read_magic(header))
+  if read_header is None:  # a format this reader does not parse: numpy's own, a copy
+    return np.load(io.BytesIO(data), allow_pickle=False)
+  shape, fortran_order, dtype = read_header(header)
+  if dtype.hasobject:
+    raise versioned.VerificationError(f"{export.path}: {name} of shard {shard} holds "
+                                      "Python objects, not numbers")
+  array = np.frombuffer(data, dtype, count=int(np.prod(shape)), offset=header.tell())
+  return array.reshape(shape, order="F" if fortran_order else "C")
 
 
 def new_export_dir(index_dir: str, version: int) -> str:

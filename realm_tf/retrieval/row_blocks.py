@@ -90,6 +90,7 @@ class RowBlocks(tf.Module):
       if values.shape != (end - start, self.dimension):
         raise ValueError(f"rows [{start}, {end}) got values of shape {values.shape}")
       variable.assign(np.asarray(values, variable.dtype.as_numpy_dtype))
+      del values  # not held beside the next block's values while they are made
 
   def assign(self, values: np.ndarray) -> None:
     """Assigns all rows from `values` [N, P]."""
