@@ -239,3 +239,12 @@ def test_the_released_block_emb_is_drawn_part_by_part_from_the_generator(tmp_pat
   small = se.EmbeddingGenerator.fit(blocks[:, :16], blocks[:40, :16], clusters=4, rank=2)
   with pytest.raises(ValueError, match="16-d rows"):
     list(released_scale.embedding_rows(articles, 1, small.save(str(tmp_path / "s.npz"))))
+
+
+def test_the_recall_leaves_the_checked_rows_out_of_both_searches():
+  """benchmarks.released_scale.without: the first k ids of each row not excluded, in order,
+  padded with -1 when too few remain."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  found = np.array([[7, 0, 3, 9, 4, 5, 6], [0, 890, 1, 2, 3, 4, 8], [0, 890, 5, 0, 890, 0, 1]])
+  got = released_scale.without(found, [0, 890], k=5)
+  np.testing.assert_array_equal(got, [[7, 3, 9, 4, 5], [1, 2, 3, 4, 8], [5, 1, -1, -1, -1]])
