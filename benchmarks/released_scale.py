@@ -753,8 +753,9 @@ def run(args) -> dict:
             lambda: serve(args, work, "availability_preserving", latency=True))
     attempt("serve_resource_preserving",
             lambda: serve(args, work, "resource_preserving", latency=False))
-  if "scann" in wanted:
+  if wanted & {"scann", "scann_recall"}:  # scann_recall alone: the recall step only
     attempt("scann_recall", lambda: PHASES.run(args, work, "scann_recall"))
+  if "scann" in wanted:
     if attempt("export_scann", lambda: do_export("realm_qa_scann")):
       attempt("serve_scann_availability_preserving",
               lambda: serve(args, work, "availability_preserving", latency=True,
