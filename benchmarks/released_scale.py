@@ -95,7 +95,7 @@ def parse_args(argv=None):
                       help="steps to run (the release is always written first); scann: "
                       "the realm_qa_scann export, served and handed over, and the recall "
                       "and search time of its shards against exact search (needs "
-                      "--embedding_generator)")
+                      "--embedding_generator); scann_recall: that recall alone")
   parser.add_argument("--index_shards", type=int, default=13,
                       help="index shards of the import, each with its ScaNN searcher (13: "
                       "about 1.03M rows a shard, the size synthetic_embeddings' curves "
