@@ -661,6 +661,8 @@ def run(args) -> dict:
     # rewrites it (the full size runs in several invocations).
     result["steps"] = {k: v for k, v in earlier.get("steps", {}).items() if k != "finished"}
     result["max_disk_gb"] = earlier.get("max_disk_gb", 0.0)
+    # The whole run's time is every invocation's: the earlier ones' counted in.
+    begin -= earlier.get("seconds", 0.0)
     log(f"reusing the run in {run_dir}")
 
   def record(name: str, step: dict):
