@@ -245,14 +245,29 @@ def embedding_rows(articles: np.ndarray, num_articles: int, generator_path: str 
   if not generator_path:
     yield from scale.seeded_embeddings(articles, num_articles, seed=SEED)
     return
+  for _, rows, _ in generator_parts(generator_path, len(articles), rows_per_part):
+    yield rows
+
+
+def generator_parts(generator_path: str, blocks: int, rows_per_part: int):
+  """The generator's rows of block_emb, part by part: part i is `rows_per_part` rows (the
+  last fewer) drawn with seed SEED + i, the one mapping of parts to seeds, shared by the
+  release (embedding_rows) and the questions about its rows (generator_questions).
+
+  Yields:
+    (generator, rows [n, 128] float32, their clusters [n]).
+
+  Raises:
+    ValueError: the generator's rows are not block_emb's width.
+  """
   from benchmarks.synthetic_embeddings import EmbeddingGenerator  # pylint: disable=g-import-not-at-top
   generator = EmbeddingGenerator.load(generator_path)
   if generator.means.shape[1] != BERT_BASE["projection_size"]:
     raise ValueError(f"{generator_path}: {generator.means.shape[1]}-d rows, the released "
                      f"block_emb is {BERT_BASE['projection_size']}-d")
-  for part, start in enumerate(range(0, len(articles), rows_per_part)):
-    count = min(rows_per_part, len(articles) - start)
-    yield generator.blocks(count, seed=SEED + part)[0]
+  for part, start in enumerate(range(0, blocks, rows_per_part)):
+    rows, clusters = generator.blocks(min(rows_per_part, blocks - start), seed=SEED + part)
+    yield generator, rows, clusters
 
 
 def write_records(leads, corpus: str, blocks: int, checked) -> dict:
@@ -328,21 +343,17 @@ K = 5
 def generator_questions(generator_path: str, blocks: int, count: int,
                         rows_per_part: int = 1 << 20) -> np.ndarray:
   """`count` (at least) questions of the fitted generator about block_emb's generated rows:
-  each part of embedding_rows drawn again (the same seed, so the same rows and clusters)
+  each part of embedding_rows drawn again (generator_parts: the same rows and clusters)
   and an equal share of the questions made from its rows (seed SEED + 1000 + part).
 
   Returns:
     [ceil(count / parts) x parts, 128] float32.
   """
-  from benchmarks.synthetic_embeddings import EmbeddingGenerator  # pylint: disable=g-import-not-at-top
-  generator = EmbeddingGenerator.load(generator_path)
-  starts = range(0, blocks, rows_per_part)
-  each = -(-count // len(starts))
-  out = []
-  for part, start in enumerate(starts):
-    rows, clusters = generator.blocks(min(rows_per_part, blocks - start), seed=SEED + part)
-    out.append(generator.queries(rows, clusters, each, seed=SEED + 1000 + part)[0])
-  return np.concatenate(out)
+  each = -(-count // len(range(0, blocks, rows_per_part)))
+  return np.concatenate([
+      generator.queries(rows, clusters, each, seed=SEED + 1000 + part)[0]
+      for part, (generator, rows, clusters) in enumerate(
+          generator_parts(generator_path, blocks, rows_per_part))])
 
 
 def without(found: np.ndarray, excluded, k: int) -> np.ndarray:
@@ -367,12 +378,12 @@ def scann_recall(args, work: str) -> dict:
   searcher as the import built it), on generated questions, at the shards' own settings
   and SEARCH_SETTINGS; and search alone, one question at a time, ScaNN against exact."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
   from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import load_searcher, scann_index  # pylint: disable=g-import-not-at-top
   if not args.embedding_generator:
     raise ValueError("the ScaNN recall needs --embedding_generator: its questions are the "
                      "generator's")
-  from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
   index = layout.index_dir(os.path.join(work, "run"))
   checked = tower_check.sample_rows(args.blocks, args.check_rows)  # the block ids, 0-based
   fetch = K + len(checked)
@@ -381,9 +392,13 @@ def scann_recall(args, work: str) -> dict:
   start = time.time()
   exact = load_searcher(index, backend="exact")
   exact_load_seconds = time.time() - start
-  truth = without(np.concatenate([
-      exact.search(tf.constant(questions[i:i + 50]), fetch).block_ids.numpy()
-      for i in range(0, len(questions), 50)]), checked, K)  # [Q, K]
+
+  def top(searcher) -> np.ndarray:  # [Q, K] block ids, the checked rows left out
+    return without(np.concatenate([
+        searcher.search(tf.constant(questions[i:i + 50]), fetch).block_ids.numpy()
+        for i in range(0, len(questions), 50)]), checked, K)
+
+  truth = top(exact)
   start = time.time()
   scann = load_searcher(index, backend="scann")
   scann_load_seconds = time.time() - start
@@ -403,9 +418,7 @@ def scann_recall(args, work: str) -> dict:
   rows = []
   for fraction, reorder in SEARCH_SETTINGS:
     with scann_index.searching_with(scann_index.SearchOptions(fraction, reorder)):
-      found = without(np.concatenate([
-          scann.search(tf.constant(questions[i:i + 50]), fetch).block_ids.numpy()
-          for i in range(0, len(questions), 50)]), checked, K)
+      found = top(scann)
       latency = one_at_a_time(scann)
     rows.append(dict(leaves_fraction=fraction, reorder_num_neighbors=reorder,
                      recall_at_5=harness.recall(found, truth),

@@ -322,24 +322,15 @@ def calibrate_residual_scale(generator: EmbeddingGenerator, blocks: np.ndarray,
     end when none do).
   """
   # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.scann_index import build_scann, release  # noqa: PLC0415
-  # pylint: enable=g-import-not-at-top
-  half = blocks[documents % 2 == 0]
-  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.scann_index import scann_params_for  # noqa: PLC0415
   # pylint: enable=g-import-not-at-top
+  half = blocks[documents % 2 == 0]
   tree = scann_params_for(len(half), mode="tree_ah_reorder")
   _, params = searching(tree, CALIBRATION_FRACTION * tree.num_leaves)
 
   def recall(vectors, questions):
     truth, _ = exact_top(vectors, questions, K)
-    found = []
-    for _ in range(repeats):
-      searcher = build_scann(vectors, params, num_neighbors=K)
-      found.append(harness.recall(
-          searcher.search_batched(questions, final_num_neighbors=K)[0].numpy(), truth))
-      release(searcher)
-    return float(np.mean(found))
+    return float(np.mean(build_recalls(vectors, questions, truth, params, repeats)))
 
   target = recall(half, queries)
   synthetic, clusters = generator.blocks(len(half), seed=seed)
@@ -518,24 +509,32 @@ def configurations(n: int) -> dict:
                for m in AUTHORS_MULTIPLES])
 
 
+def build_recalls(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray, params,
+                  repeats: int) -> list:
+  """recall@K against `truth` [Q, K] of `repeats` ScaNN builds of `params` over `vectors`
+  (each searched at its build-time settings, then released)."""
+  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.scann_index import build_scann, release  # noqa: PLC0415
+  # pylint: enable=g-import-not-at-top
+  recalls = []
+  for _ in range(repeats):
+    searcher = build_scann(vectors, params, num_neighbors=K)
+    found, _ = searcher.search_batched(queries, final_num_neighbors=K)
+    release(searcher)
+    recalls.append(harness.recall(found.numpy(), truth))
+  return recalls
+
+
 def recall_curves(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
                   repeats: int) -> dict:
   """recall@K against `truth` [Q, K] for every configuration and leaf fraction, the mean
   over `repeats` builds: ScaNN's k-means is not seeded, and one build's recall moves by
   about 0.01 from the next, half the tolerance compared against."""
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.scann_index import build_scann, release  # noqa: PLC0415
-  # pylint: enable=g-import-not-at-top
   out = {}
   for name, rows in configurations(len(vectors)).items():
     curve = []
     for fraction, params in rows:
-      recalls = []
-      for _ in range(repeats):
-        searcher = build_scann(vectors, params, num_neighbors=K)
-        found, _ = searcher.search_batched(queries, final_num_neighbors=K)
-        release(searcher)
-        recalls.append(harness.recall(found.numpy(), truth))
+      recalls = build_recalls(vectors, queries, truth, params, repeats)
       curve.append(dict(leaf_fraction=fraction, leaves=params.num_leaves,
                         leaves_searched=params.num_leaves_to_search,
                         recall_at_5=float(np.mean(recalls)), builds=recalls))
@@ -750,7 +749,8 @@ def run(args) -> dict:
   # A fit is kept only for the same settings and the same generator code (its fields can
   # keep their names while their meaning changes).
   code = hashlib.sha256("".join(inspect.getsource(f) for f in (
-      EmbeddingGenerator, calibrate_residual_scale, straddle, question_split, searching)).encode()).hexdigest()[:16]
+      EmbeddingGenerator, calibrate_residual_scale, straddle, question_split, searching,
+      build_recalls)).encode()).hexdigest()[:16]
   settings.update(num_queries=args.num_queries, seed=args.seed)
   result["fit"] = harness.cached(
       path("fit"), lambda: dict(fit_step(work, args.clusters, args.rank, args.num_queries,

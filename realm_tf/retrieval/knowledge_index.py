@@ -230,8 +230,7 @@ class StreamedEmbeddings:
     out = np.zeros([end - start, self.shape[1]], np.float32)
     filled = 0
     for shard, rows in self.parts:
-      consecutive = len(rows) and rows[-1] - rows[0] + 1 == len(rows) and (
-          shard in self._consecutive)
+      consecutive = shard in self._consecutive
       if consecutive:
         lo, hi = max(start, int(rows[0])), min(end, int(rows[-1]) + 1)
         if lo >= hi:
