@@ -17,12 +17,13 @@ saved as the run's mlm_init_checkpoint), a weak ICT warm start (--ict_steps), an
 both retriever towers at the reader's rate from step 0.
 
 Arms (same world, seed, steps and batch): refresh every --refresh steps (the index builder
-beside the trainer re-embeds the corpus from a snapshot, and the trainer waits when the
-index searched would be older than the interval; 0 = never: the step-0 index, published
-once); for --second_seed_refresh, the same at --second_seed (its own reader, ICT start and
-initialisation); for --control_refresh, the positive control: the same with one tower for
-queries and documents (model.retriever.share_towers), where a stale index cannot be made up
-for by the query tower alone, since the query tower is the document tower. At every
+beside the trainer re-embeds the corpus from a snapshot, and the trainer waits for it at
+each refresh, so the index searched is never older than the interval; 0 = never: the
+step-0 index, published once); for --second_seed_refresh, the same at --second_seed (its
+own reader, ICT start and initialisation); for --control_refresh, the positive control: the
+same with one tower for queries and documents (model.retriever.share_towers), where a stale
+index cannot be made up for by the query tower alone, since the query tower is the
+document tower. At every
 --curve_every steps, per arm:
   held-out span accuracy   the trainer's own evaluation over all held-out sentences, against
                            the index it searched then (± binomial standard error);
@@ -137,10 +138,13 @@ def run_arm(arm: Arm, world: dict, start: dict, args, work: str) -> dict:
                                 start["reader"]).replace(
       trainer=dict(checkpoint_interval=every, max_to_keep=args.steps // every + 1))
   if arm.refresh:
-    # "Every N steps" means the index searched is never more than N steps old: the trainer
-    # waits for the builder when it falls behind (on 2 cores a build of the corpus takes
-    # longer than 10 steps, and knowledge.arm_config's 3N would let it lag 30-40).
-    config = config.replace(index=dict(max_staleness_steps=arm.refresh))
+    # "Every N steps" means the index searched is never more than N steps old: at each
+    # refresh the trainer waits for that refresh's index (on 2 cores a build of the corpus
+    # takes longer than 10 steps). A bound of N would not do it: the check runs after the
+    # snapshot is taken, so N lets the next loop search the previous refresh's index and
+    # end at 2N steps old (measured: refresh-10 ended its loops at 17-20); arm_config's 3N,
+    # at 30-40.
+    config = config.replace(index=dict(max_staleness_steps=arm.refresh - 1))
   model_dir = os.path.join(work, arm.name)
   description = (f"refresh {'every ' + str(arm.refresh) + ' steps' if arm.refresh else 'never'}"
                  f", seed {arm.seed}{', shared towers' if arm.shared else ''}")
