@@ -109,6 +109,23 @@ def test_row_blocks_search_and_take_as_one_table(vectors, monkeypatch):
     blocks.assign(vectors[:-1])
 
 
+def test_unfilled_row_blocks_hold_nothing_until_filled(vectors):
+  """An index's blocks before its first version: no values (a search fails rather than
+  ranking a zero table), then the filled table searches as the NumPy reference."""
+  blocks = row_blocks.RowBlocks.unfilled(N, P, rows_per_block=5)
+  assert blocks.shape == (N, P) and len(blocks.blocks) == 5
+  assert not any(bool(v.is_initialized()) for v in blocks.blocks)
+  queries = np.random.default_rng(5).normal(size=[3, P]).astype(np.float32)
+  with pytest.raises(ValueError, match="static shape"):
+    blocks.top_k(tf.constant(queries), 2)
+  blocks.assign_blocks(lambda start, end: vectors[start:end])
+  scores, rows = blocks.top_k(tf.constant(queries), 4)
+  exact = queries @ vectors.T
+  want = np.argsort(-exact, axis=1, kind="stable")[:, :4]
+  np.testing.assert_array_equal(rows.numpy(), want)
+  np.testing.assert_allclose(scores.numpy(), np.take_along_axis(exact, want, 1), rtol=1e-5)
+
+
 def test_embeddings_stream_from_shards_in_any_order_into_row_blocks(
     store, vectors, text_dir, tokenizer, tmp_path, monkeypatch):
   """Shards partition the blocks by id modulo 3 (not in row order); the index fills 4

@@ -333,7 +333,7 @@ class KnowledgeIndex(tf.Module):
       if self.num_replicas == 1:
         # One device: row blocks, filled a block at a time with plain reads after (see
         # realm_tf.retrieval.row_blocks); [N, P] in all.
-        self.embedding_blocks = RowBlocks.zeros(s, dimension, dtype)
+        self.embedding_blocks = RowBlocks.unfilled(s, dimension, dtype)
         self.embeddings = None
       else:
         self.embedding_blocks = None
