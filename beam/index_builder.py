@@ -1,7 +1,7 @@
 """Command line of realm_tf.pipelines.index_builder: re-embeds each new snapshot.
 
     python -m beam.index_builder --model_dir DIR [--blocks PATTERN] [--num_shards N]
-        [--poll_seconds 5] [--max_builds N] [--large_model] [--model_copies N]
+        [--poll_seconds S] [--max_builds N] [--large_model] [--model_copies N]
         [--claim_ttl_seconds 600] [--parent_pid PID]
         [runner options, passed untouched to every embedding job]
 """
@@ -22,7 +22,9 @@ def parse_args(argv: Sequence[str]):
                       help="corpus dir or blocks file pattern (default: the run's config)")
   parser.add_argument("--num_shards", type=int, default=0,
                       help="index shards (default: index.num_shards of the run's config)")
-  parser.add_argument("--poll_seconds", type=float, default=5.0)
+  parser.add_argument("--poll_seconds", type=float, default=0.0,
+                      help="seconds between looks for a new snapshot (default: "
+                      "index.poll_seconds of the run's config)")
   parser.add_argument("--max_builds", type=int, default=0, help="stop after N builds (0: no)")
   parser.add_argument("--batch_size", type=int, default=64, help="blocks per encoder call")
   parser.add_argument("--large_model", action="store_true",

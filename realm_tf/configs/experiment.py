@@ -222,7 +222,8 @@ class IndexConfig(base_config.Config):
     rescore: 'scann' only: re-score ScaNN's candidates exactly with the stored embeddings.
     embedding_dtype: 'float32' or 'bfloat16' (halves the memory of the accelerators' copy
       of the block embeddings).
-    poll_seconds: how often the trainer looks for a newer committed index.
+    poll_seconds: how often the trainer looks for a newer committed index, and its index
+      builder for a newer snapshot.
     first_index_timeout_seconds: the longest wait for a first index (e.g. one
       `beam.embed_corpus` is still building), and for a staleness bound to be met.
     max_staleness_steps: > 0: between train loops, wait (up to

@@ -37,7 +37,10 @@ class IndexBuilderConfig:
   model_dir: str
   blocks: str = ""  # corpus dir or blocks pattern ('': the run's data config)
   num_shards: int = 0  # 0: index.num_shards of the run's config
-  poll_seconds: float = 5.0
+  # How often to look for a new snapshot (0: index.poll_seconds of the run's config, the
+  # trainer's own poll: a trainer that waits for each refresh would otherwise also wait
+  # out the builder's idle sleep, half of 5 s on average at every refresh).
+  poll_seconds: float = 0.0
   max_builds: int = 0  # stop after this many builds (0: until TRAINING_DONE)
   batch_size: int = 64
   large_model: bool = False
@@ -128,6 +131,8 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
   num_shards = config.num_shards or run_config.index.num_shards
   logging.info("%s watching %s (index %s)", builder_name(), config.model_dir, index_dir)
+  # Never a busy loop over the store (a run may poll its index every loop: 0).
+  poll_seconds = max(config.poll_seconds or run_config.index.poll_seconds, 0.1)
   watch = TrainerWatch(config.model_dir, run_config.runtime.progress_stall_seconds,
                        builder_name())
   builds = 0
@@ -152,7 +157,7 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
         break
     else:
       watch.check()
-      time.sleep(config.poll_seconds)
+      time.sleep(poll_seconds)
   watch.check(force=True)
   logging.info("Index builder done after %d builds (%s); the trainer: %s", builds,
                builder_name(), watch.status())
