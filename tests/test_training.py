@@ -191,3 +191,48 @@ def test_index_staleness_counts_the_steps_of_this_run(tmp_path):
       os.path.join(model_dir, "export", "block_encoder", "000000000020.cd"), 20)), settings)
   assert own.logs(30)["index_staleness_steps"] == 10
   assert IndexRefresher(model_dir, Index(None), settings).logs(3)["index_staleness_steps"] == 4
+
+
+class _DeadBuilder:
+  """Stands in for refresh.IndexBuilderProcess: a child that has exited."""
+  log_path = "/run/index_builder.log"
+  process = types.SimpleNamespace(terminate=lambda: None)
+
+  def exited(self):
+    return f"the index builder child (pid 1) exited with code 1; its log: {self.log_path}"
+
+  def stop(self, timeout=0.0):
+    del timeout
+
+
+def test_a_dead_builder_ends_the_wait_at_once_naming_its_log(tmp_path):
+  """Waiting for an index that no builder will build: the refresher says so now, with the
+  builder's exit and log, instead of waiting out first_index_timeout_seconds (300 s here)."""
+
+  class Index:  # never refreshed: from snapshot 120 for good
+    export = types.SimpleNamespace(manifest={})
+    encoder_step, version, swaps = 120, 120, 0
+
+    def maybe_swap(self, index_dir):
+      del index_dir
+      self.swaps += 1
+      return False
+
+  settings = RefreshSettings(index_dir=str(tmp_path / "index"), refresh_every_steps=20,
+                             train_steps=400, first_index_timeout_seconds=300,
+                             poll_seconds=0, max_staleness_steps=60)
+  index = Index()
+  refresher = IndexRefresher(str(tmp_path / "run"), index, settings)
+  refresher.builder = _DeadBuilder()
+  begin = time.time()
+  with pytest.raises(RuntimeError, match=r"80 steps behind step 200.*exited with code 1; "
+                                         r"its log: /run/index_builder.log"):
+    refresher.after_loop(200)
+  assert time.time() - begin < 30 and index.swaps >= 2  # one more look before giving up
+
+  index.version = None  # no index at all: the first wait ends the same way
+  refresher.exporter = types.SimpleNamespace(snapshot=lambda step, wait=False: True,
+                                             wait=lambda: None)
+  with pytest.raises(RuntimeError, match="no index yet, and the index builder child"):
+    refresher.start(0, training=False)
+  assert time.time() - begin < 30

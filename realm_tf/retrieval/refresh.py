@@ -70,6 +70,15 @@ class IndexBuilderProcess:
       for _ in self.process.stdout:  # keep draining so the builder never blocks on a pipe
         pass
 
+  def exited(self) -> str:
+    """'' while the builder runs; once it has exited, a line saying so that names its
+    exit code and log."""
+    code = self.process.poll()
+    if code is None:
+      return ""
+    return (f"the index builder child (pid {self.process.pid}) exited with code {code}; "
+            f"its log: {self.log_path}")
+
   def stop(self, timeout: float = 120.0):
     """Waits for the builder to exit; terminates it after `timeout` seconds.
 
@@ -177,6 +186,8 @@ class IndexRefresher:
       FileNotFoundError: no index is committed and this run exports no snapshot.
       TimeoutError: no index loaded within first_index_timeout_seconds (the message says
         whether storage failed or nothing was published).
+      RuntimeError: this run's index builder child exited before an index came (the
+        message names its exit code and log).
     """
     writes = self.writes
     if training and writes:  # a new training slice: builders must follow it again
@@ -202,6 +213,10 @@ class IndexRefresher:
     deadline = time.time() + self.settings.first_index_timeout_seconds
     # An index already loaded (an evaluation before training, in the same run) counts.
     while not self.index.maybe_swap(self.settings.index_dir) and self.index.version is None:
+      gone = self._builder_gone()
+      if gone:
+        self.stop(global_step, reached_train_steps=False)
+        raise RuntimeError(f"{self.settings.index_dir}: no index yet, and {gone}")
       if self.role.chief_value(time.time() > deadline):
         self.stop(global_step, reached_train_steps=False)
         if self.index.storage_error:  # not "nothing published": the store did not answer
@@ -236,6 +251,7 @@ class IndexRefresher:
 
     Raises:
       TimeoutError: the staleness bound was not met within first_index_timeout_seconds.
+      RuntimeError: this run's index builder child exited while the index was too stale.
     """
     every = self.settings.refresh_every_steps
     if (self.exporter is not None and every > 0 and global_step % every == 0
@@ -287,6 +303,11 @@ class IndexRefresher:
       if newest is None or global_step - newest > bound:
         self.exporter.snapshot(global_step, wait=True)
     while global_step - self.index_step() > bound:
+      gone = self._builder_gone()
+      if gone:
+        raise RuntimeError(f"{self.settings.index_dir}: the index is "
+                           f"{global_step - self.index_step()} steps behind step {global_step} "
+                           f"(index.max_staleness_steps {bound}), and {gone}")
       if self.role.chief_value(time.time() > deadline):
         raise TimeoutError(
             f"{self.settings.index_dir}: no index within {bound} steps of step {global_step} "
@@ -296,6 +317,19 @@ class IndexRefresher:
       self.index.maybe_swap(self.settings.index_dir)
       # Each round is a collective of every process: the job is alive, only waiting.
       heartbeat.current().wait_round("waiting for a fresher index")
+
+  def _builder_gone(self) -> str:
+    """Why waiting for an index is pointless: this run's builder child has exited and what
+    it last published is already loaded ('' while it runs, or with no child). Without this
+    a dead builder left the trainer waiting out first_index_timeout_seconds in silence.
+    A collective: every process waiting calls it at the same point."""
+    gone = self.builder.exited() if self.builder is not None else ""
+    if not self.role.any_process(bool(gone)):
+      return ""
+    # A builder that built its last index and exited published it first: one more look.
+    if self.index.maybe_swap(self.settings.index_dir):
+      return ""
+    return gone or "another process's index builder child exited"
 
   def logs(self, global_step: int) -> dict[str, float]:
     """Scalars for a train loop's logs.
