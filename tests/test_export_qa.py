@@ -449,11 +449,19 @@ def test_scann_searcher_is_built_once_not_per_call(exported):
   assert any("Scann>ScannSearchBatched" in o for o in ops.values())
 
 
-def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported):
+@pytest.fixture(scope="module")
+def separate_towers(exported):
+  run = exporter.load_run(exported["model_dir"])
+  assert not run.model.retriever.shares_towers  # else the check below checks nothing
+  return run.model, run.model.retriever.document_embedder.variables
+
+
+def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported, separate_towers):
   """One [N, P] float32 variable in either checkpoint: the exact export's embeddings, and
   the ScaNN export's brute-force state (it keeps no embeddings of its own: its scores are
   p(z|x)'s logits); neither keeps a string variable (titles and texts are compressed
-  asset files, realm_tf.export.served_index)."""
+  asset files, realm_tf.export.served_index), nor the document tower."""
+  model, documents = separate_towers
   for kind, expected in (("realm_qa", 1), ("realm_qa_scann", 1)):
     path = exported["published"][kind]
     num_blocks = exporter.read_provenance(path)["num_blocks"]
@@ -468,6 +476,10 @@ def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported):
     assert not strings, (kind, strings)
     assert any(name.startswith("block_texts-") for name in os.listdir(os.path.join(path,
                                                                                  "assets")))
+    # The model's variables but the document tower's: answering never embeds a block.
+    saved = {k.split("/")[1] for k in shapes if k.startswith("model_variables/")}
+    assert len(saved) == len(model.variables) - len(documents), kind
+
 
 
 def test_export_command_line(exported, tmp_path):
