@@ -73,7 +73,7 @@ class BlockInputs(NamedTuple):
   document: dict  # BERT inputs [B, K, Lc] for the document tower
   body_ids: tf.Tensor  # [B, K, Lb] int32 body wordpieces (zero-padded)
   body_lengths: tf.Tensor  # [B, K] int32
-  embeddings: tf.Tensor  # [B, K, P] float32 indexed (stale) embeddings
+  embeddings: Optional[tf.Tensor]  # [B, K, P] float32 indexed (stale) ones; None: not gathered
 
 
 def token_dtype(vocab_size: int) -> type:
@@ -633,7 +633,7 @@ class KnowledgeIndex(tf.Module):
     scores.set_shape([queries.shape[0], k])
     return self.rows(block_ids), scores
 
-  def gather(self, rows: tf.Tensor) -> BlockInputs:
+  def gather(self, rows: tf.Tensor, embeddings: bool = True) -> BlockInputs:
     """Tokens and indexed embeddings of global `rows`, from whichever shard owns them.
 
     Each replica fills in its own rows (zeros elsewhere) and one all-reduce sums. Runs in
@@ -641,10 +641,12 @@ class KnowledgeIndex(tf.Module):
 
     Args:
       rows: [B, K] int32 global rows (search's `rows`).
+      embeddings: gather the indexed embeddings too; False where nothing scores with them
+        (BM25, whose index never loads any: on one device its row blocks hold no values).
 
     Returns:
       BlockInputs: document inputs [B, K, Lc], body_ids [B, K, Lb], body_lengths [B, K],
-      embeddings [B, K, P] float32 (the indexed, stale ones).
+      embeddings [B, K, P] float32 (the indexed, stale ones; None if not asked for).
     """
     context, num_replicas, replica = _replica_context()
     batch = tf.shape(rows)[0]
@@ -667,11 +669,12 @@ class KnowledgeIndex(tf.Module):
                                           tf.ones([values.shape.rank - 2], tf.int32)], 0))
       return tf.where(mask, values, tf.zeros_like(values))
 
-    if self.embedding_blocks is not None:
-      embeddings = self.embedding_blocks.take(local)  # one replica: every row is its own
-    else:
-      embeddings = take(self.embeddings)
-    parts = dict(embeddings=tf.cast(embeddings, tf.float32))
+    parts = {}
+    if embeddings and self.embedding_blocks is not None:
+      # One replica: every row is its own.
+      parts["embeddings"] = tf.cast(self.embedding_blocks.take(local), tf.float32)
+    elif embeddings:
+      parts["embeddings"] = tf.cast(take(self.embeddings), tf.float32)
     if self.texts is None:
       parts.update(word_ids=take(self.word_ids), body_ids=take(self.body_ids),
                    body_lengths=take(self.body_lengths))
@@ -684,9 +687,9 @@ class KnowledgeIndex(tf.Module):
       titles, texts = self.texts.lookup(rows)  # [B, K] each
       document, body_ids, body_lengths = block_texts_lib.block_inputs(
           titles, texts, self.tokenizer, self.block_seq_length, self.body_length)
-      return BlockInputs(document, body_ids, body_lengths, parts["embeddings"])
+      return BlockInputs(document, body_ids, body_lengths, parts.get("embeddings"))
     word_ids = parts["word_ids"]
     document = dict(input_word_ids=word_ids, input_mask=tf.cast(word_ids > 0, tf.int32),
                     input_type_ids=type_ids_of(word_ids, self.sep_id))
     return BlockInputs(document, parts["body_ids"], parts["body_lengths"],
-                       parts["embeddings"])
+                       parts.get("embeddings"))

@@ -127,7 +127,7 @@ class OpenQAModel(tf_keras.Model):
       scores = tf.cast(features["bm25"]["scores"][:, :k], tf.float32)
       if gold_rows is not None:
         rows, scores = gold_first(rows, gold_rows, scores)
-      return rows, scores, index.gather(rows)
+      return rows, scores, index.gather(rows, embeddings=False)  # BM25 scores them
     query = self.retriever.embed_queries(features["query"], training=training)  # [B, P]
     # MIPS picks the blocks; the logits are recomputed below so that they carry gradient.
     found = index.search(query, k)
