@@ -670,11 +670,10 @@ class KnowledgeIndex(tf.Module):
       return tf.where(mask, values, tf.zeros_like(values))
 
     parts = {}
-    if embeddings and self.embedding_blocks is not None:
-      # One replica: every row is its own.
-      parts["embeddings"] = tf.cast(self.embedding_blocks.take(local), tf.float32)
-    elif embeddings:
-      parts["embeddings"] = tf.cast(take(self.embeddings), tf.float32)
+    if embeddings:
+      table = (self.embedding_blocks.take(local)  # one replica: every row is its own
+               if self.embedding_blocks is not None else take(self.embeddings))
+      parts["embeddings"] = tf.cast(table, tf.float32)
     if self.texts is None:
       parts.update(word_ids=take(self.word_ids), body_ids=take(self.body_ids),
                    body_lengths=take(self.body_lengths))
