@@ -207,16 +207,19 @@ def index_embeddings(model_dir: str, version: int, block_ids: np.ndarray) -> np.
 
 
 def top1_kinds(top: list[int], world: dict) -> dict:
-  """What the top-1 blocks are: the entity's own block, a namesake's (same first name), a
-  town's, or another entity's. Why: a retriever can raise p(y|x) without the own block, by
-  fetching blocks that narrow the closed set of answers (a town block names a town)."""
+  """What the top-1 blocks are: the entity's own block (the one stating the fact), its other
+  block (worlds of two blocks per entity), a namesake's (same first name), a town's, or
+  another entity's. Why: a retriever can raise p(y|x) without the own block, by fetching
+  blocks that narrow the closed set of answers (a town block names a town)."""
   titles = {b["block_id"]: b["title"] for b in world["blocks"]}
   towns = set(world["towns"])
-  counts = dict(own=0, namesake=0, town=0, other_entity=0)
+  counts = dict(own=0, own_other=0, namesake=0, town=0, other_entity=0)
   for block, row in zip(top, world["held_out"]):
     title = titles.get(block, "")
     if block == row["gold_block_id"]:
       counts["own"] += 1
+    elif title == row["entity"]:
+      counts["own_other"] += 1
     elif title in towns:
       counts["town"] += 1
     elif title.split(" ")[0] == row["entity"].split(" ")[0]:
@@ -543,12 +546,14 @@ def wordpiece_lengths(config, world: dict) -> dict:
 
 
 def write_world(work: str, args) -> dict:
-  """The seeded world of args (--seed, --entities, --x_templates, --namesake_fraction) in
-  <work>/world; its description, with its directory as world["dir"]."""
+  """The seeded world of args (--seed, --entities, --x_templates, --namesake_fraction,
+  --blocks_per_entity) in <work>/world; its description, with its directory as
+  world["dir"]."""
   world_dir = os.path.join(work, "world")
   world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
       seed=args.seed, entities=args.entities, x_templates=args.x_templates,
-      namesake_fraction=args.namesake_fraction))
+      namesake_fraction=args.namesake_fraction,
+      blocks_per_entity=getattr(args, "blocks_per_entity", 1)))
   world["dir"] = world_dir
   return world
 
@@ -640,9 +645,11 @@ def markdown(payload: dict) -> str:
   kinds = [(arm, r["top1_kinds"]) for arm, r in arms if r.get("top1_kinds")]
   if kinds:
     lines += ["", "What the retriever's top-1 is for held-out sentences after training (own "
-              "block / a namesake's / a town's / another entity's): " + "; ".join(
-                  f"{arm} " + " / ".join(f"{k[key]:.3f}" for key in
-                                         ("own", "namesake", "town", "other_entity"))
+              "block / the entity's other block / a namesake's / a town's / another "
+              "entity's): " + "; ".join(
+                  f"{arm} " + " / ".join(f"{k.get(key, 0.0):.3f}" for key in
+                                         ("own", "own_other", "namesake", "town",
+                                          "other_entity"))
                   for arm, k in kinds) + "."]
   with_attributes = [(arm, r["per_attribute"]) for arm, r in arms if r.get("per_attribute")]
   if with_attributes:

@@ -260,7 +260,7 @@ def run(args, started: float) -> dict:
   args.heldout_sentences = len(world["held_out"])
   settings = dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
                   x_templates=args.x_templates, namesake_fraction=args.namesake_fraction,
-                  reader_steps=args.reader_steps,
+                  blocks_per_entity=args.blocks_per_entity, reader_steps=args.reader_steps,
                   ict_steps=args.ict_steps, num_candidates=args.num_candidates,
                   learning_rate=args.learning_rate, curve_every=args.curve_every,
                   refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
@@ -386,6 +386,8 @@ def parse_args(argv=None):
   p.add_argument("--x_templates", type=int, default=1)
   p.add_argument("--namesake_fraction", type=float, default=0.5,
                  help="share of entities with a namesake block (same first name)")
+  p.add_argument("--blocks_per_entity", type=int, default=1, choices=(1, 2),
+                 help="2: an entity's facts split over two blocks (knowledge_world)")
   p.add_argument("--reader_steps", type=int, default=600)
   p.add_argument("--ict_steps", type=int, default=5)
   p.add_argument("--num_candidates", type=int, default=2)

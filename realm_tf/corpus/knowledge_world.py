@@ -7,9 +7,10 @@ attributes drawn from closed sets (a birthplace among towns, an occupation, a bi
 every value one wordpiece, see TOWNS), so the MLM head only has to pick one of a few
 values, and *which* one is written nowhere but in the entity's block of Z.
 
-  Z  one block per entity stating all its facts in two sentences, plus distractors:
-     namesake blocks (the same first name, another family name, other facts) and blocks
-     about the towns.
+  Z  one block per entity stating all its facts in two sentences (or, with
+     blocks_per_entity 2, two blocks of one sentence each: birthplace and year, occupation),
+     plus distractors: namesake blocks (the same first name, another family name, other
+     facts) and blocks about the towns.
   X  sentences about the entities in other wordings than Z, the attribute value the salient
      span (masked by salient-span masking); each X sentence has block_id -1 (it comes from
      no block of Z), so the entity's block may be retrieved.
@@ -114,6 +115,16 @@ class WorldConfig:
   town_blocks: bool = True
   # Wordings per (entity, attribute) pair (of _X_TEMPLATES' three), in X and held out.
   x_templates: int = 3
+  # 1: an entity's facts in one block; 2: split over two blocks (_BLOCK_TEXT's two
+  # sentences), each naming the entity in full. Why 2: a query's top-2 is then its entity's
+  # two blocks, well clear of every other, where with one block the second candidate is a
+  # near-tie among distractors that any movement of the document tower reorders
+  # (benchmarks.knowledge_staleness measures staleness as top-k overlap).
+  blocks_per_entity: int = 1
+
+  def __post_init__(self):
+    if self.blocks_per_entity not in (1, 2):
+      raise ValueError(f"blocks_per_entity must be 1 or 2, got {self.blocks_per_entity}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -153,9 +164,9 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
     facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
     entities.append(Entity(firsts[i], lasts[i], facts, held_out=ATTRIBUTES[i % len(ATTRIBUTES)]))
 
-  blocks, gold = [], {}
+  blocks, gold = [], {}  # gold: entity name → {attribute: the block stating it}
   for e in entities:
-    gold[e.name] = _add_block(blocks, e.name, _block_sentences(e.name, e.facts))
+    gold[e.name] = _add_entity_blocks(blocks, e.name, e.facts, config.blocks_per_entity)
   # Namesakes: the same first name, another family name, independently drawn facts.
   namesakes = rng.sample(entities, int(round(config.namesake_fraction * len(entities))))
   for n, e in enumerate(namesakes):
@@ -170,22 +181,24 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
   for e in entities:
     for a in ATTRIBUTES:
       if a != e.held_out:
-        x.extend(_sentence(t, e, a, gold[e.name]) for t in _X_TEMPLATES[a][:config.x_templates])
+        x.extend(_sentence(t, e, a, gold[e.name][a])
+                 for t in _X_TEMPLATES[a][:config.x_templates])
   # The same wordings as X: what sets a held-out sentence apart is only that its fact was
   # never stated in X (a new wording would test paraphrase too, confounding the two).
-  held_out = [_sentence(t, e, e.held_out, gold[e.name])
+  held_out = [_sentence(t, e, e.held_out, gold[e.name][e.held_out])
               for e in entities for t in _X_TEMPLATES[e.held_out][:config.x_templates]]
   rng.shuffle(x)
   return dict(config=dataclasses.asdict(config), towns=towns, values=values,
               entities=[dict(name=e.name, facts=e.facts, held_out=e.held_out,
-                             block_id=gold[e.name]) for e in entities],
+                             block_id=gold[e.name][e.held_out], block_ids=gold[e.name])
+                        for e in entities],
               blocks=blocks, x=x, held_out=held_out)
 
 
 def edit_world(world: dict, seed: int = 0) -> dict:
   """The world after an edit of Z: every entity's held-out attribute gets another value of
-  its closed set, written into the entity's block, and the held-out sentences follow the
-  new values; X and every other block are unchanged. A revised block is a new document to
+  its closed set, written into the entity's block that states it, and the held-out
+  sentences follow the new values; X and every other block are unchanged. A revised block is a new document to
   the corpus schema (its doc_uid and block_id hash its text), so it gets new ids, in the
   old one's place; each held-out row keeps the value it had as `old_value`.
 
@@ -193,16 +206,21 @@ def edit_world(world: dict, seed: int = 0) -> dict:
   the held-out sentences with the new values once the index holds the edited blocks, with
   no parameter changed; one that memorised answers keeps the old ones."""
   rng = random.Random(seed)
+  per_entity = world["config"].get("blocks_per_entity", 1)
   revised, new_facts, new_ids, entities = {}, {}, {}, []
   for e in world["entities"]:
     attribute = e["held_out"]
     choices = [v for v in world["values"][attribute] if v != e["facts"][attribute]]
     facts = dict(e["facts"], **{attribute: rng.choice(choices)})
     new_facts[e["name"]] = facts
-    block = []
-    new_ids[e["block_id"]] = _add_block(block, e["name"], _block_sentences(e["name"], facts))
-    revised[e["block_id"]] = block[0]
-    entities.append(dict(e, facts=facts, block_id=new_ids[e["block_id"]],
+    rewritten = []
+    ids = _add_entity_blocks(rewritten, e["name"], facts, per_entity)
+    new_block = next(b for b in rewritten if b["block_id"] == ids[attribute])
+    new_ids[e["block_id"]] = new_block["block_id"]
+    revised[e["block_id"]] = new_block
+    entities.append(dict(e, facts=facts, block_id=new_block["block_id"],
+                         block_ids={a: new_block["block_id"] if b == e["block_id"] else b
+                                    for a, b in e["block_ids"].items()},
                          old_facts=e["facts"], old_block_id=e["block_id"]))
   held_out = []
   for row in world["held_out"]:
@@ -218,6 +236,24 @@ def edit_world(world: dict, seed: int = 0) -> dict:
 
 def _block_sentences(name: str, facts: Dict[str, str]) -> List[str]:
   return [t.format(name=name, **facts) for t in _BLOCK_TEXT]
+
+
+# Which attributes each of _BLOCK_TEXT's sentences states.
+_SENTENCE_ATTRIBUTES = (("birthplace", "year"), ("occupation",))
+
+
+def _add_entity_blocks(blocks: list, name: str, facts: Dict[str, str],
+                       per_entity: int) -> Dict[str, int]:
+  """An entity's block(s) appended to `blocks`; returns {attribute: id of its block}."""
+  sentences = _block_sentences(name, facts)
+  if per_entity == 1:
+    block_id = _add_block(blocks, name, sentences)
+    return {a: block_id for a in ATTRIBUTES}
+  out = {}
+  for sentence, attributes in zip(sentences, _SENTENCE_ATTRIBUTES):
+    block_id = _add_block(blocks, name, [sentence])
+    out.update({a: block_id for a in attributes})
+  return out
 
 
 def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
