@@ -207,19 +207,17 @@ def index_embeddings(model_dir: str, version: int, block_ids: np.ndarray) -> np.
 
 
 def top1_kinds(top: list[int], world: dict) -> dict:
-  """What the top-1 blocks are: the entity's own block (the one stating the fact), its other
-  block (worlds of two blocks per entity), a namesake's (same first name), a town's, or
-  another entity's. Why: a retriever can raise p(y|x) without the own block, by fetching
-  blocks that narrow the closed set of answers (a town block names a town)."""
+  """What the top-1 blocks are: the entity's own block (any of them, in a world of several
+  per entity), a namesake's (same first name), a town's, or another entity's. Why: a
+  retriever can raise p(y|x) without the own block, by fetching blocks that narrow the
+  closed set of answers (a town block names a town)."""
   titles = {b["block_id"]: b["title"] for b in world["blocks"]}
   towns = set(world["towns"])
-  counts = dict(own=0, own_other=0, namesake=0, town=0, other_entity=0)
+  counts = dict(own=0, namesake=0, town=0, other_entity=0)
   for block, row in zip(top, world["held_out"]):
     title = titles.get(block, "")
-    if block == row["gold_block_id"]:
+    if block in row["gold_block_ids"]:
       counts["own"] += 1
-    elif title == row["entity"]:
-      counts["own_other"] += 1
     elif title in towns:
       counts["town"] += 1
     elif title.split(" ")[0] == row["entity"].split(" ")[0]:
@@ -290,8 +288,9 @@ def own_share(queries: np.ndarray, documents: np.ndarray, block_ids: np.ndarray,
               world: dict) -> float:
   """Share of held-out sentences (`queries`, in world["held_out"] order) whose exact top-1
   block among `documents` is the entity's own."""
-  gold = np.array([r["gold_block_id"] for r in world["held_out"]])
-  return round(float(np.mean(np.asarray(top1_of(queries, documents, block_ids)) == gold)), 4)
+  top = top1_of(queries, documents, block_ids)
+  return round(float(np.mean([b in r["gold_block_ids"] for b, r in zip(top, world["held_out"])])),
+               4)
 
 
 def checkpoint_curve(config, model_dir: str, world: dict, start, every: int = 0) -> list[dict]:
@@ -383,8 +382,8 @@ def per_attribute(config, model_dir: str, world: dict, documents) -> dict:
     for i in range(len(right)):
       row = next(rows)
       pairs.setdefault(row["attribute"], []).append((int(true[i]), int(predicted[i])))
-      read = list(ids[i]).index(row["gold_block_id"]) if row["gold_block_id"] in ids[i] \
-          else None
+      # The first candidate that is one of the entity's own blocks (each states the fact).
+      read = next((j for j, b in enumerate(ids[i]) if b in row["gold_block_ids"]), None)
       # Candidates in the reader's order: the null document first when it is read.
       offset = span_log_p.shape[1] - ids.shape[1]
       by.setdefault(row["attribute"], []).append((
@@ -645,11 +644,9 @@ def markdown(payload: dict) -> str:
   kinds = [(arm, r["top1_kinds"]) for arm, r in arms if r.get("top1_kinds")]
   if kinds:
     lines += ["", "What the retriever's top-1 is for held-out sentences after training (own "
-              "block / the entity's other block / a namesake's / a town's / another "
-              "entity's): " + "; ".join(
-                  f"{arm} " + " / ".join(f"{k.get(key, 0.0):.3f}" for key in
-                                         ("own", "own_other", "namesake", "town",
-                                          "other_entity"))
+              "block / a namesake's / a town's / another entity's): " + "; ".join(
+                  f"{arm} " + " / ".join(f"{k[key]:.3f}" for key in
+                                         ("own", "namesake", "town", "other_entity"))
                   for arm, k in kinds) + "."]
   with_attributes = [(arm, r["per_attribute"]) for arm, r in arms if r.get("per_attribute")]
   if with_attributes:

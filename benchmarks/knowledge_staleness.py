@@ -387,7 +387,8 @@ def parse_args(argv=None):
   p.add_argument("--namesake_fraction", type=float, default=0.5,
                  help="share of entities with a namesake block (same first name)")
   p.add_argument("--blocks_per_entity", type=int, default=1, choices=(1, 2),
-                 help="2: an entity's facts split over two blocks (knowledge_world)")
+                 help="blocks stating all of an entity's facts, each in its own wording "
+                      "(knowledge_world)")
   p.add_argument("--reader_steps", type=int, default=600)
   p.add_argument("--ict_steps", type=int, default=5)
   p.add_argument("--num_candidates", type=int, default=2)

@@ -212,48 +212,39 @@ def test_top1_kinds_tell_the_own_block_from_namesakes_towns_and_other_entities(w
                if e["name"].split(" ")[0] != rows[3]["entity"].split(" ")[0])
   top = [rows[0]["gold_block_id"], namesake, by_title[w["towns"][0]], other]
   kinds = knowledge.top1_kinds(top, dict(w, held_out=rows))
-  assert kinds == dict(own=0.25, own_other=0.0, namesake=0.25, town=0.25, other_entity=0.25)
+  assert kinds == dict(own=0.25, namesake=0.25, town=0.25, other_entity=0.25)
 
 
-def test_a_split_world_states_each_fact_in_one_of_two_blocks_naming_the_entity():
-  """blocks_per_entity 2: each entity's facts over two blocks, both titled and naming it in
-  full; every held-out row's gold block is the one stating its fact; top1_kinds tells it
-  from the entity's other block; an edit rewrites only the block stating the held-out
-  fact."""
+def test_a_two_source_world_states_every_fact_in_two_blocks_naming_the_entity():
+  """blocks_per_entity 2: each entity has two blocks, titled and naming it in full, each
+  stating every fact in its own wording; every sentence's gold blocks are both; top1_kinds
+  counts either as the own block; an edit rewrites both and nothing else."""
   w = knowledge_world.make_world(knowledge_world.WorldConfig(seed=3, entities=12,
                                                              blocks_per_entity=2))
   blocks = {b["block_id"]: b for b in w["blocks"]}
   assert len(blocks) == len(w["blocks"])
+  x_texts = {r["text"] for r in w["x"] + w["held_out"]}
   for e in w["entities"]:
-    own = {b["block_id"] for b in w["blocks"] if b["title"] == e["name"]}
-    assert len(own) == 2 and set(e["block_ids"].values()) == own
-    for attribute, value in e["facts"].items():
-      (other,) = own - {e["block_ids"][attribute]}
-      assert e["name"] in blocks[e["block_ids"][attribute]]["text"]
-      assert value in blocks[e["block_ids"][attribute]]["text"]
-      assert value not in blocks[other]["text"]
-    assert e["block_id"] == e["block_ids"][e["held_out"]]
+    own = [b for b in w["blocks"] if b["title"] == e["name"]]
+    assert [b["block_id"] for b in own] == e["block_ids"] and e["block_id"] == own[0]["block_id"]
+    assert own[0]["text"] != own[1]["text"]
+    for block in own:
+      assert all(value in block["text"] for value in e["facts"].values())
+      assert not any(t in block["text"] for t in x_texts)
   for r in w["held_out"] + w["x"]:
     entity = next(e for e in w["entities"] if e["name"] == r["entity"])
-    assert r["gold_block_id"] == entity["block_ids"][r["attribute"]]
+    assert r["gold_block_ids"] == entity["block_ids"] and r["gold_block_id"] == entity["block_id"]
   row = w["held_out"][0]
-  entity = next(e for e in w["entities"] if e["name"] == row["entity"])
-  (other,) = set(entity["block_ids"].values()) - {row["gold_block_id"]}
-  kinds = knowledge.top1_kinds([row["gold_block_id"], other], dict(w, held_out=[row, row]))
-  assert kinds["own"] == kinds["own_other"] == 0.5
+  kinds = knowledge.top1_kinds(row["gold_block_ids"], dict(w, held_out=[row, row]))
+  assert kinds["own"] == 1.0
 
   edited = knowledge_world.edit_world(w, seed=5)
   changed = [(a, b) for a, b in zip(w["blocks"], edited["blocks"]) if a != b]
-  assert len(changed) == len(w["entities"])  # one block per entity: the held-out fact's
-  after = {e["name"]: e for e in edited["entities"]}
-  for e in w["entities"]:
-    new = after[e["name"]]
-    attribute = e["held_out"]
-    assert new["facts"][attribute] != e["facts"][attribute]
-    for a in knowledge_world.ATTRIBUTES:  # the other block keeps its id
-      assert (new["block_ids"][a] == e["block_ids"][a]) == (e["block_ids"][a] != e["block_id"])
-    assert new["facts"][attribute] in {b["block_id"]: b for b in edited["blocks"]}[
-        new["block_id"]]["text"]
+  assert len(changed) == 2 * len(w["entities"])
+  after = {b["block_id"]: b for b in edited["blocks"]}
+  for row in edited["held_out"]:
+    assert len(row["gold_block_ids"]) == 2
+    assert all(row["value"] in after[b]["text"] for b in row["gold_block_ids"])
   with pytest.raises(ValueError, match="blocks_per_entity"):
     knowledge_world.WorldConfig(blocks_per_entity=3)
 

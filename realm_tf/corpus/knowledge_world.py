@@ -7,10 +7,10 @@ attributes drawn from closed sets (a birthplace among towns, an occupation, a bi
 every value one wordpiece, see TOWNS), so the MLM head only has to pick one of a few
 values, and *which* one is written nowhere but in the entity's block of Z.
 
-  Z  one block per entity stating all its facts in two sentences (or, with
-     blocks_per_entity 2, two blocks of one sentence each: birthplace and year, occupation),
-     plus distractors: namesake blocks (the same first name, another family name, other
-     facts) and blocks about the towns.
+  Z  one block per entity stating all its facts in two sentences (blocks_per_entity 2:
+     two such blocks, each in its own wording, as two sources would), plus distractors:
+     namesake blocks (the same first name, another family name, other facts) and blocks
+     about the towns.
   X  sentences about the entities in other wordings than Z, the attribute value the salient
      span (masked by salient-span masking); each X sentence has block_id -1 (it comes from
      no block of Z), so the entity's block may be retrieved.
@@ -62,8 +62,11 @@ LABELS = {"birthplace": "LOC", "occupation": "MISC", "year": "DATE"}
 # finds the block (with the first name alone in the second, ICT's own-block top-1 on
 # held-out sentences roughly halved). Short (about 20 wordpieces), so the reader's sequence
 # is 48 and the one value it must find has few wordpieces around it.
-_BLOCK_TEXT = ("{name} was born in {birthplace} in {year}.",
-               "{name} worked as a {occupation}.")
+_BLOCK_TEXTS = (("{name} was born in {birthplace} in {year}.",
+                 "{name} worked as a {occupation}."),
+                # A second source's wording (blocks_per_entity 2), unlike X's too.
+                ("{name} was a {occupation} from {birthplace}.",
+                 "{name} was born in the year {year}."))
 _X_TEMPLATES = {
     "birthplace": ("The home town of {name} is {value}.",
                    "{name} grew up in {value} as a child.",
@@ -115,16 +118,18 @@ class WorldConfig:
   town_blocks: bool = True
   # Wordings per (entity, attribute) pair (of _X_TEMPLATES' three), in X and held out.
   x_templates: int = 3
-  # 1: an entity's facts in one block; 2: split over two blocks (_BLOCK_TEXT's two
-  # sentences), each naming the entity in full. Why 2: a query's top-2 is then its entity's
-  # two blocks, well clear of every other, where with one block the second candidate is a
-  # near-tie among distractors that any movement of the document tower reorders
-  # (benchmarks.knowledge_staleness measures staleness as top-k overlap).
+  # Blocks stating all of an entity's facts, each in its own wording (_BLOCK_TEXTS). Why
+  # 2: under REALM's gradient a retrieved block that does not help is pushed down until
+  # another takes its place, so with one helpful block per query the k=2 candidate set's
+  # second slot churns as long as the retriever trains, refreshed index or not
+  # (benchmarks.knowledge_staleness measures staleness as top-k overlap); with two
+  # sources both retrieved blocks help and the pair is stable.
   blocks_per_entity: int = 1
 
   def __post_init__(self):
-    if self.blocks_per_entity not in (1, 2):
-      raise ValueError(f"blocks_per_entity must be 1 or 2, got {self.blocks_per_entity}")
+    if not 1 <= self.blocks_per_entity <= len(_BLOCK_TEXTS):
+      raise ValueError(f"blocks_per_entity must be 1 to {len(_BLOCK_TEXTS)}, got "
+                       f"{self.blocks_per_entity}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -164,7 +169,7 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
     facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
     entities.append(Entity(firsts[i], lasts[i], facts, held_out=ATTRIBUTES[i % len(ATTRIBUTES)]))
 
-  blocks, gold = [], {}  # gold: entity name → {attribute: the block stating it}
+  blocks, gold = [], {}  # gold: entity name → its blocks' ids (each states every fact)
   for e in entities:
     gold[e.name] = _add_entity_blocks(blocks, e.name, e.facts, config.blocks_per_entity)
   # Namesakes: the same first name, another family name, independently drawn facts.
@@ -172,7 +177,7 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
   for n, e in enumerate(namesakes):
     name = f"{e.first} {lasts[config.entities + n]}"
     facts = {a: rng.choice(values[a]) for a in ATTRIBUTES}
-    _add_block(blocks, name, _block_sentences(name, facts))
+    _add_block(blocks, name, _block_sentences(name, facts, 0))
   if config.town_blocks:
     for town in towns:
       _add_block(blocks, town, [_TOWN_BLOCK.format(town=town)])
@@ -181,24 +186,23 @@ def make_world(config: WorldConfig = WorldConfig()) -> dict:
   for e in entities:
     for a in ATTRIBUTES:
       if a != e.held_out:
-        x.extend(_sentence(t, e, a, gold[e.name][a])
-                 for t in _X_TEMPLATES[a][:config.x_templates])
+        x.extend(_sentence(t, e, a, gold[e.name]) for t in _X_TEMPLATES[a][:config.x_templates])
   # The same wordings as X: what sets a held-out sentence apart is only that its fact was
   # never stated in X (a new wording would test paraphrase too, confounding the two).
-  held_out = [_sentence(t, e, e.held_out, gold[e.name][e.held_out])
+  held_out = [_sentence(t, e, e.held_out, gold[e.name])
               for e in entities for t in _X_TEMPLATES[e.held_out][:config.x_templates]]
   rng.shuffle(x)
   return dict(config=dataclasses.asdict(config), towns=towns, values=values,
               entities=[dict(name=e.name, facts=e.facts, held_out=e.held_out,
-                             block_id=gold[e.name][e.held_out], block_ids=gold[e.name])
+                             block_id=gold[e.name][0], block_ids=gold[e.name])
                         for e in entities],
               blocks=blocks, x=x, held_out=held_out)
 
 
 def edit_world(world: dict, seed: int = 0) -> dict:
   """The world after an edit of Z: every entity's held-out attribute gets another value of
-  its closed set, written into the entity's block that states it, and the held-out
-  sentences follow the new values; X and every other block are unchanged. A revised block is a new document to
+  its closed set, written into the entity's block(s), and the held-out sentences follow
+  the new values; X and every other block are unchanged. A revised block is a new document to
   the corpus schema (its doc_uid and block_id hash its text), so it gets new ids, in the
   old one's place; each held-out row keeps the value it had as `old_value`.
 
@@ -206,7 +210,6 @@ def edit_world(world: dict, seed: int = 0) -> dict:
   the held-out sentences with the new values once the index holds the edited blocks, with
   no parameter changed; one that memorised answers keeps the old ones."""
   rng = random.Random(seed)
-  per_entity = world["config"].get("blocks_per_entity", 1)
   revised, new_facts, new_ids, entities = {}, {}, {}, []
   for e in world["entities"]:
     attribute = e["held_out"]
@@ -214,13 +217,10 @@ def edit_world(world: dict, seed: int = 0) -> dict:
     facts = dict(e["facts"], **{attribute: rng.choice(choices)})
     new_facts[e["name"]] = facts
     rewritten = []
-    ids = _add_entity_blocks(rewritten, e["name"], facts, per_entity)
-    new_block = next(b for b in rewritten if b["block_id"] == ids[attribute])
-    new_ids[e["block_id"]] = new_block["block_id"]
-    revised[e["block_id"]] = new_block
-    entities.append(dict(e, facts=facts, block_id=new_block["block_id"],
-                         block_ids={a: new_block["block_id"] if b == e["block_id"] else b
-                                    for a, b in e["block_ids"].items()},
+    ids = _add_entity_blocks(rewritten, e["name"], facts, len(e["block_ids"]))
+    for old, block in zip(e["block_ids"], rewritten):
+      new_ids[old], revised[old] = block["block_id"], block
+    entities.append(dict(e, facts=facts, block_id=ids[0], block_ids=ids,
                          old_facts=e["facts"], old_block_id=e["block_id"]))
   held_out = []
   for row in world["held_out"]:
@@ -228,32 +228,22 @@ def edit_world(world: dict, seed: int = 0) -> dict:
                     if t.format(name=row["entity"], value=row["value"]) == row["text"])
     entity = Entity(*row["entity"].split(" ", 1), new_facts[row["entity"]], row["attribute"])
     held_out.append(dict(_sentence(template, entity, row["attribute"],
-                                   new_ids[row["gold_block_id"]]), old_value=row["value"]))
+                                   [new_ids[b] for b in row["gold_block_ids"]]),
+                         old_value=row["value"]))
   return dict(world, entities=entities, held_out=held_out,
               blocks=[revised.get(b["block_id"], b) for b in world["blocks"]],
               edit=dict(seed=seed, revised_blocks=len(revised)))
 
 
-def _block_sentences(name: str, facts: Dict[str, str]) -> List[str]:
-  return [t.format(name=name, **facts) for t in _BLOCK_TEXT]
-
-
-# Which attributes each of _BLOCK_TEXT's sentences states.
-_SENTENCE_ATTRIBUTES = (("birthplace", "year"), ("occupation",))
+def _block_sentences(name: str, facts: Dict[str, str], wording: int) -> List[str]:
+  return [t.format(name=name, **facts) for t in _BLOCK_TEXTS[wording]]
 
 
 def _add_entity_blocks(blocks: list, name: str, facts: Dict[str, str],
-                       per_entity: int) -> Dict[str, int]:
-  """An entity's block(s) appended to `blocks`; returns {attribute: id of its block}."""
-  sentences = _block_sentences(name, facts)
-  if per_entity == 1:
-    block_id = _add_block(blocks, name, sentences)
-    return {a: block_id for a in ATTRIBUTES}
-  out = {}
-  for sentence, attributes in zip(sentences, _SENTENCE_ATTRIBUTES):
-    block_id = _add_block(blocks, name, [sentence])
-    out.update({a: block_id for a in attributes})
-  return out
+                       count: int) -> List[int]:
+  """An entity's `count` blocks (each stating every fact, in wordings 0..count-1) appended to
+  `blocks`; returns their ids."""
+  return [_add_block(blocks, name, _block_sentences(name, facts, w)) for w in range(count)]
 
 
 def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
@@ -264,13 +254,15 @@ def _add_block(blocks: list, title: str, sentences: List[str]) -> int:
   return block_id
 
 
-def _sentence(template: str, entity: Entity, attribute: str, gold_block: int) -> dict:
-  """One X / held-out sentence; the attribute value is its only salient span."""
+def _sentence(template: str, entity: Entity, attribute: str, gold_blocks: List[int]) -> dict:
+  """One X / held-out sentence; the attribute value is its only salient span. gold_block_ids:
+  the entity's blocks (each states the fact); gold_block_id: the first of them."""
   value = entity.facts[attribute]
   text = template.format(name=entity.name, value=value)
   start = text.encode().index(value.encode())
   return dict(text=text, entity=entity.name, attribute=attribute, value=value,
-              gold_block_id=gold_block, start=start, end=start + len(value.encode()))
+              gold_block_id=gold_blocks[0], gold_block_ids=list(gold_blocks), start=start,
+              end=start + len(value.encode()))
 
 
 def questions(world: dict, held_out: bool) -> List[dict]:
