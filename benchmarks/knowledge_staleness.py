@@ -2,7 +2,8 @@
 a knowledge world whose document tower moves, with a verdict either way.
 
     python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
-        [--second_seed_refresh 10,0] [--control_refresh 10,0] [--steps 600]
+        [--second_seed_refresh 10,0] [--towers one] [--other_towers_refresh 10,0]
+        [--blocks_per_entity 2] [--steps 600]
         [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5]
         [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
@@ -20,10 +21,16 @@ Arms (same world, seed, steps and batch): refresh every --refresh steps (the ind
 beside the trainer re-embeds the corpus from a snapshot, and the trainer waits for it at
 each refresh, so the index searched is never older than the interval; 0 = never: the
 step-0 index, published once); for --second_seed_refresh, the same at --second_seed (its
-own reader, ICT start and initialisation); for --control_refresh, the positive control: the
-same with one tower for queries and documents (model.retriever.share_towers), where a stale
-index cannot be made up for by the query tower alone, since the query tower is the
-document tower. At every
+own reader, ICT start and initialisation). --towers: the verdict's arms use one tower for
+queries and documents (model.retriever.share_towers), or two; for --other_towers_refresh,
+the same intervals with the other arrangement, reported beside the verdict. With two
+towers the query tower can learn to keep to a stale index (measured: the never arm's
+own-block top-1 against its step-0 index rose from 0.52 to 0.98 in 100 steps), so an index
+only goes stale in the sense the check asks where the query tower is the document tower.
+--blocks_per_entity 2 gives each entity two sources (knowledge_world): with one helpful
+block, the k=2 candidate set's second slot churns while the retriever trains (each
+unhelpful retrieval is pushed down until another takes its place), refreshed index or not.
+At every
 --curve_every steps, per arm:
   held-out span accuracy   the trainer's own evaluation over all held-out sentences, against
                            the index it searched then (± binomial standard error);
@@ -43,7 +50,8 @@ The verdict (`verdict`, fixed here before any run):
   null           the gap < NULL_GAP (the query tower compensates for the stale index).
   inconclusive   anything else (a gap between the two bounds, or the arms out of order).
 Each arm is saved as it finishes: a rerun with the same settings keeps the finished arms.
-The control's own manipulation check and gap are reported beside the verdict, not in it.
+The other arrangement's manipulation check and gap are reported beside the verdict, not in
+it.
 Results: benchmarks/results/<--name>.{json,md} and <--name>_curves.png (unless --no_write;
 always in <work_dir>).
 """
@@ -67,6 +75,8 @@ log = harness.logger("knowledge_staleness")
 MANIPULATION_OVERLAP, MANIPULATION_COSINE, FRESH_OVERLAP = 0.5, 0.9, 0.9
 CLEAR_GAP, NULL_GAP = 0.10, 0.05
 WALL_TARGET_SECONDS = 60 * 60
+# The other arrangement's arms are named with this suffix (by --towers).
+OTHER_SUFFIX = {"one": "-two-towers", "two": "-shared"}
 # Held fixed in every arm, whatever configs/knowledge.yaml says: the retriever trains from
 # step 0 at the reader's rate, both towers (an index goes stale only if the documents' tower
 # moves).
@@ -75,8 +85,8 @@ ARM_OVERRIDES = ("trainer.retriever_frozen_steps=0",
 
 
 class Arm(NamedTuple):
-  """One run: its name, refresh interval (0: never), seed and whether the retriever's two
-  towers are one (the positive control)."""
+  """One run: its name, refresh interval (0: never), seed and whether the retriever's
+  query and document towers are one."""
   name: str
   refresh: int
   seed: int
@@ -89,13 +99,16 @@ class Arm(NamedTuple):
 
 
 def arm_plan(args) -> list[Arm]:
-  """Every arm, in run order: the intervals at --seed, the second seed's, the control's."""
+  """Every arm, in run order: the intervals at --seed, the second seed's (both with the
+  --towers of the verdict), then the other tower arrangement's (OTHER_SUFFIX)."""
   def name(refresh, suffix=""):
     return (f"refresh-{refresh}" if refresh else "never") + suffix
-  return ([Arm(name(r), r, args.seed) for r in args.refresh]
-          + [Arm(name(r, f"-seed{args.second_seed}"), r, args.second_seed)
+  shared = args.towers == "one"
+  return ([Arm(name(r), r, args.seed, shared) for r in args.refresh]
+          + [Arm(name(r, f"-seed{args.second_seed}"), r, args.second_seed, shared)
              for r in args.second_seed_refresh]
-          + [Arm(name(r, "-shared"), r, args.seed, shared=True) for r in args.control_refresh])
+          + [Arm(name(r, OTHER_SUFFIX[args.towers]), r, args.seed, not shared)
+             for r in args.other_towers_refresh])
 
 
 def arm_args(args, arm: Arm) -> argparse.Namespace:
@@ -210,13 +223,17 @@ def accuracy_gap(arms: dict, fresh: str, never: str):
 
 
 def verdict(arms: dict, args) -> dict:
-  """The rule of the module docstring applied to the arms run (the control's figures
-  beside it). Returns {verdict: 'clear' | 'null' | 'inconclusive' | 'manipulation failed' |
-  'incomplete', reason, manipulation, gap, second_seed_gap, control}."""
+  """The rule of the module docstring applied to the arms run (the other tower
+  arrangement's figures beside it). Returns {verdict: 'clear' | 'null' | 'inconclusive' |
+  'manipulation failed' | 'incomplete', reason, manipulation, gap, second_seed_gap,
+  other_towers}."""
   out = {}
-  if "refresh-10-shared" in arms and "never-shared" in arms:
-    out["control"] = dict(manipulation=manipulation(arms, "never-shared", "refresh-10-shared"),
-                          gap=accuracy_gap(arms, "refresh-10-shared", "never-shared"))
+  suffix = OTHER_SUFFIX[args.towers]
+  if f"refresh-10{suffix}" in arms and f"never{suffix}" in arms:
+    out["other_towers"] = dict(
+        towers="two" if args.towers == "one" else "one",
+        manipulation=manipulation(arms, f"never{suffix}", f"refresh-10{suffix}"),
+        gap=accuracy_gap(arms, f"refresh-10{suffix}", f"never{suffix}"))
   never, fresh = arms.get("never"), arms.get("refresh-10")
   if never is None or fresh is None:
     return dict(out, verdict="incomplete",
@@ -264,7 +281,8 @@ def run(args, started: float) -> dict:
                   ict_steps=args.ict_steps, num_candidates=args.num_candidates,
                   learning_rate=args.learning_rate, curve_every=args.curve_every,
                   refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
-                  control_refresh=args.control_refresh, seed=args.seed,
+                  towers=args.towers, other_towers_refresh=args.other_towers_refresh,
+                  seed=args.seed,
                   second_seed=args.second_seed,
                   config=[os.path.relpath(c, harness.REPO) for c in args.config],
                   overrides=list(ARM_OVERRIDES) + list(args.override or []))
@@ -310,11 +328,15 @@ def markdown(payload: dict) -> str:
                for key, start in sorted(payload["starts"].items())) + "). Configs "
            f"{' + '.join(s['config'])} with {' '.join(s['overrides'])}.", "",
            f"**Verdict: {v['verdict']}.** {v.get('reason', '')}", ""]
+  other = v.get("other_towers") or {}
+  arrangement = {"one": "one tower for queries and documents (a never-refreshed index cannot "
+                        "be made up for by the query tower alone: it is the document tower)",
+                 "two": "a query tower and a document tower (the query tower can learn to "
+                        "keep to a stale index)"}
+  lines[-2:-2] = [f"Retriever: {arrangement[s['towers']]}.", ""]
   for label, m in (("Manipulation check", v.get("manipulation")),
-                   ("Positive control (one tower for queries and documents: the never arm's "
-                    "query tower cannot keep to the old documents while the documents' tower "
-                    "moves); its manipulation check",
-                    (v.get("control") or {}).get("manipulation"))):
+                   (f"Beside the verdict, {arrangement.get(other.get('towers'), '')}: its "
+                    f"manipulation check", other.get("manipulation"))):
     if not m:
       continue
     lines += [f"{label} ({'holds' if m['holds'] else 'fails'}): the never-refreshed "
@@ -323,9 +345,9 @@ def markdown(payload: dict) -> str:
               f"document embeddings' mean cosine to step 0 {m['never_document_cosine']:.3f} "
               f"(needs < {MANIPULATION_COSINE}); refresh-10's lowest overlap@k "
               f"{m['refresh10_lowest_overlap_at_k']:.3f} (needs >= {FRESH_OVERLAP}).", ""]
-  if (v.get("control") or {}).get("gap") is not None:
-    lines += [f"Positive control: refresh-10 minus never {v['control']['gap']:+.3f} held-out.",
-              ""]
+  if other.get("gap") is not None:
+    lines += [f"Beside the verdict, {other['towers']} tower(s): refresh-10 minus never "
+              f"{other['gap']:+.3f} held-out.", ""]
   lines += ["| arm | held-out span accuracy | own-block top-1, index searched / exact | "
             "overlap@k | document cosine to step 0 | index refreshes | index age at loop "
             "ends, mean / max steps | train s |",
@@ -378,8 +400,10 @@ def parse_args(argv=None):
   p.add_argument("--refresh", type=ints, default=[10, 30, 100, 300, 0],
                  help="refresh intervals in steps; 0 = never (the step-0 index)")
   p.add_argument("--second_seed_refresh", type=ints, default=[10, 0])
-  p.add_argument("--control_refresh", type=ints, default=[10, 0],
-                 help="the positive control's intervals: one tower for queries and documents")
+  p.add_argument("--towers", choices=("one", "two"), default="one",
+                 help="the verdict's arms: one tower for queries and documents, or two")
+  p.add_argument("--other_towers_refresh", type=ints, default=[10, 0],
+                 help="intervals run with the other tower arrangement, beside the verdict")
   p.add_argument("--steps", type=int, default=600)
   p.add_argument("--batch_size", type=int, default=64)
   p.add_argument("--entities", type=int, default=1000)
@@ -405,7 +429,7 @@ def parse_args(argv=None):
   args = p.parse_args(argv)
   args.config = args.config or [os.path.join(harness.REPO, "configs", name)
                                 for name in ("tiny.yaml", "knowledge.yaml")]
-  for refresh in args.refresh + args.second_seed_refresh + args.control_refresh:
+  for refresh in args.refresh + args.second_seed_refresh + args.other_towers_refresh:
     if refresh and args.steps % refresh:
       raise SystemExit(f"--steps {args.steps} must be a multiple of every refresh interval")
   if args.steps % args.curve_every:

@@ -66,13 +66,17 @@ def packed(rows: list, blocks: dict, tokenizer, config) -> tuple:
 
 def train(config, world: dict, tokenizer, steps: int, seed: int = 0) -> tuple:
   """A knowledge-augmented encoder of `config` trained `steps` steps of batch BATCH on X's
-  (sentence, own block) pairs with Adam at LEARNING_RATE.
+  (sentence, own block) pairs with Adam at LEARNING_RATE: every own block of the sentence's
+  entity (a world of several sources per entity: each states the fact). Why every one: a
+  reader that reads only the first source makes the second an unhelpful retrieval, which
+  REALM's gradient then pushes down in favour of a distractor.
 
   Returns:
     (the encoder, its loss at each step).
   """
   blocks = {b["block_id"]: b["text"] for b in world["blocks"]}
-  inputs, _ = packed(world["x"], blocks, tokenizer, config)
+  pairs = [dict(r, gold_block_id=b) for r in world["x"] for b in r["gold_block_ids"]]
+  inputs, _ = packed(pairs, blocks, tokenizer, config)
   tf_keras.utils.set_random_seed(seed)
   model = factory.build_knowledge_augmented_encoder(config)
   optimizer = tf_keras.optimizers.Adam(LEARNING_RATE)
