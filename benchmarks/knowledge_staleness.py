@@ -2,8 +2,8 @@
 a knowledge world whose document tower moves, with a verdict either way.
 
     python -m benchmarks.knowledge_staleness [--refresh 10,30,100,300,0]
-        [--second_seed_refresh 10,0] [--towers one] [--other_towers_refresh 10,0]
-        [--blocks_per_entity 2] [--steps 600]
+        [--second_seed_refresh 10,0] [--towers two] [--other_towers_refresh 10,0]
+        [--blocks_per_entity 1] [--steps 600]
         [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5]
         [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
@@ -333,7 +333,7 @@ def markdown(payload: dict) -> str:
                         "be made up for by the query tower alone: it is the document tower)",
                  "two": "a query tower and a document tower (the query tower can learn to "
                         "keep to a stale index)"}
-  lines[-2:-2] = [f"Retriever: {arrangement[s['towers']]}.", ""]
+  lines[-2:-2] = [f"Retriever: {arrangement[s.get('towers', 'two')]}.", ""]
   for label, m in (("Manipulation check", v.get("manipulation")),
                    (f"Beside the verdict, {arrangement.get(other.get('towers'), '')}: its "
                     f"manipulation check", other.get("manipulation"))):
@@ -400,7 +400,7 @@ def parse_args(argv=None):
   p.add_argument("--refresh", type=ints, default=[10, 30, 100, 300, 0],
                  help="refresh intervals in steps; 0 = never (the step-0 index)")
   p.add_argument("--second_seed_refresh", type=ints, default=[10, 0])
-  p.add_argument("--towers", choices=("one", "two"), default="one",
+  p.add_argument("--towers", choices=("one", "two"), default="two",
                  help="the verdict's arms: one tower for queries and documents, or two")
   p.add_argument("--other_towers_refresh", type=ints, default=[10, 0],
                  help="intervals run with the other tower arrangement, beside the verdict")
