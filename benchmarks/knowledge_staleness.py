@@ -328,7 +328,9 @@ def markdown(payload: dict) -> str:
                for key, start in sorted(payload["starts"].items())) + "). Configs "
            f"{' + '.join(s['config'])} with {' '.join(s['overrides'])}.", "",
            f"**Verdict: {v['verdict']}.** {v.get('reason', '')}", ""]
-  other = v.get("other_towers") or {}
+  # A result written before --towers names its one-tower arms "control".
+  other = v.get("other_towers") or (dict(v["control"], towers="one") if v.get("control")
+                                     else {})
   arrangement = {"one": "one tower for queries and documents (a never-refreshed index cannot "
                         "be made up for by the query tower alone: it is the document tower)",
                  "two": "a query tower and a document tower (the query tower can learn to "
@@ -346,7 +348,8 @@ def markdown(payload: dict) -> str:
               f"(needs < {MANIPULATION_COSINE}); refresh-10's lowest overlap@k "
               f"{m['refresh10_lowest_overlap_at_k']:.3f} (needs >= {FRESH_OVERLAP}).", ""]
   if other.get("gap") is not None:
-    lines += [f"Beside the verdict, {other['towers']} tower(s): refresh-10 minus never "
+    towers = "one tower" if other["towers"] == "one" else "two towers"
+    lines += [f"Beside the verdict, with {towers}: refresh-10 minus never "
               f"{other['gap']:+.3f} held-out.", ""]
   lines += ["| arm | held-out span accuracy | own-block top-1, index searched / exact | "
             "overlap@k | document cosine to step 0 | index refreshes | index age at loop "
