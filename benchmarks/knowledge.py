@@ -552,7 +552,7 @@ def write_world(work: str, args) -> dict:
   world = knowledge_world.write_world(world_dir, knowledge_world.WorldConfig(
       seed=args.seed, entities=args.entities, x_templates=args.x_templates,
       namesake_fraction=args.namesake_fraction,
-      blocks_per_entity=getattr(args, "blocks_per_entity", 1)))
+      blocks_per_entity=args.blocks_per_entity))
   world["dir"] = world_dir
   return world
 
@@ -590,6 +590,7 @@ def run(args) -> dict:
   return dict(
       settings=dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
                     x_templates=args.x_templates, namesake_fraction=args.namesake_fraction,
+                    blocks_per_entity=args.blocks_per_entity,
                     refresh_every=args.refresh_every, learning_rate=args.learning_rate,
                     num_candidates=args.num_candidates, seed=args.seed,
                     ict_steps=args.ict_steps, ict_seconds=ict_seconds,
@@ -726,6 +727,9 @@ def parse_args(argv=None):
   p.add_argument("--entities", type=int, default=3000)
   p.add_argument("--namesake_fraction", type=float, default=0.5,
                  help="share of entities with a namesake block (same first name)")
+  p.add_argument("--blocks_per_entity", type=int, default=1, choices=(1, 2),
+                 help="blocks stating all of an entity's facts, each in its own wording "
+                      "(knowledge_world)")
   p.add_argument("--x_templates", type=int, default=1,
                  help="X wordings per trained (entity, attribute) pair (1 to 3)")
   p.add_argument("--num_candidates", type=int, default=2)
