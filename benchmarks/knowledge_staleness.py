@@ -5,6 +5,7 @@ a knowledge world whose document tower moves, with a verdict either way.
         [--second_seed_refresh 10,0] [--towers two] [--other_towers_refresh 10,0]
         [--blocks_per_entity 1] [--steps 600]
         [--batch_size 64] [--entities 1000] [--reader_steps 600] [--ict_steps 5]
+        [--ict_learning_rate 3e-3]
         [--num_candidates 2] [--curve_every 100]
         [--learning_rate 3e-3] [--seed 0] [--second_seed 1] [--override k=v]
         [--work_dir DIR] [--fresh] [--no_write] [--name knowledge_staleness]
@@ -133,7 +134,9 @@ def start_of(world: dict, args, arm: Arm, work: str) -> dict:
                                       log=lambda m: log(f"{arm.start}: {m}"))
   if not layout.training_done(ict_dir):
     log(f"{arm.start}: ICT warm start, {args.ict_steps} steps")
-    train_lib.run_experiment(knowledge.ict_config(world["dir"], ns), ict_dir)
+    train_lib.run_experiment(
+        knowledge.ict_config(world["dir"], argparse.Namespace(
+            **dict(vars(ns), learning_rate=args.ict_learning_rate))), ict_dir)
     tf_keras.backend.clear_session()
   start = knowledge.retriever_from(config)
   step0 = knowledge.gold_top1(config, start, start, world)
@@ -278,7 +281,8 @@ def run(args, started: float) -> dict:
   settings = dict(steps=args.steps, batch_size=args.batch_size, entities=args.entities,
                   x_templates=args.x_templates, namesake_fraction=args.namesake_fraction,
                   blocks_per_entity=args.blocks_per_entity, reader_steps=args.reader_steps,
-                  ict_steps=args.ict_steps, num_candidates=args.num_candidates,
+                  ict_steps=args.ict_steps, ict_learning_rate=args.ict_learning_rate,
+                  num_candidates=args.num_candidates,
                   learning_rate=args.learning_rate, curve_every=args.curve_every,
                   refresh=args.refresh, second_seed_refresh=args.second_seed_refresh,
                   towers=args.towers, other_towers_refresh=args.other_towers_refresh,
@@ -322,7 +326,8 @@ def markdown(payload: dict) -> str:
            f"out (chance {w['chance']:.3f}). Every arm: {s['steps']} steps of batch "
            f"{s['batch_size']}, k={s['num_candidates']}, learning rate {s['learning_rate']}, "
            f"both retriever towers trained at the reader's rate from step 0; the reader "
-           f"pre-trained {s['reader_steps']} steps on own blocks, ICT {s['ict_steps']} steps "
+           f"pre-trained {s['reader_steps']} steps on own blocks, ICT {s['ict_steps']} steps at "
+           f"rate {s.get('ict_learning_rate', s['learning_rate'])} "
            f"(step-0 own-block top-1: " + ", ".join(
                f"{key} {start['step0_gold_top1']:.3f}"
                for key, start in sorted(payload["starts"].items())) + "). Configs "
@@ -418,6 +423,9 @@ def parse_args(argv=None):
                       "(knowledge_world)")
   p.add_argument("--reader_steps", type=int, default=600)
   p.add_argument("--ict_steps", type=int, default=5)
+  p.add_argument("--ict_learning_rate", type=float, default=3e-3,
+                 help="the ICT warm start's rate (the start's strength stays put when the "
+                      "arms' --learning_rate changes)")
   p.add_argument("--num_candidates", type=int, default=2)
   p.add_argument("--curve_every", type=int, default=100)
   p.add_argument("--learning_rate", type=float, default=3e-3)
