@@ -62,7 +62,8 @@ def test_without_the_two_first_seed_arms_there_is_no_verdict(args):
   assert staleness.verdict(arms, args)["verdict"] == "incomplete"
 
 
-def test_the_other_tower_arrangement_is_reported_beside_the_verdict_not_in_it(args):
+def test_the_other_tower_arrangement_is_reported_beside_the_verdict_not_in_it():
+  args = staleness.parse_args(["--work_dir", "unused", "--towers", "two"])
   arms = _arms(fresh=0.62, never=0.6)
   arms["refresh-10-shared"] = _arm(0.99, [0.95, 0.93])
   arms["never-shared"] = _arm(0.15, [0.4, 0.1], cosine=0.2)
@@ -74,16 +75,18 @@ def test_the_other_tower_arrangement_is_reported_beside_the_verdict_not_in_it(ar
 
 
 def test_arms_are_planned_by_interval_then_at_the_second_seed_then_the_other_towers(args):
-  assert args.towers == "two"
+  # The defaults: one tower, the manipulation check's two arms first.
+  assert args.towers == "one"
   assert staleness.arm_plan(args) == [
-      ("refresh-10", 10, 0, False), ("refresh-30", 30, 0, False),
-      ("refresh-100", 100, 0, False), ("refresh-300", 300, 0, False), ("never", 0, 0, False),
-      ("refresh-10-seed1", 10, 1, False), ("never-seed1", 0, 1, False),
-      ("refresh-10-shared", 10, 0, True), ("never-shared", 0, 0, True)]
-  assert {arm.start for arm in staleness.arm_plan(args)} == {"seed0", "seed1", "seed0-shared"}
-  one = staleness.parse_args(["--towers", "one", "--refresh", "10,0",
+      ("refresh-10", 10, 0, True), ("never", 0, 0, True), ("refresh-30", 30, 0, True),
+      ("refresh-100", 100, 0, True), ("refresh-300", 300, 0, True),
+      ("refresh-10-seed1", 10, 1, True), ("never-seed1", 0, 1, True),
+      ("refresh-10-two-towers", 10, 0, False), ("never-two-towers", 0, 0, False)]
+  assert {arm.start for arm in staleness.arm_plan(args)} == {
+      "seed0-shared", "seed1-shared", "seed0"}
+  two = staleness.parse_args(["--towers", "two", "--refresh", "10,0",
                               "--second_seed_refresh", "", "--other_towers_refresh", "10"])
-  assert staleness.arm_plan(one) == [("refresh-10", 10, 0, True), ("never", 0, 0, True),
-                                     ("refresh-10-two-towers", 10, 0, False)]
+  assert staleness.arm_plan(two) == [("refresh-10", 10, 0, False), ("never", 0, 0, False),
+                                     ("refresh-10-shared", 10, 0, True)]
   with pytest.raises(SystemExit, match="multiple"):
     staleness.parse_args(["--steps", "250", "--curve_every", "50"])
