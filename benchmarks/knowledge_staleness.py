@@ -330,15 +330,13 @@ def markdown(payload: dict) -> str:
            f"{s['batch_size']}, k={s['num_candidates']}, learning rate {s['learning_rate']}, "
            f"both retriever towers trained at the reader's rate from step 0; the reader "
            f"pre-trained {s['reader_steps']} steps on own blocks, ICT {s['ict_steps']} steps at "
-           f"rate {s.get('ict_learning_rate', s['learning_rate'])} "
+           f"rate {s['ict_learning_rate']} "
            f"(step-0 own-block top-1: " + ", ".join(
                f"{key} {start['step0_gold_top1']:.3f}"
                for key, start in sorted(payload["starts"].items())) + "). Configs "
            f"{' + '.join(s['config'])} with {' '.join(s['overrides'])}.", "",
            f"**Verdict: {v['verdict']}.** {v.get('reason', '')}", ""]
-  # A result written before --towers names its one-tower arms "control".
-  other = v.get("other_towers") or (dict(v["control"], towers="one") if v.get("control")
-                                     else {})
+  other = v.get("other_towers") or {}
   arrangement = {"one": "one tower for queries and documents (a never-refreshed index cannot "
                         "be made up for by the query tower alone: it is the document tower)",
                  "two": "a query tower and a document tower (the query tower can learn to "
