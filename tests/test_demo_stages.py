@@ -2,8 +2,9 @@
 check of `make demo`'s pipeline.
 
 Each stage's command runs as the demo runs it, as a child process (beam.preprocess,
-realm_tf.train for ICT, the MLM-head warm-up, pre-training with its index builder and act 2's
-fine-tuning, beam.embed_corpus, realm_tf.export, serving.server and serving.client), on
+realm_tf.train for ICT, pre-training with its index builder and act 2's
+fine-tuning, beam.embed_corpus, realm_tf.export, serving.server and serving.client; the MLM-head warm-up
+and the fill-in run in the demo's own process, as they do in `make demo`), on
 12 invented articles, one or two steps each, configs/tiny.yaml's random-init model. The
 Demo itself runs in this process: the commands' absl flags cannot share a process, and the
 demo's `python -m realm_tf.demo` wrapper (flags, printing) is one more TensorFlow start-up,
@@ -84,8 +85,10 @@ def test_demo_stages_hand_over_end_to_end_and_are_reused(repo_dir, tmp_path, mon
   assert ict["train_data"]["input_path"] == os.path.join(corpus_dir, "ict-*")
   index_log = (run_dir / "index" / "log.txt").read_text(encoding="utf-8")
   assert f"--encoder {layout.block_encoder_dir(str(run_dir / 'ict'))} " in index_log
-  warmup = _params(str(run_dir / "warmup"))
-  assert warmup["task"]["pretrain"]["train_data"]["input_path"] == data["pretraining"]
+  # The MLM-head warm-up (in this process) left the checkpoint pre-training starts from.
+  warmup = next(r.info for r in demo.stages.records if r.name == "warmup")
+  assert warmup["checkpoint"] == layout.latest_checkpoint(str(run_dir / "warmup"))
+  assert warmup["examples"] > 0 and "masked salient spans of" in printed
   pretrain = _params(str(run_dir / "pretrain"))
   assert (pretrain["index"]["blocks"], pretrain["task"]["pretrain"]["init_checkpoint"],
           pretrain["task"]["pretrain"]["mlm_init_checkpoint"],

@@ -44,9 +44,6 @@ flags.DEFINE_integer("pretrain_steps", _D.pretrain_steps, "REALM pre-training st
 flags.DEFINE_integer("pretrain_batch_size", _D.pretrain_batch_size, "Pre-training batch.")
 flags.DEFINE_integer("num_candidates", _D.num_candidates,
                      "Documents per masked sentence in pre-training (null document included).")
-flags.DEFINE_integer("fill_in_candidates", _D.fill_in_candidates,
-                     "Documents each held-out sentence is filled in with (null document "
-                     "included).")
 flags.DEFINE_integer("refresh_every_steps", _D.refresh_every_steps,
                      "Pre-training steps between retriever snapshots for the index builder.")
 flags.DEFINE_bool("wikipedia_qa", _D.wikipedia_qa,
@@ -108,8 +105,7 @@ def main(argv):
   options = DemoOptions(**{name: FLAGS[name].value for name in (
       "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
       "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",
-      "pretrain_steps", "pretrain_batch_size", "num_candidates", "fill_in_candidates",
-      "refresh_every_steps",
+      "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
       "wikipedia_qa", "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
       "num_eval_questions", "num_asked", "num_masked", "seed", "world_entities",
       "world_finetune_steps", "world_batch_size", "world_asked")},

@@ -53,19 +53,14 @@ def fits_query(tokenizer: Tokenizer, sentences: Sequence[Sentence], query_seq_le
   return result
 
 
-def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence],
-            num_candidates: int = 0) -> List[dict]:
+def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence]) -> List[dict]:
   """One dict per held-out sentence (in file order): the masked x, the answer, the
   predictions with and without retrieval with the probability each gives the answer,
-  and the retrieved blocks with p(z|x). `sentences` are the records of `heldout_path`;
-  `num_candidates` the documents read with retrieval, the null document included (0: as
-  the run pre-trained)."""
+  and the retrieved blocks with p(z|x). `sentences` are the records of `heldout_path`."""
   config = load_config(layout.params_path(model_dir))
   # The weights come from the run's checkpoint: no warm start, no initial checkpoints.
   config = config.replace(model=dict(warm_start=dict(source="")), task=dict(pretrain=dict(
       init_checkpoint="", mlm_init_checkpoint="", start_index_builder=False)))
-  if num_candidates:
-    config = config.replace(task=dict(pretrain=dict(num_candidates=num_candidates)))
   strategy = tf.distribute.get_strategy()
   task = tasks.get_task(config, model_dir)
   model = task.build_model()

@@ -15,8 +15,8 @@
   ict         python -m realm_tf.train --experiment realm/ict: the retriever's warm start
   index       python -m beam.embed_corpus: the corpus embedded by the ICT retriever
   warmup      MiniLM ships no MLM head: a fresh one learns, on the frozen encoder, to fill
-              pre-training spans reading a block that states them, alone, and beside a
-              block that does not (realm_tf.demo.reading_warmup)
+              pre-training spans reading a block that states them, and alone
+              (realm_tf.demo.reading_warmup)
   pretrain    python -m realm_tf.train --experiment realm/pretrain: REALM from the ICT retriever and the
               warm-up's MLM head, the index builder refreshing the index in the background
   fill_in     held-out masked sentences filled in with and without retrieval (Table 3)
@@ -85,10 +85,6 @@ class DemoOptions:
   pretrain_steps: int = 6
   pretrain_batch_size: int = 8
   num_candidates: int = 4  # k in pre-training, the null document included
-  # The documents each held-out sentence is filled in with: the paper's k = 8 plus the
-  # null document (pre-training reads fewer here only to be quicker). More blocks state the
-  # answer: 24% of act 1's sentences against 14% with pre-training's 3 (measured on one run).
-  fill_in_candidates: int = 9
   refresh_every_steps: int = 3
   # Act 1's Open-QA stages (openqa, export, serve) run with wikipedia_qa, or when the user
   # gives questions to train on (train_file) or to ask (ask).
@@ -120,10 +116,9 @@ class DemoOptions:
                  "world_asked"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
-    for name in ("num_candidates", "fill_in_candidates"):
-      if getattr(self, name) < 2:
-        raise ValueError(f"--{name} must be at least 2 (the null document and one "
-                         f"retrieved block)")
+    if self.num_candidates < 2:
+      raise ValueError("--num_candidates must be at least 2 (the null document and one "
+                       "retrieved block)")
     if self.world_asked > self.world_entities:
       raise ValueError("--world_asked cannot exceed --world_entities (one held-out question "
                        "per invented person)")
@@ -445,14 +440,14 @@ class Demo:
       sentences = [questions_lib.Sentence(r["text"], r["block_id"], r["doc_uid"],
                                           tuple(tuple(s) for s in r["spans"]))
                    for r in records.read_json_lines(masked_json)]
-      results = fill_in(pretrain_dir, masked, sentences, self.o.fill_in_candidates)
+      results = fill_in(pretrain_dir, masked, sentences)
       out = os.path.join(directory, "filled_in.json")
       with open(out, "w", encoding="utf-8") as f:
         json.dump(results, f, indent=2, ensure_ascii=False)
       return dict(results=out, count=len(results))
 
     return self.stages.run("fill_in", "held-out masked sentences, with and without retrieval",
-                           dict(candidates=self.o.fill_in_candidates), upstream, body)
+                           {}, upstream, body)
 
   def openqa(self, corpus_dir: str, pretrain_dir: str, train_questions: str,
              heldout_questions: str, upstream: list) -> dict:

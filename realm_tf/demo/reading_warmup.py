@@ -8,15 +8,16 @@ Here the head also sees a block that states the masked span, so that what it lea
 read the answer off a document when one gives it:
 
   pre-training sentences ─ one example per salient span (maskable, as pre-training masks)
-      ─ a document per example: another block stating the span ('reading'), the null
-        document ('alone'), a block that does not state it ('distractor')
+      ─ read twice: with another block that states the span ('reading'), and with the null
+        document ('alone')
       ─ frozen encoder over [CLS] x [SEP] body [SEP], once ─ outputs at the masks, cached
       ─ the MLM head trained on the cache ─ a checkpoint task.pretrain.mlm_init_checkpoint
         reads (the pre-training run's object layout)
 
 The sentence's own block is never its reading document: it contains x itself, and
 pre-training never retrieves it (REALM's "no trivial retrievals"). Spans no other block
-states are read only alone and with a distractor.
+states are read alone only. A third reading beside a block that does not state the span
+was tried in act 1 and changed nothing measurable there, at a third more encoding time.
 
 Why by hand rather than `realm_tf.train --experiment realm/mlm_warmup`: while it warms up
 the encoder is frozen and the head reads only the encoder's outputs at the masked
@@ -48,7 +49,7 @@ from realm_tf.text import Tokenizer
 
 # What each example is read with; an example without a reading document has no 'reading'
 # row.
-DOCUMENTS = ("reading", "alone", "distractor")
+DOCUMENTS = ("reading", "alone")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,6 @@ class Example:
   """One masked span of a pre-training sentence and the documents it is read with."""
   sentence: Sentence  # the sentence with this one span
   reading_block_id: Optional[int]  # another block stating the span; None: none does
-  distractor_block_id: int  # a block that does not state it
 
 
 def examples(sentences: Sequence[Sentence], blocks: Sequence[Block],
@@ -69,7 +69,7 @@ def examples(sentences: Sequence[Sentence], blocks: Sequence[Block],
     blocks: the corpus.
     can_mask: which of a list of one-span sentences salient-span masking masks whole
       (fill_in.fits_query with the run's sizes).
-    seed: picks among the blocks that state a span, and the distractors.
+    seed: picks among the blocks that state a span.
 
   Returns:
     The examples, in sentence and span order.
@@ -82,15 +82,8 @@ def examples(sentences: Sequence[Sentence], blocks: Sequence[Block],
   rng = random.Random(seed)
   out = []
   for sentence, answer in zip(single, answers):
-    stating = locator.blocks_with(answer)
-    reading = sorted(stating - {sentence.block_id})
-    # A few draws find a block that does not state the span in any real corpus; in a
-    # tiny one where every block might, the last draw is kept.
-    for _ in range(20):
-      distractor = blocks[rng.randrange(len(blocks))].block_id
-      if distractor not in stating:
-        break
-    out.append(Example(sentence, rng.choice(reading) if reading else None, distractor))
+    reading = sorted(locator.blocks_with(answer) - {sentence.block_id})
+    out.append(Example(sentence, rng.choice(reading) if reading else None))
   return out
 
 
@@ -274,14 +267,13 @@ def run(config, sentences: Sequence[Sentence], blocks: Sequence[Block], director
   outputs = dict(  # [N, M, H] each; 'reading' has only the rows where `reads`
       reading=encode(_rows(queries, reads),
                      [text[e.reading_block_id] for e in chosen if e.reading_block_id is not None]),
-      alone=encode(queries, None),
-      distractor=encode(queries, [text[e.distractor_block_id] for e in chosen]))
+      alone=encode(queries, None))
   log(f"  {len(chosen)} masked salient spans of {len(sentences)} pre-training sentences, "
       f"{int(reads.sum())} of them stated by another block; each encoded with its "
       f"documents in {time.time() - start:.0f} s")
   ids, weights = queries["masked_lm"]["ids"], queries["masked_lm"]["weights"]
   held = np.array([_held_back(e.sentence.doc_uid) for e in chosen])
-  rows = dict(reading=reads, alone=np.ones_like(reads), distractor=np.ones_like(reads))
+  rows = dict(reading=reads, alone=np.ones_like(reads))
   train_x, train_y = [], []
   for name in DOCUMENTS:
     train = ~held[rows[name]]  # rows of outputs[name] that are trained on
