@@ -82,7 +82,7 @@ class DemoOptions:
   warmup_steps: int = 400
   warmup_batch_size: int = 64
   warmup_learning_rate: float = 1e-3
-  warmup_max_spans: int = 1000  # a seeded sample of the maskable spans (about 70 ms each)
+  warmup_max_spans: int = 600  # a seeded sample of the maskable spans (about 70 ms each)
   # A snapshot every 3 steps hands the index builder work while the trainer runs.
   pretrain_steps: int = 6
   pretrain_batch_size: int = 8
