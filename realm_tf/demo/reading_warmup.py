@@ -7,7 +7,8 @@ masked most often, and in act 1 it filled about a quarter of the held-out blanks
 Here the head also sees a block that states the masked span, so that what it learns is to
 read the answer off a document when one gives it:
 
-  pre-training sentences ─ one example per salient span (maskable, as pre-training masks)
+  pre-training sentences ─ one example per salient span (maskable, as pre-training masks;
+      a seeded sample of at most max_spans)
       ─ read twice: with another block that states the span ('reading'), and with the null
         document ('alone')
       ─ frozen encoder over [CLS] x [SEP] body [SEP], once ─ outputs at the masks, cached
