@@ -54,6 +54,10 @@ class TitleGazetteer:
   def __len__(self) -> int:
     return len(self._owners)
 
+  def owners(self, mention: str) -> Set[str]:
+    """The doc_uids of the documents titled `mention` (a span `find` returned)."""
+    return set(self._owners.get(mention, ()))
+
   def find(self, text: str, doc_uid: str = "") -> List[dict]:
     """Sorted, non-overlapping {'start', 'end', 'label'} mentions in `text` (character
     offsets, end exclusive) of titles of documents other than `doc_uid`."""

@@ -108,8 +108,8 @@ def main(argv):
   options = DemoOptions(**{name: FLAGS[name].value for name in (
       "config", "run_dir", "articles_file", "num_articles", "conll_dir", "tagger_steps",
       "ict_steps", "warmup_steps", "warmup_batch_size", "warmup_learning_rate",
-      "warmup_max_spans", "pretrain_steps", "pretrain_batch_size", "num_candidates", "refresh_every_steps",
-      "wikipedia_qa", "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
+      "warmup_max_spans", "pretrain_steps", "pretrain_batch_size", "num_candidates",
+      "refresh_every_steps", "wikipedia_qa", "finetune_steps", "finetune_batch_size", "train_file", "max_train_questions",
       "num_eval_questions", "num_asked", "num_masked", "seed", "world_entities",
       "world_finetune_steps", "world_batch_size", "world_asked")},
                         overrides=list(FLAGS.override), ask=list(FLAGS.ask))

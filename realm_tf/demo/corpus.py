@@ -89,22 +89,20 @@ def linked_neighbourhood(articles: list[dict], count: int) -> list[dict]:
   """
   if count <= 0 or count >= len(articles):
     return list(articles)
-  owners: dict = {}
-  for i, article in enumerate(articles):
-    owners.setdefault(" ".join(article["title"].split()), set()).add(i)
   gazetteer = TitleGazetteer((a["title"], str(i)) for i, a in enumerate(articles))
   links = [set() for _ in articles]
   for i, article in enumerate(articles):
     text = article["text"]
     for span in gazetteer.find(text, str(i)):
-      for j in owners[text[span["start"]:span["end"]]] - {i}:
+      for j in map(int, gazetteer.owners(text[span["start"]:span["end"]]) - {str(i)}):
         links[i].add(j)
         links[j].add(i)
   chosen: list[int] = []
   taken = [False] * len(articles)
   into = [0] * len(articles)  # links from each article into the chosen ones
   heap: list = []  # (-links into the chosen, file order); stale entries skipped
-  by_degree = sorted(range(len(articles)), key=lambda i: (-len(links[i]), i))
+  # Restarts take the most linked articles left, in one pass over them all.
+  by_degree = iter(sorted(range(len(articles)), key=lambda i: (-len(links[i]), i)))
   while len(chosen) < count:
     while heap and (taken[heap[0][1]] or -heap[0][0] != into[heap[0][1]]):
       heapq.heappop(heap)
