@@ -422,11 +422,13 @@ def _negate_scann_data(loaded):
         variable.assign(-variable.read_value())
 
 
-def test_scann_searcher_is_built_once_not_per_call(exported):
+def test_scann_searcher_is_built_once_not_per_call(exported, tmp_path):
   """After the first call, the searcher's data is no longer read: changing it leaves the
   results alone (a searcher rebuilt per request would now rank the blocks in reverse),
-  while the same change before the first call does reverse them."""
-  path = exported["published"]["realm_qa_scann"]
+  while the same change before the first call does reverse them. (An export that ranks by
+  the searcher's scores: re-scoring from embeddings would put the reversal right.)"""
+  path = exporter.export_run(exported["model_dir"], str(tmp_path), ["realm_qa_scann"],
+                             scann_rescore_dtype="none")["realm_qa_scann"]
   question = exported["questions"][:1]
   loaded = tf.saved_model.load(path)
   first = _outputs(loaded, question)
@@ -458,9 +460,9 @@ def separate_towers(exported):
 
 def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported, separate_towers):
   """One [N, P] float32 variable in either checkpoint: the exact export's embeddings, and
-  the ScaNN export's brute-force state (it keeps no embeddings of its own: its scores are
-  p(z|x)'s logits); neither keeps a string variable (titles and texts are compressed
-  asset files, realm_tf.export.served_index), nor the document tower."""
+  the ScaNN export's brute-force state, beside which it keeps one float16 copy (which
+  re-scores the searcher's candidates); neither keeps a string variable (titles and texts
+  are compressed asset files, realm_tf.export.served_index), nor the document tower."""
   model, documents = separate_towers
   for kind, expected in (("realm_qa", 1), ("realm_qa_scann", 1)):
     path = exported["published"][kind]
@@ -470,6 +472,9 @@ def test_qa_exports_hold_embeddings_once_and_no_text_variable(exported, separate
     tables = [k for k, shape in shapes.items()
               if dtypes[k] == tf.float32 and len(shape) == 2 and shape[0] == num_blocks]
     assert len(tables) == expected, (kind, tables)
+    halves = [k for k, shape in shapes.items()
+              if dtypes[k] == tf.float16 and len(shape) == 2 and shape[0] == num_blocks]
+    assert len(halves) == (kind == "realm_qa_scann"), (kind, halves)
     # ScaNN's state keeps its configuration and codebook as strings of its own.
     strings = [k for k, dtype in dtypes.items() if dtype == tf.string
                and not k.startswith(("scann_handles/", "_CHECKPOINTABLE_OBJECT_GRAPH"))]

@@ -127,10 +127,11 @@ def _compare(corpus, scann, questions) -> tuple[int, int]:
 
 def test_scann_export_serves_the_index_versions_shards(corpus):
   """Three shards carrying ScaNN states: the export searches exactly those (no searcher
-  built over the whole corpus), keeps no embedding table, and answers as the exact export
-  on every question where its search found exact's top-k with exact's scores."""
+  built over the whole corpus), keeps no embedding table with scann_rescore_dtype 'none',
+  and answers as the exact export on every question where its search found exact's top-k
+  with exact's scores."""
   run = _swap_in(corpus, "index_with_scann", 3, True, **AH_FLOAT32)
-  scann = exporter.build_module(run, "realm_qa_scann")
+  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
   assert scann.index.embeddings is None
   export = run.index.export
   assert len(scann.scann_handles) == 3
@@ -162,7 +163,8 @@ def test_without_index_shards_the_export_builds_them_shard_by_shard(corpus):
   question's search is exact, so every answer is the exact export's."""
   run = _swap_in(corpus, "index_without_scann", 2, False)
   scann = exporter.build_module(run, "realm_qa_scann", scann_rows_per_shard=250,
-                                scann_overrides=dict(reorder_dtype="float32"))
+                                scann_overrides=dict(reorder_dtype="float32"),
+                                scann_rescore_dtype="none")
   sizes = [int(tf.shape(h.state.dataset)[0]) for h in scann.scann_handles]
   assert sizes == [250, 250, 100]
   covered = np.concatenate([s.block_ids.numpy() for s in scann.index.searcher.shards])
@@ -173,11 +175,13 @@ def test_without_index_shards_the_export_builds_them_shard_by_shard(corpus):
 
 def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   """The shipped reordering data beyond brute force is int8 (ScannParams.reorder_dtype):
-  no float32 dataset in the state, [n, P] int8 instead, and the export's scores are int8
-  inner products, close to exact's but not equal."""
+  no float32 dataset in the state, [n, P] int8 instead, and ScaNN's own scores are int8
+  inner products, close to exact's but not equal. The export's default re-scores its
+  candidates with float16 embeddings: exact's blocks, with exact's scores to float16
+  rounding."""
   run = _swap_in(corpus, "index_int8", 1, True, mode="ah_reorder",
                  training_sample_size=NUM_BLOCKS)
-  scann = exporter.build_module(run, "realm_qa_scann")
+  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
   state = scann.scann_handles[0].state
   assert state.dataset.shape.rank == 0  # ScaNN's placeholder: no float32 dataset
   assert state.int8_dataset.dtype == tf.int8
@@ -188,6 +192,12 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   got = scann.index.search(query, 5).scores.numpy()
   np.testing.assert_allclose(got, want, rtol=0.05, atol=0.05)
   assert not np.allclose(got, want, rtol=1e-6, atol=1e-6)
+  rescored = exporter.build_module(run, "realm_qa_scann")
+  assert rescored.index.embeddings.dtype == tf.float16
+  found = rescored.index.search(query, 5)
+  np.testing.assert_array_equal(found.block_ids.numpy(),
+                                exact.index.search(query, 5).block_ids.numpy())
+  np.testing.assert_allclose(found.scores.numpy(), want, rtol=2e-3, atol=2e-3)
 
 
 def test_shipped_parameters_by_shard_size():
@@ -229,7 +239,8 @@ def test_served_search_options_over_grpc(corpus):
   search of its own; options out of range are INVALID_ARGUMENT naming the option."""
   run = _swap_in(corpus, "index_tree", 3, True, mode="tree_ah_reorder",
                  reorder_dtype="float32", training_sample_size=NUM_BLOCKS)
-  scann = exporter.build_module(run, "realm_qa_scann")
+  # Float32 throughout (the re-scoring copy too), so that searching everything is exact.
+  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="float32")
   layouts = {s.layout for s in scann.index.searcher.shards}
   assert len(layouts) == 1, layouts  # three shards of 200: one fraction fits them all
   layout = layouts.pop()

@@ -15,6 +15,7 @@ from realm_tf.data.block_store import BlockStore
 from realm_tf.export import served_index
 from realm_tf.export.exporter import copy_asset_files
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, token_dtype, type_ids_of
+from realm_tf.retrieval.searcher import Searcher, SearchResult
 
 LC, LB, P = 16, 10, 6
 
@@ -155,3 +156,72 @@ def test_float16_embeddings_and_row_blocks_served_as_they_are(tokenizer, index):
   assert full.embeddings is index.embedding_blocks  # float32: evaluation's own variables
   with pytest.raises(ValueError, match="needs a searcher"):
     served_index.ServedIndex(None, index.store.block_ids, full.texts, tokenizer, LC, LB)
+
+
+class _Proposer(Searcher):
+  """Proposes blocks in a wrong order (exact scores plus noise large enough to reorder
+  them), as a quantized searcher misorders near-ties; `found` caps the real candidates,
+  the rest padded as ScannSearcher pads a short result (block 0, the lowest score)."""
+
+  def __init__(self, embeddings, block_ids, found=None):
+    super().__init__()
+    self.embeddings = tf.constant(embeddings, tf.float32)
+    self.ids = tf.constant(block_ids)
+    self.found = found
+
+  @property
+  def num_blocks(self):
+    return int(self.ids.shape[0])
+
+  @property
+  def dimension(self):
+    return int(self.embeddings.shape[1])
+
+  def search(self, queries, k):
+    noisy = (tf.matmul(queries, self.embeddings, transpose_b=True)
+             + tf.random.stateless_normal([tf.shape(queries)[0], self.num_blocks], [1, 2],
+                                          stddev=3.0))
+    top = tf.math.top_k(noisy, k=k)
+    ids, scores = tf.gather(self.ids, top.indices), top.values
+    if self.found is not None:
+      real = tf.range(k)[None, :] < self.found
+      ids = tf.where(real, ids, self.ids[0])
+      scores = tf.where(real, scores, tf.float32.min)
+    return SearchResult(ids, scores)
+
+
+def test_a_searchers_candidates_are_rescored_by_the_embeddings(tokenizer, index):
+  """With embeddings and a searcher, the searcher proposes RESCORED_PER_NEIGHBOUR x k
+  candidates and the embeddings rank and score them: here every block is a candidate,
+  so the result is exact search's (ids, rows and scores), where the searcher's own order
+  is not; with 'none' the searcher's order and scores are served. A short result's padding
+  stays last."""
+  embeddings = index.embedding_blocks.numpy()
+  ids = index.store.block_ids
+  assert 3 * served_index.RESCORED_PER_NEIGHBOUR >= len(ids)  # every block proposed
+  proposer = _Proposer(embeddings, ids)
+  exact = served_index.served_index_from(index, tokenizer)
+  rescored = served_index.served_index_from(index, tokenizer, searcher=proposer,
+                                            embedding_dtype="float32")
+  own = served_index.served_index_from(index, tokenizer, searcher=proposer,
+                                       embedding_dtype="none")
+  assert own.embeddings is None and rescored.embeddings is not None
+  queries = tf.random.stateless_normal([6, P], seed=[7, 8])
+  want = exact.search(queries, 3)
+  got = rescored.search(queries, 3)
+  np.testing.assert_array_equal(got.block_ids.numpy(), want.block_ids.numpy())
+  np.testing.assert_array_equal(got.rows.numpy(), want.rows.numpy())
+  np.testing.assert_allclose(got.scores.numpy(), want.scores.numpy(), rtol=1e-6, atol=1e-6)
+  proposed = own.search(queries, 3)
+  assert not np.array_equal(proposed.block_ids.numpy(), want.block_ids.numpy())
+  half = served_index.served_index_from(index, tokenizer, searcher=proposer,
+                                        embedding_dtype="float16").search(queries, 3)
+  np.testing.assert_array_equal(half.block_ids.numpy(), want.block_ids.numpy())
+  np.testing.assert_allclose(half.scores.numpy(), want.scores.numpy(), rtol=2e-3, atol=2e-3)
+  short = served_index.ServedIndex(embeddings, ids, exact.texts, tokenizer, LC, LB,
+                                   searcher=_Proposer(embeddings, ids, found=2))
+  result = short.search(queries, 3)
+  assert (result.scores.numpy()[:, :2] > tf.float32.min).all()
+  assert (result.scores.numpy()[:, 2] == tf.float32.min).all()
+  with pytest.raises(ValueError, match="needs a searcher"):
+    served_index.served_index_from(index, tokenizer, embedding_dtype="none")

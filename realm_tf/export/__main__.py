@@ -4,6 +4,7 @@
         [--kinds query_encoder,doc_encoder,reader,realm_qa,realm_qa_scann] \\
         [--checkpoint PATH] [--version N] [--blocks CORPUS --index_dir INDEX]
         [--max_blocks_per_pass 20] [--reader_length_step 32] [--embedding_dtype float32]
+        [--scann_rescore_dtype float16]
 
 Writes `<output_dir>/<kind>/<version>/` (TF Serving's layout; version defaults to the
 checkpoint's training step) and prints {kind: published directory} as JSON. --blocks and
@@ -38,6 +39,10 @@ flags.DEFINE_enum("embedding_dtype", "float32", ["float32", "float16"],
                   "QA exports: the served block embeddings. float16 halves the largest "
                   "part of a loaded version (6.4 to 3.2 GiB at 13.35M blocks: "
                   "docs/scale.md); retrieval scores then carry float16 rounding.")
+flags.DEFINE_enum("scann_rescore_dtype", "float16", ["float16", "float32", "none"],
+                  "realm_qa_scann: the embeddings that re-score ScaNN's candidates (its "
+                  "int8 scores misorder near-ties; float16 costs 3.2 GiB at 13.35M "
+                  "blocks), or none: ScaNN's own scores.")
 FLAGS = flags.FLAGS
 
 
@@ -46,7 +51,8 @@ def main():
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   return export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
                     FLAGS.version, FLAGS.blocks, FLAGS.index_dir, FLAGS.max_blocks_per_pass,
-                    FLAGS.reader_length_step, FLAGS.embedding_dtype)
+                    FLAGS.reader_length_step, FLAGS.embedding_dtype,
+                    FLAGS.scann_rescore_dtype)
 
 
 if __name__ == "__main__":

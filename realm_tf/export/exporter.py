@@ -240,7 +240,8 @@ def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP,
                  embedding_dtype: str = "float32", scann_rows_per_shard: int = 0,
-                 scann_overrides: Optional[dict] = None) -> tf.Module:
+                 scann_overrides: Optional[dict] = None,
+                 scann_rescore_dtype: str = "float16") -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -250,12 +251,14 @@ def build_module(run: ServingRun, kind: str,
     max_blocks_per_pass: QA kinds: blocks read per reader pass at most (0: no limit).
     reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
     embedding_dtype: realm_qa: the served embeddings, float32 (scores as evaluated) or
-      float16 (half the memory of the largest part of a loaded version). realm_qa_scann
-      holds none: it serves the index version's ScaNN shards and scores with them
-      (index_scann_shards).
+      float16 (half the memory of the largest part of a loaded version).
     scann_rows_per_shard: realm_qa_scann: rows of a ScaNN shard built here at most, where
       the index version carries none (0: row_blocks.ROWS_PER_BLOCK).
     scann_overrides: realm_qa_scann: ScannParams fields of the shards built here.
+    scann_rescore_dtype: realm_qa_scann, which serves the index version's ScaNN shards
+      (index_scann_shards): the embeddings that re-score their candidates, float16 (3.2
+      GiB at 13.35M blocks; served_index.RESCORED_PER_NEIGHBOUR says what it gains) or
+      float32, or 'none': ScaNN's own scores, no embeddings.
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -280,7 +283,8 @@ def build_module(run: ServingRun, kind: str,
           index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {})),
           run.index.dimension)
     served = served_index_from(run.index, run.tokenizer, searcher=searcher,
-                               embedding_dtype=embedding_dtype)
+                               embedding_dtype=(scann_rescore_dtype if searcher is not None
+                                                else embedding_dtype))
     return QAModule(run.model, served, run.tokenizer, c.task.openqa.query_seq_length,
                     run.num_retrieved, run.num_read, searcher=searcher,
                     scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,
@@ -395,7 +399,8 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                index_dir: str = "",
                max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                reader_length_step: int = READER_LENGTH_STEP,
-               embedding_dtype: str = "float32") -> dict[str, str]:
+               embedding_dtype: str = "float32",
+               scann_rescore_dtype: str = "float16") -> dict[str, str]:
   """`python -m realm_tf.export`: loads a run once and publishes each export kind.
 
   Args:
@@ -408,7 +413,9 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     index_dir: the committed index of `blocks`.
     max_blocks_per_pass: QA kinds: blocks per reader pass at most (QAModule).
     reader_length_step: QA kinds: the reader-length step (QAModule).
-    embedding_dtype: QA kinds: float32 or float16 served embeddings (build_module).
+    embedding_dtype: realm_qa: float32 or float16 served embeddings (build_module).
+    scann_rescore_dtype: realm_qa_scann: the embeddings that re-score ScaNN's candidates
+      (build_module).
 
   Returns:
     Kind → published directory.
@@ -428,9 +435,10 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     if kind in ("realm_qa", "realm_qa_scann"):
       provenance.update(max_blocks_per_pass=max_blocks_per_pass,
                         reader_length_step=reader_length_step,
-                        embedding_dtype=embedding_dtype)
+                        embedding_dtype=(embedding_dtype if kind == "realm_qa"
+                                         else scann_rescore_dtype))
     module = build_module(run, kind, max_blocks_per_pass, reader_length_step,
-                          embedding_dtype)
+                          embedding_dtype, scann_rescore_dtype=scann_rescore_dtype)
     published[kind] = save_export(module, output_dir, kind, version, provenance,
                                   warmup_requests(kind, run))
   return published

@@ -26,9 +26,12 @@ or ScaNN's TensorFlow ops (realm_tf.retrieval.scann_index's ScannHandle: the sea
 deserialised by the first call, which the export's warm-up makes at load time, and reused
 by every later call). A ScaNN
 export serves the per-shard ScaNN states of its index version (or states built shard by
-shard where the version has none) and holds no embeddings: p(z|x)'s logits are the
-searcher's reordered scores, so its answers are the exact export's wherever ScaNN finds
-the same top-k with exact scores (float32 reordering; tests/test_export_scann.py).
+shard where the version has none). By default ScaNN proposes candidates and float16
+embeddings re-score them (served_index.RESCORED_PER_NEIGHBOUR: int8 scores misorder
+near-ties), so p(z|x)'s logits are inner products as exact search computes them, to
+float16 rounding; with scann_rescore_dtype 'none' it holds no embeddings and the logits
+are the searcher's reordered scores. Either way its answers are the exact export's
+wherever its top-k and scores are (tests/test_export_scann.py).
 A ScaNN export has a third signature, `answer_with_search_options` (question [B],
 leaves_fraction [] float32, reorder_num_neighbors [] int32): the same outputs, searching
 that fraction of each shard's leaves and re-scoring that many candidates, chosen per

@@ -8,7 +8,7 @@ blocks it retrieves, so an export holds:
 
   - the embeddings [N, P] (float32 as evaluated, or float16 at half the memory) and the
     block ids [N] int64, as variables: what exact search scans on every question (a ScaNN
-    export keeps the block ids only: its searcher's state holds the embeddings);
+    export keeps them, float16 by default, only to re-score its searcher's candidates);
   - the titles and texts in the run's block text store (realm_tf.data.block_texts, the
     one store evaluation reads too): zlib-compressed chunk files linked among the
     SavedModel's assets, read and inflated with core TensorFlow ops for the retrieved rows
@@ -44,16 +44,28 @@ class ServedBlocks(NamedTuple):
   texts: tf.Tensor  # [B, K] string
 
 
+# With a searcher and embeddings, the searcher proposes this many candidates per neighbour
+# asked for and the embeddings re-score them. At two shards of 1.03M generated rows
+# (benchmarks/results/scann_rescoring.md), ScaNN's int8-reordered top 5 held 0.968 of the
+# exact top 5, its merged top 100 re-scored from float16 0.990 (float32 0.990, bfloat16
+# 0.984): int8 scores misorder near-ties that float16 ones do not. Candidates are cheap
+# (100 rows of 256 bytes a question), so the margin is generous.
+RESCORED_PER_NEIGHBOUR = 20
+
+
 class ServedIndex(tf.Module):
   """Embeddings, block ids and a BlockTexts store: the BlockIndex a QA export searches.
 
   Search is exact over the embeddings' row blocks (the KnowledgeIndex's exact search on one
   replica, so an export answers as evaluation does), or an attached in-graph Searcher
-  (ScaNN's ops) covering the same block ids. With a searcher the index may hold no
-  embeddings (`embeddings=None`): gathered blocks then carry none, and the model takes
-  the searcher's scores as the relevance logits (OpenQAModel.retrieve). Why: a ScaNN
-  searcher already holds its own (quantized) copy of every embedding, and a second float32
-  one is 6.4 GiB per loaded version at REALM's 13.35M blocks.
+  (ScaNN's ops) covering the same block ids, in one of two ways:
+    - with embeddings (float16 is enough), the searcher proposes RESCORED_PER_NEIGHBOUR
+      candidates per neighbour and the embeddings re-score them: the top k are then ranked
+      and scored by the embeddings' inner products, as exact search scores them;
+    - without (`embeddings=None`), gathered blocks carry none and the model takes the
+      searcher's scores as the relevance logits (OpenQAModel.retrieve): a ScaNN searcher
+      already holds its own quantized copy of every embedding, and a float16 one is
+      3.2 GiB more per loaded version at REALM's 13.35M blocks.
   """
 
   def __init__(self, embeddings, block_ids: np.ndarray, texts: BlockTexts,
@@ -110,10 +122,22 @@ class ServedIndex(tf.Module):
       raise ValueError(f"k={k} is not within the {self.num_blocks} blocks of the index")
     queries = tf.cast(queries, tf.float32)
     if self.searcher is not None:
-      found = self.searcher.search(queries, k)
+      fetch = k if self.embeddings is None else min(k * RESCORED_PER_NEIGHBOUR,
+                                                    self.num_blocks)
+      found = self.searcher.search(queries, fetch)
       # ScaNN's ops give no static shapes; the gathers downstream need the rank.
-      block_ids = tf.reshape(found.block_ids, [-1, k])  # [B, k]
-      return SearchResult(block_ids, tf.reshape(found.scores, [-1, k]), self.rows(block_ids))
+      block_ids = tf.reshape(found.block_ids, [-1, fetch])  # [B, fetch]
+      scores = tf.reshape(found.scores, [-1, fetch])
+      rows = self.rows(block_ids)
+      if self.embeddings is None:
+        return SearchResult(block_ids, scores, rows)
+      candidates = tf.cast(self.embeddings.take(rows), tf.float32)  # [B, fetch, P]
+      exact = tf.einsum("bp,bfp->bf", queries, candidates)
+      # A searcher pads a short result with the lowest score: keep such padding last.
+      exact = tf.where(scores > tf.float32.min, exact, tf.float32.min)
+      top = tf.math.top_k(exact, k=k)  # [B, k]
+      return SearchResult(tf.gather(block_ids, top.indices, batch_dims=1), top.values,
+                          tf.gather(rows, top.indices, batch_dims=1))
     scores, rows = self.embeddings.top_k(queries, k)  # [B, k] each
     # Gathers from the read value, not the variable: see exact_top_k on copy-on-read.
     return SearchResult(tf.gather(tf.convert_to_tensor(self.block_ids), rows), scores, rows)
@@ -145,9 +169,10 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     tokenizer: the tokenizer the index's blocks were tokenized with.
     texts_dir: tables layout: where the text store is written; default a temporary
       directory that lives as long as the returned index.
-    searcher: an in-graph Searcher over the same blocks (the ScaNN variant): the served
-      index then holds no embeddings (it scores with the searcher).
-    embedding_dtype: float32 (scores as evaluated) or float16 (half the memory).
+    searcher: an in-graph Searcher over the same blocks (the ScaNN variant).
+    embedding_dtype: float32 (scores as evaluated) or float16 (half the memory); with a
+      searcher, the copy that re-scores its candidates, or 'none': no embeddings, the
+      searcher's scores (ServedIndex).
     blocks_per_chunk: tables layout: blocks per compressed chunk of the text store.
 
   Returns:
@@ -170,8 +195,11 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     block_texts_lib.store_from_blocks(texts_dir, store, blocks_per_chunk)
     texts = BlockTexts(texts_dir)
     texts._owner = owner  # removes a temporary directory with the store  # pylint: disable=protected-access
+  if embedding_dtype == "none" and searcher is None:
+    raise ValueError("embedding_dtype 'none' needs a searcher: exact search scans the "
+                     "embeddings")
   embeddings = None
-  if searcher is None:
+  if embedding_dtype != "none":
     blocks = index.embedding_blocks
     if embedding_dtype == "float32" and blocks.dtype == tf.float32:
       embeddings = blocks  # evaluation's variables, served as they are
@@ -179,4 +207,4 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
       embeddings = blocks.numpy().astype(embedding_dtype)
   return ServedIndex(embeddings, store.block_ids, texts, tokenizer,
                      index.block_seq_length, index.body_length, index.version, searcher,
-                     embedding_dtype)
+                     "float32" if embedding_dtype == "none" else embedding_dtype)

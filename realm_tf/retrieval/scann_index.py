@@ -589,8 +589,9 @@ def graph_searcher(shards: Sequence[ScannShard], dimension: int
                    ) -> tuple[ShardedSearcher, list[ScannHandle]]:
   """A Searcher over in-graph ScaNN handles, one per shard, merged (ShardedSearcher).
 
-  Its scores are ScaNN's (reordered inner products in the shards' reorder_dtype): a QA
-  export takes them as p(z|x)'s logits and holds no embeddings of its own.
+  Its scores are ScaNN's (reordered inner products in the shards' reorder_dtype); a QA
+  export re-scores its candidates with embeddings of its own, or, with none
+  (scann_rescore_dtype 'none'), takes them as p(z|x)'s logits.
 
   Args:
     shards: the ScaNN states and their block ids (an index version's, or build_shards').
