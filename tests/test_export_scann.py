@@ -177,8 +177,8 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   """The shipped reordering data beyond brute force is int8 (ScannParams.reorder_dtype):
   no float32 dataset in the state, [n, P] int8 instead, and ScaNN's own scores are int8
   inner products, close to exact's but not equal. The export's default re-scores its
-  candidates with float16 embeddings: exact's blocks, with exact's scores to float16
-  rounding."""
+  candidates with float16 embeddings and so serves the shard without its int8 data:
+  exact's blocks, with exact's scores to float16 rounding."""
   run = _swap_in(corpus, "index_int8", 1, True, mode="ah_reorder",
                  training_sample_size=NUM_BLOCKS)
   scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
@@ -194,10 +194,27 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   assert not np.allclose(got, want, rtol=1e-6, atol=1e-6)
   rescored = exporter.build_module(run, "realm_qa_scann")
   assert rescored.index.embeddings.dtype == tf.float16
+  served = rescored.scann_handles[0].state
+  assert served.int8_dataset.shape.rank == 0 and served.int8_multipliers.shape.rank == 0
+  np.testing.assert_array_equal(served.hashed_dataset.numpy(), state.hashed_dataset.numpy())
+  assert rescored.index.searcher.shards[0].layout.reorder_num_neighbors == 0
+  assert scann.index.searcher.shards[0].layout.reorder_num_neighbors == 100
+  # A shard without reordering is served as it is.
+  plain = scann_index.ScannShard(served, np.arange(NUM_BLOCKS))
+  assert scann_index.without_reordering(plain) is plain
   found = rescored.index.search(query, 5)
   np.testing.assert_array_equal(found.block_ids.numpy(),
                                 exact.index.search(query, 5).block_ids.numpy())
   np.testing.assert_allclose(found.scores.numpy(), want, rtol=2e-3, atol=2e-3)
+  # Saved and loaded as a server loads it, the stripped shard answers the same.
+  published = exporter.save_export(rescored, os.path.join(corpus["root"], "models_int8"),
+                                   "realm_qa_scann", 1, {},
+                                   warmup=[dict(question=["who wrote the iliad?"])])
+  loaded = tf.saved_model.load(published).signatures["serving_default"]
+  questions = _questions()[:4]
+  want_answers = _answers(rescored, questions)
+  got = {k: v.numpy() for k, v in loaded(question=tf.constant(questions)).items()}
+  np.testing.assert_array_equal(got["block_ids"], want_answers["block_ids"])
 
 
 def test_shipped_parameters_by_shard_size():
@@ -239,8 +256,9 @@ def test_served_search_options_over_grpc(corpus):
   search of its own; options out of range are INVALID_ARGUMENT naming the option."""
   run = _swap_in(corpus, "index_tree", 3, True, mode="tree_ah_reorder",
                  reorder_dtype="float32", training_sample_size=NUM_BLOCKS)
-  # Float32 throughout (the re-scoring copy too), so that searching everything is exact.
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="float32")
+  # The shards as built (re-scoring would serve them without their reordering, which
+  # this test varies), float32, so that searching everything is exact.
+  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
   layouts = {s.layout for s in scann.index.searcher.shards}
   assert len(layouts) == 1, layouts  # three shards of 200: one fraction fits them all
   layout = layouts.pop()

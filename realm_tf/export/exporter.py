@@ -258,7 +258,9 @@ def build_module(run: ServingRun, kind: str,
     scann_rescore_dtype: realm_qa_scann, which serves the index version's ScaNN shards
       (index_scann_shards): the embeddings that re-score their candidates, float16 (3.2
       GiB at 13.35M blocks; served_index.RESCORED_PER_NEIGHBOUR says what it gains) or
-      float32, or 'none': ScaNN's own scores, no embeddings.
+      float32, the shards then served without their int8 reordering
+      (scann_index.without_reordering); or 'none': the shards as built, ScaNN's own
+      scores, no embeddings.
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -279,9 +281,10 @@ def build_module(run: ServingRun, kind: str,
   if kind in ("realm_qa", "realm_qa_scann"):
     searcher, handles = None, ()
     if kind == "realm_qa_scann":
-      searcher, handles = scann_index.graph_searcher(
-          index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {})),
-          run.index.dimension)
+      shards = index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {}))
+      if scann_rescore_dtype != "none":  # its own re-scoring replaces ScaNN's
+        shards = [scann_index.without_reordering(shard) for shard in shards]
+      searcher, handles = scann_index.graph_searcher(shards, run.index.dimension)
     served = served_index_from(run.index, run.tokenizer, searcher=searcher,
                                embedding_dtype=(scann_rescore_dtype if searcher is not None
                                                 else embedding_dtype))

@@ -29,8 +29,9 @@ export serves the per-shard ScaNN states of its index version (or states built s
 shard where the version has none). By default ScaNN proposes candidates and float16
 embeddings re-score them (served_index.RESCORED_PER_NEIGHBOUR: int8 scores misorder
 near-ties), so p(z|x)'s logits are inner products as exact search computes them, to
-float16 rounding; with scann_rescore_dtype 'none' it holds no embeddings and the logits
-are the searcher's reordered scores. Either way its answers are the exact export's
+float16 rounding, and the shards are served without their int8 reordering
+(scann_index.without_reordering); with scann_rescore_dtype 'none' they are served as
+built, it holds no embeddings and the logits are the searcher's reordered scores. Either way its answers are the exact export's
 wherever its top-k and scores are (tests/test_export_scann.py).
 A ScaNN export has a third signature, `answer_with_search_options` (question [B],
 leaves_fraction [] float32, reorder_num_neighbors [] int32): the same outputs, searching

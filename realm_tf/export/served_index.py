@@ -48,7 +48,9 @@ class ServedBlocks(NamedTuple):
 # asked for and the embeddings re-score them. At two shards of 1.03M generated rows
 # (benchmarks/results/scann_rescoring.md), ScaNN's int8-reordered top 5 held 0.968 of the
 # exact top 5, its merged top 100 re-scored from float16 0.990 (float32 0.990, bfloat16
-# 0.984): int8 scores misorder near-ties that float16 ones do not. Candidates are cheap
+# 0.984), and asymmetric hashing's top 100 without int8 reordering, re-scored from
+# float16, 0.984 (what a ScaNN export serves: scann_index.without_reordering): int8
+# scores misorder near-ties that float16 ones do not. Candidates are cheap
 # (100 rows of 256 bytes a question), so the margin is generous.
 RESCORED_PER_NEIGHBOUR = 20
 

@@ -235,6 +235,33 @@ class ScannShard(NamedTuple):
     return ShardLayout.of_state(self.state)
 
 
+def without_reordering(shard: ScannShard) -> ScannShard:
+  """The shard searched by asymmetric hashing alone: its config without exact reordering,
+  its int8 reordering data left out (ScaNN's scalar placeholders instead); the tree, the
+  codes and the codebook kept. A shard without reordering is returned as it is.
+
+  Why: a QA export that re-scores the candidates from embeddings of its own
+  (served_index.RESCORED_PER_NEIGHBOUR) gains nothing from ScaNN's int8 re-scoring, whose
+  data a served version holds twice (the restored variables and the searcher built from
+  them), 3.2 GiB at REALM's 13.35M blocks; float16 re-scoring of asymmetric hashing's
+  candidates kept recall@5 at 0.984 (0.990 after int8 reordering; 0.968 int8 alone:
+  benchmarks/results/scann_rescoring.md). The index's own shards keep their reordering
+  (the trainer's host search uses it).
+  """
+  s = shard.state
+  config = scann_pb2.ScannConfig()
+  config.ParseFromString(np.asarray(s.scann_config.numpy()).reshape(-1)[0])
+  if not config.HasField("exact_reordering"):
+    return shard
+  config.ClearField("exact_reordering")
+  stripped = scann_ops.ScannState([
+      tf.constant([config.SerializeToString()]), s.serialized_partitioner,
+      s.datapoint_to_token, s.ah_codebook, s.hashed_dataset,
+      tf.zeros([], tf.int8), tf.zeros([], tf.float32),  # int8 dataset, multipliers
+      s.dp_norms, s.dataset])
+  return ScannShard(stripped, shard.block_ids)
+
+
 def build_shards(embeddings, block_ids: np.ndarray, rows: Optional[np.ndarray] = None,
                  rows_per_shard: int = 0, **overrides) -> list[ScannShard]:
   """ScaNN states over `rows` of `embeddings`, one shard of at most `rows_per_shard` rows
