@@ -125,6 +125,18 @@ def _compare(corpus, scann, questions) -> tuple[int, int]:
   return sum(same_search), len(questions) - sum(same_search)
 
 
+def _before_and_after_saving(corpus, module, name: str) -> tuple[dict, dict]:
+  """A ScaNN QA module's answers to four questions, and its SavedModel's once saved and
+  loaded as a server loads it."""
+  published = exporter.save_export(module, os.path.join(corpus["root"], name),
+                                   "realm_qa_scann", 1, {},
+                                   warmup=[dict(question=["who wrote the iliad?"])])
+  loaded = tf.saved_model.load(published).signatures["serving_default"]
+  questions = _questions()[:4]
+  got = {k: v.numpy() for k, v in loaded(question=tf.constant(questions)).items()}
+  return _answers(module, questions), got
+
+
 def test_scann_export_serves_the_index_versions_shards(corpus):
   """Three shards carrying ScaNN states: the export searches exactly those (no searcher
   built over the whole corpus), keeps no embedding table with scann_rescore_dtype 'none',
@@ -144,13 +156,7 @@ def test_scann_export_serves_the_index_versions_shards(corpus):
   # The comparison is not vacuous: most questions meet the condition.
   assert held >= len(_questions()) - 2, (held, missed)
   # Saved and loaded as a server loads it, the three shards answer the same.
-  published = exporter.save_export(scann, os.path.join(corpus["root"], "models"),
-                                   "realm_qa_scann", 1, {},
-                                   warmup=[dict(question=["who wrote the iliad?"])])
-  loaded = tf.saved_model.load(published).signatures["serving_default"]
-  questions = _questions()[:4]
-  want = _answers(scann, questions)
-  got = {k: v.numpy() for k, v in loaded(question=tf.constant(questions)).items()}
+  want, got = _before_and_after_saving(corpus, scann, "models")
   for name in ("answer", "block_ids"):
     np.testing.assert_array_equal(got[name], want[name], err_msg=name)
   np.testing.assert_allclose(got["retrieval_probs"], want["retrieval_probs"], rtol=1e-5,
@@ -207,14 +213,8 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
                                 exact.index.search(query, 5).block_ids.numpy())
   np.testing.assert_allclose(found.scores.numpy(), want, rtol=2e-3, atol=2e-3)
   # Saved and loaded as a server loads it, the stripped shard answers the same.
-  published = exporter.save_export(rescored, os.path.join(corpus["root"], "models_int8"),
-                                   "realm_qa_scann", 1, {},
-                                   warmup=[dict(question=["who wrote the iliad?"])])
-  loaded = tf.saved_model.load(published).signatures["serving_default"]
-  questions = _questions()[:4]
-  want_answers = _answers(rescored, questions)
-  got = {k: v.numpy() for k, v in loaded(question=tf.constant(questions)).items()}
-  np.testing.assert_array_equal(got["block_ids"], want_answers["block_ids"])
+  before, after = _before_and_after_saving(corpus, rescored, "models_int8")
+  np.testing.assert_array_equal(after["block_ids"], before["block_ids"])
 
 
 def test_shipped_parameters_by_shard_size():
