@@ -212,8 +212,7 @@ class ShardLayout:
   @classmethod
   def of_state(cls, state: tf.Module) -> "ShardLayout":
     """The layout of a ScannState (or its restored form), from its serialised config."""
-    config = scann_pb2.ScannConfig()
-    config.ParseFromString(np.asarray(state.scann_config.numpy()).reshape(-1)[0])
+    config = _config(state)
     tree = config.HasField("partitioning")
     reorder = config.HasField("exact_reordering")
     return cls(
@@ -221,6 +220,13 @@ class ShardLayout:
         num_leaves_to_search=(config.partitioning.query_spilling.max_spill_centers
                               if tree else 0),
         reorder_num_neighbors=config.exact_reordering.approx_num_neighbors if reorder else 0)
+
+
+def _config(state: tf.Module) -> scann_pb2.ScannConfig:
+  """A ScannState's (or its restored form's) serialised config, parsed."""
+  config = scann_pb2.ScannConfig()
+  config.ParseFromString(np.asarray(state.scann_config.numpy()).reshape(-1)[0])
+  return config
 
 
 class ScannShard(NamedTuple):
@@ -236,9 +242,9 @@ class ScannShard(NamedTuple):
 
 
 def without_reordering(shard: ScannShard) -> ScannShard:
-  """The shard searched by asymmetric hashing alone: its config without exact reordering,
-  its int8 reordering data left out (ScaNN's scalar placeholders instead); the tree, the
-  codes and the codebook kept. A shard without reordering is returned as it is.
+  """The shard searched by asymmetric hashing alone: its config without exact reordering
+  and its int8 reordering data left out (ScaNN's scalar placeholders instead), with its
+  tree, codes and codebook kept. A shard without reordering is returned as it is.
 
   Why: a QA export that re-scores the candidates from embeddings of its own
   (served_index.RESCORED_PER_NEIGHBOUR) gains nothing from ScaNN's int8 re-scoring, whose
@@ -249,8 +255,7 @@ def without_reordering(shard: ScannShard) -> ScannShard:
   (the trainer's host search uses it).
   """
   s = shard.state
-  config = scann_pb2.ScannConfig()
-  config.ParseFromString(np.asarray(s.scann_config.numpy()).reshape(-1)[0])
+  config = _config(s)
   if not config.HasField("exact_reordering"):
     return shard
   config.ClearField("exact_reordering")
