@@ -377,7 +377,7 @@ def without(found: np.ndarray, excluded, k: int) -> np.ndarray:
   return out
 
 
-def served_scann_index(run_dir: str, index_searcher, checked) -> "ServedIndex":
+def served_scann_index(run_dir: str, index_searcher, checked):
   """The index a realm_qa_scann export serves, built in this process from the import's
   shards as realm_tf.export builds it (exporter.build_module with the default
   scann_rescore_dtype): each shard without its int8 reordering, and a float16 copy of the
@@ -393,6 +393,9 @@ def served_scann_index(run_dir: str, index_searcher, checked) -> "ServedIndex":
     run_dir: the imported run (its block text store backs the ServedIndex).
     index_searcher: load_searcher(..., backend='scann') over the run's index.
     checked: block ids of the reference-checked rows.
+
+  Returns:
+    A ServedIndex over every block, searching through the stripped shards.
   """
   from realm_tf.data.block_texts import BlockTexts  # pylint: disable=g-import-not-at-top
   from realm_tf.export.served_index import ServedIndex  # pylint: disable=g-import-not-at-top
