@@ -109,6 +109,17 @@ def test_row_blocks_search_and_take_as_one_table(vectors, monkeypatch):
     blocks.assign(vectors[:-1])
 
 
+def test_row_blocks_cast_block_by_block_keeps_the_layout(vectors):
+  """cast: the same blocks' bounds, the values as NumPy casts them, new variables (the
+  original's stay float32)."""
+  blocks = row_blocks.RowBlocks.from_array(vectors, rows_per_block=5)
+  half = blocks.cast("float16")
+  assert half.dtype == tf.float16 and blocks.dtype == tf.float32
+  assert half.bounds == blocks.bounds
+  np.testing.assert_array_equal(half.numpy(), vectors.astype(np.float16))
+  assert not {id(v) for v in half.blocks} & {id(v) for v in blocks.blocks}
+
+
 def test_unfilled_row_blocks_hold_nothing_until_filled(vectors):
   """An index's blocks before its first version: no values (a search fails rather than
   ranking a zero table), then the filled table searches as the NumPy reference."""

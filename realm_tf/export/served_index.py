@@ -206,7 +206,7 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     if embedding_dtype == "float32" and blocks.dtype == tf.float32:
       embeddings = blocks  # evaluation's variables, served as they are
     else:
-      embeddings = blocks.numpy().astype(embedding_dtype)
+      embeddings = blocks.cast(embedding_dtype)
   return ServedIndex(embeddings, store.block_ids, texts, tokenizer,
                      index.block_seq_length, index.body_length, index.version, searcher,
                      "float32" if embedding_dtype == "none" else embedding_dtype)
