@@ -420,10 +420,8 @@ def served_scann_index(run_dir: str, index_searcher, checked):
           shard.state, shard.block_ids.numpy())), index_searcher.dimension)
       for shard in index_searcher.shards])
   texts = BlockTexts(layout.block_texts_dir(run_dir))
-  served = ServedIndex(rows, block_ids, texts, tokenizer=None, block_seq_length=0,
-                       body_length=0, searcher=stripped, embedding_dtype="float16")
-  del rows
-  return served
+  return ServedIndex(rows, block_ids, texts, tokenizer=None, block_seq_length=0,
+                     body_length=0, searcher=stripped, embedding_dtype="float16")
 
 
 def scann_recall(args, work: str) -> dict:
@@ -653,7 +651,7 @@ def markdown(result: dict) -> str:
       lines.append(f"| {fraction} | {reorder} | {row['recall_at_5']:.3f} | "
                    f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
                    f"{row['p50_over_exact']:.3f} |")
-    if recall.get("served"):
+    if "served" in recall:
       lines += ["", "As a realm_qa_scann export serves them (`served_scann_index`: the shards "
                 "without their int8 reordering, each question's candidates re-scored from "
                 "float16 embeddings):", "",
@@ -725,13 +723,9 @@ def targets(result: dict) -> list:
         f"{ratio:.2f} ({served['p50_ms']:.0f} / {exact_served['p50_ms']:.0f} ms)",
         ratio <= TARGETS["end_to_end_p50_over_exact"])
   recall = steps.get("scann_recall", {})
-  if "settings" in recall:
-    # What serving_default searches: the served index at the shards' own leaves (an earlier
-    # run without served rows: the index's own shards).
-    served = bool(recall.get("served"))
-    own = (recall["served"] if served else recall["settings"])[0]
-    how = ("served: no int8 reordering, float16 re-scoring" if served
-           else "the index's shards, int8 reordering")
+  if "served" in recall:
+    own = recall["served"][0]  # the shards' own leaves: what serving_default searches
+    how = "served: no int8 reordering, float16 re-scoring"
     add(f"ScaNN recall@5 against exact >= {TARGETS['scann_recall_at_5']} "
         f"({recall['questions']} generated questions, the shards' own leaves, {how})",
         f"{own['recall_at_5']:.3f}", own["recall_at_5"] >= TARGETS["scann_recall_at_5"])
