@@ -12,6 +12,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -293,6 +294,45 @@ def test_a_starved_worker_is_named_as_stuck_in_its_input_pipeline(tmp_path):
     assert "worker:0 (127.0.0.1:7001)" not in line
   starving = STAND_IN.splitlines().index("  time.sleep(3600)  # its next batch never comes")
   assert f'File "<string>", line {starving + 1} in <module>' in _stacks(job.line(1))
+
+
+def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_in(
+    tmp_path, monkeypatch):
+  """The race behind a starved worker's job naming its peer "stopped": a peer's question
+  answered while this watchdog freezes its trainer. Here the answer is held inside its
+  heartbeat read until the freeze has happened (or 2 s, if the freeze must wait for it);
+  it must describe the running trainer either way, never the frozen one."""
+  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
+      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
+      task=dict(type="worker", index=0))), TMPDIR=str(tmp_path))
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(60)"], env)
+  in_answer, frozen, answers = threading.Event(), threading.Event(), []
+  read = heartbeat.read
+
+  def held_read(directory):
+    if threading.current_thread() is not threading.main_thread():  # the answering thread
+      in_answer.set()
+      frozen.wait(2)
+    return read(directory)
+
+  monkeypatch.setattr(heartbeat, "read", held_read)
+  try:
+    asker = threading.Thread(target=lambda: answers.append(watchdog.ask(
+        f"127.0.0.1:{dog.server.server_address[1]}", timeout=10)))
+    asker.start()
+    assert in_answer.wait(10)
+    dog._serve_and_freeze(dict(task="worker:0", trainer="running", batches=3))
+    frozen.set()
+    asker.join(15)
+    assert watchdog._process_state(dog.child.pid) in ("T", "t")  # it was frozen
+    assert answers and answers[0]["trainer"] == "running", answers
+    assert dog.status()["trainer"] == "running"  # and what is served from now on
+  finally:
+    dog._kill()
+    dog.server.shutdown()
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
 
 
 def test_a_worker_blocked_holding_the_gil_is_named_and_its_stacks_saved(tmp_path):

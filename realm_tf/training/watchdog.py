@@ -243,6 +243,8 @@ class Watchdog:
     self._served = None
     self._stacks_due = False
     self._ended_by_us = False
+    # Held by status() and by the freeze (_serve_and_freeze): see there.
+    self._state_lock = threading.Lock()
     self.server = _StatusServer(self.status)
     threading.Thread(target=self.server.serve_forever, name="watchdog-status",
                      daemon=True).start()
@@ -279,8 +281,12 @@ class Watchdog:
     """What a peer's watchdog is told about this process (and what `judge` reads): once
     this watchdog has decided to end the job, the state its trainer stalled in, and the
     verdict."""
-    if self._served is not None:
-      return dict(self._served, verdict=self._verdict)
+    with self._state_lock:
+      if self._served is not None:
+        return dict(self._served, verdict=self._verdict)
+      return self._live_status()
+
+  def _live_status(self) -> dict:
     beat = heartbeat.read(self.directory) or {}
     code = self.child.poll()
     state = _process_state(self.child.pid) if code is None else None
@@ -379,11 +385,7 @@ class Watchdog:
       self._stacks_due = True
     else:
       stacks = self._save_stacks()
-    # Served before the trainer is frozen: a peer asking in between would otherwise be told
-    # "stopped" (the SIGSTOP below) and name this process for it.
-    self._served = own
-    if self.child.poll() is None:
-      self.child.send_signal(signal.SIGSTOP)
+    self._serve_and_freeze(own)
     statuses, addresses = self._job_statuses(watch, own)
     # A peer that judged first decides for the job: every line names the same culprit.
     verdicts = [s["verdict"] for s in statuses.values() if s and s.get("verdict")]
@@ -395,6 +397,19 @@ class Watchdog:
       self._write_line(watch, beat, cause)
     # Killed once the peers have had the time to ask (run's finally).
     return 1
+
+  def _serve_and_freeze(self, own: dict):
+    """From now on the peers are told `own`, and the trainer is frozen (SIGSTOP).
+
+    One step under the lock that status() holds while it reads the live state: a peer's
+    question answered between the two would see the frozen trainer as "stopped" and name
+    this process for it. Setting `_served` first was not enough: an answer that had
+    checked `_served` just before still read the process state just after the SIGSTOP.
+    """
+    with self._state_lock:
+      self._served = own
+      if self.child.poll() is None:
+        self.child.send_signal(signal.SIGSTOP)
 
   def _write_line(self, watch: dict, beat: dict, cause: str):
     role = watch.get("role") or self.task.name
