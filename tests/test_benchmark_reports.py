@@ -476,3 +476,21 @@ def test_staleness_is_the_overlap_of_two_searches_and_the_drift_of_the_documents
     layout.append_metrics(model_dir, dict(mode="pretrain", step=step, index_version=version))
   assert knowledge.index_version_in_use(model_dir, 12) == 0
   assert knowledge.index_version_in_use(model_dir, 15) == 10
+
+
+def test_released_scale_end_to_end_row_says_what_search_leaves():
+  """The end-to-end target's row: the ratio of the two exports' p50, each p50 less its
+  search alone, and the ratio the ScaNN export would keep with no search at all."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  result = dict(steps=dict(
+      serve_availability_preserving=dict(p50_ms=4000.0, peak_rss_gib=1.0),
+      serve_scann_availability_preserving=dict(p50_ms=3010.0, peak_rss_gib=1.0),
+      scann_recall=dict(exact_p50_ms=1000.0, peak_rss_gib=1.0, questions=3, served=[dict(
+          p50_ms=10.0, recall_at_5=0.97, p50_over_exact=0.01)])))
+  row = next(r for r in released_scale.targets(result) if r["what"].startswith("end-to-end"))
+  assert row["measured"] == ("0.75 (3010 / 4000 ms); not search 3000 / 3000 ms: with no "
+                             "search at all 0.75")
+  assert not row["met"]
+  del result["steps"]["scann_recall"]  # without the search rows, the ratio alone
+  row = next(r for r in released_scale.targets(result) if r["what"].startswith("end-to-end"))
+  assert row["measured"] == "0.75 (3010 / 4000 ms)"
