@@ -323,9 +323,13 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
     asker.start()
     assert in_answer.wait(10)
     dog._serve_and_freeze(dict(task="worker:0", trainer="running", batches=3))
+    # SIGSTOP takes effect asynchronously: the answer goes on once the kernel shows it.
+    deadline = time.time() + 10
+    while watchdog._process_state(dog.child.pid) not in ("T", "t") and time.time() < deadline:
+      time.sleep(0.01)
+    assert watchdog._process_state(dog.child.pid) in ("T", "t")  # it was frozen
     frozen.set()
     asker.join(15)
-    assert watchdog._process_state(dog.child.pid) in ("T", "t")  # it was frozen
     assert answers and answers[0]["trainer"] == "running", answers
     assert dog.status()["trainer"] == "running"  # and what is served from now on
   finally:
