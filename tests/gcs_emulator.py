@@ -30,6 +30,13 @@ emulator's log), and TF retries that for minutes. The front drops that header (R
 removed "identity" as a transfer coding; with it, Content-Length alone frames the body)
 and otherwise passes bytes through unchanged, one request per connection.
 
+Faults on purpose: `GcsEmulator.inject(...)` writes rules (a regex on the request, a
+status such as 503 or a stall, for the next N matching requests) to a file in the workdir,
+which the front reads on every request; what it failed is logged there too (`injected()`),
+so a test can show its outage really happened. A server stopped outright only gives
+"connection refused"; real GCS also answers 5xx and leaves requests unanswered, which TF's
+client maps to other errors (UnavailableError, DeadlineExceededError) after its own retries.
+
 Needs root (namespaces, port 443, bind mounts); `unavailable_reason()` says why not.
 """
 import argparse
@@ -51,7 +58,9 @@ import sys
 import tempfile
 import textwrap
 import time
-from typing import Dict, Iterable, Optional
+import urllib.parse
+import uuid
+from typing import Dict, Iterable, List, Optional
 
 # cryptography comes with apache-beam and google-auth.
 from cryptography import x509
@@ -66,6 +75,8 @@ HOSTNAMES = ("www.googleapis.com", "storage.googleapis.com", "oauth2.googleapis.
 TLS_PORT = 443  # fixed: TF's URLs carry no port
 BACKEND_PORT = 4443  # fake-gcs-server, plain HTTP, inside the namespace only
 PUBLIC_URL = "https://www.googleapis.com"
+FAULTS = "faults.json"  # in the workdir: the rules of GcsEmulator.inject, read per request
+FAULTS_LOG = "faults.log"  # in the workdir: one JSON line per request failed on purpose
 
 # Failures in a test set-up should show in seconds: TF's default is 10 retries backing off
 # to 32 s each (minutes per failing call). Only failing calls differ from the defaults.
@@ -245,6 +256,47 @@ class GcsEmulator:
     """`run`, then the child's last stdout line as JSON (print(json.dumps(...)) last)."""
     return json.loads(self.run(code, **kwargs).stdout.strip().splitlines()[-1])
 
+  # ------------------------------------------------------------------ faults
+
+  def inject(self, *rules: dict) -> None:
+    """Makes the TLS front fail the requests that match `rules` (none: fail nothing more).
+
+    The front reads the rules on every request, so they apply at once, to children that
+    are already running too. The first rule that matches a request and has failures left
+    fails it; every other request passes through. Injecting again starts new counts.
+
+    Args:
+      *rules: dicts with `path`, a regex searched in the request line with its target
+        URL-decoded ('GET /realm-test/run/checkpoints/ckpt-2.index HTTP/1.1' for a read,
+        'GET /storage/v1/b/realm-test/o?prefix=run/ckpt-2.index ...' for a listing);
+        `times`, how many matching requests it fails; and either `status` (answered at
+        once with that HTTP status, e.g. 503) or `stall_seconds` (nothing answered for that
+        long, then the connection is closed: the client's own timeout ends the request).
+
+    Raises:
+      ValueError: a rule lacks `path` or `times`, or has neither or both of `status` and
+        `stall_seconds`.
+    """
+    for rule in rules:
+      if "path" not in rule or "times" not in rule or (
+          ("status" in rule) == ("stall_seconds" in rule)):
+        raise ValueError(f"fault rule {rule!r}: needs path, times and one of status, "
+                         f"stall_seconds")
+      re.compile(rule["path"])
+    tmp = self._path(FAULTS + ".tmp")
+    with open(tmp, "w") as f:
+      json.dump([dict(rule, id=uuid.uuid4().hex) for rule in rules], f)
+    os.rename(tmp, self._path(FAULTS))  # the front never reads half a file
+
+  def injected(self) -> List[dict]:
+    """The requests the front failed on purpose, oldest first: {request, status or
+    stall_seconds, rule (its path regex)}."""
+    try:
+      with open(self._path(FAULTS_LOG)) as f:
+        return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+      return []
+
   def logs(self) -> str:
     parts = []
     for name in ("supervisor.log", "fake-gcs-server.log"):
@@ -290,10 +342,54 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     pass
 
 
-async def _handle(client_reader, client_writer) -> None:
+class FaultRules:
+  """The front's side of `GcsEmulator.inject`: which request to fail, counted per rule."""
+
+  def __init__(self, workdir: str):
+    self.rules_path = os.path.join(workdir, FAULTS)
+    self.log_path = os.path.join(workdir, FAULTS_LOG)
+    self.used: Dict[str, int] = {}  # rule id -> requests failed
+
+  def fault_for(self, head: bytes) -> Optional[dict]:
+    """The rule that fails the request with this head (counted and logged), or None."""
+    try:
+      with open(self.rules_path) as f:
+        rules = json.load(f)
+    except FileNotFoundError:
+      return None
+    request = urllib.parse.unquote(head.split(b"\r\n", 1)[0].decode("latin-1"))
+    for rule in rules:
+      if self.used.get(rule["id"], 0) < rule["times"] and re.search(rule["path"], request):
+        self.used[rule["id"]] = self.used.get(rule["id"], 0) + 1
+        fault = {k: rule[k] for k in ("status", "stall_seconds") if k in rule}
+        with open(self.log_path, "a") as f:
+          f.write(json.dumps(dict(fault, request=request, rule=rule["path"])) + "\n")
+        return rule
+    return None
+
+
+async def _fail(rule: dict, writer: asyncio.StreamWriter) -> None:
+  """Answers with the rule's status (a GCS-style JSON error), or stalls without answering.
+  A request body is left unread: the rules are meant for reads and listings."""
+  if "stall_seconds" in rule:
+    await asyncio.sleep(rule["stall_seconds"])
+    return
+  body = json.dumps({"error": {"code": rule["status"], "message": "injected by "
+                               "tests/gcs_emulator.py"}}).encode()
+  writer.write(b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
+               % (rule["status"], len(body), body))
+  await writer.drain()
+
+
+async def _handle(client_reader, client_writer, faults: Optional[FaultRules] = None) -> None:
   backend_writer = None
   try:
     head = await asyncio.wait_for(client_reader.readuntil(b"\r\n\r\n"), 60)
+    rule = faults.fault_for(head) if faults is not None else None
+    if rule is not None:
+      await _fail(rule, client_writer)
+      return
     backend_reader, backend_writer = await asyncio.open_connection("127.0.0.1", BACKEND_PORT)
     backend_writer.write(rewrite_head(head))
     upload = asyncio.ensure_future(_pipe(client_reader, backend_writer))
@@ -307,11 +403,12 @@ async def _handle(client_reader, client_writer) -> None:
         writer.close()
 
 
-async def _serve_tls(cert: str, key: str) -> None:
+async def _serve_tls(cert: str, key: str, faults: FaultRules) -> None:
   context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
   context.load_cert_chain(cert, key)
-  server = await asyncio.start_server(_handle, "127.0.0.1", TLS_PORT, ssl=context,
-                                      limit=1 << 20)
+  server = await asyncio.start_server(
+      lambda reader, writer: _handle(reader, writer, faults), "127.0.0.1", TLS_PORT,
+      ssl=context, limit=1 << 20)
   print("READY", flush=True)
   stop = asyncio.Event()
   loop = asyncio.get_running_loop()
@@ -347,7 +444,8 @@ def serve(workdir: str, binary: str) -> None:
       stdout=log, stderr=subprocess.STDOUT)
   try:
     _wait_for_port(BACKEND_PORT, server, timeout=30)
-    asyncio.run(_serve_tls(os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem")))
+    asyncio.run(_serve_tls(os.path.join(workdir, "cert.pem"), os.path.join(workdir, "key.pem"),
+                           FaultRules(workdir)))
   finally:
     server.terminate()
     try:
