@@ -61,6 +61,10 @@ SYSTEM_TIER = {
     "test_tf_gcs.py": "TensorFlow's gs:// client against the emulator; make test: "
                       "test_storage_*.py",
     "test_storage_gcs_emulator.py": "the emulator itself; make test: test_storage_*.py",
+    "test_checkpoint_outages.py::test_a_gcs_outage_on_the_newest_checkpoint_is_waited_out_"
+    "not_set_aside": "three trainer runs on the GCS emulator with 503s and stalls injected "
+                     "(3-5 min); make test: the module's injected-error tests of "
+                     "refuse_damaged and of the emulator's fault rules",
     # Learning checks that train for minutes, and measurements.
     "test_tagger_trained.py": "MiniLM fine-tuned into the tagger (3 min) and its entity F1; "
                               "make test: test_tagger.py on a tiny random-init tagger",

@@ -520,6 +520,12 @@ class RuntimeConfig(cfg.RuntimeConfig):
       builders log, and put in their status, that the trainer is stalled after this long
       without a new checkpoint or retriever snapshot, and keep waiting (a slow trainer is
       not a dead one): set it above the trainer's time between checkpoints.
+    storage_outage_seconds: how long the trainer, checking its newest checkpoint at start
+      (realm_tf.training.checkpoints), waits out a store that does not answer (a 503, a
+      timeout, a permission error), retrying with backoff, before it stops with an error
+      naming the path; an outage is never taken for a damaged checkpoint. Multi-worker,
+      the other processes wait for the chief's check in a collective: keep it below
+      collective_timeout_seconds. 0: no retry.
   """
   distribution_strategy: str = ""
   enable_xla: bool = True
@@ -527,6 +533,7 @@ class RuntimeConfig(cfg.RuntimeConfig):
   collective_timeout_seconds: float = 1800.0
   heartbeat_timeout_seconds: float = 0.0
   progress_stall_seconds: float = 1200.0
+  storage_outage_seconds: float = 300.0
 
 
 # ----------------------------------------------------------------------------- experiment
@@ -601,6 +608,9 @@ class ExperimentConfig(cfg.ExperimentConfig):
                              f"TensorFlow's default), got "
                              f"{self.runtime.heartbeat_timeout_seconds}")
     _positive(self.runtime.progress_stall_seconds, "runtime.progress_stall_seconds")
+    if self.runtime.storage_outage_seconds < 0:
+      raise ConfigValueError(f"runtime.storage_outage_seconds must be >= 0 (0: no retry), "
+                             f"got {self.runtime.storage_outage_seconds}")
     if self.index.backend == "scann" and self.runtime.enable_xla:
       raise ConfigValueError(
           "index.backend=scann searches with ScaNN on the host CPU inside the step, which "

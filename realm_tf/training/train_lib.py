@@ -234,7 +234,8 @@ class Run:
     tf_keras.utils.set_random_seed(experiment.trainer.seed)
     set_precision(experiment)
     if train and self.role.is_chief:  # a damaged newest checkpoint is set aside first
-      checkpoints.refuse_damaged(layout.checkpoint_dir(model_dir))
+      checkpoints.refuse_damaged(layout.checkpoint_dir(model_dir),
+                                 outage_seconds=experiment.runtime.storage_outage_seconds)
     self.role.barrier("the chief's checkpoints are checked")
     self.start_step = layout.checkpoint_step(model_dir) if train else 0
     self.task = tasks.get_task(experiment, model_dir, self.start_step, role=self.role)
