@@ -233,6 +233,13 @@ def _losses(model_dir):
   return {r["step"]: r["loss"] for r in layout.read_metrics(model_dir) if "loss" in r}
 
 
+def _slots(run) -> list:
+  """A training Run's Adam moments (m, v) of every variable its step updates, as arrays."""
+  optimizer = run.trainer.optimizer
+  return [optimizer.get_slot(v, name).numpy()
+          for v in run.task.updated_variables(run.model, optimizer) for name in ("m", "v")]
+
+
 # Whole training runs (run_experiment to train_steps): resume, the in-place index swap,
 # TRAINING_DONE.
 def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corpus, questions,
@@ -241,7 +248,8 @@ def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corp
   input skips exactly the 2 x 2 per-replica batches already consumed. TRAINING_DONE only
   once the schedule is complete: not after the slice stopped at step 2, then after the
   resumed run reaches train_steps (one set of runs checks both: each run costs a model
-  build and a trace)."""
+  build and a trace). The resumed run's Adam slots, created before the first step, are
+  the stopped slice's, restored in place."""
   config = _config(repo_dir, corpus, questions, "pretrain", trainer__train_steps=4,
                    trainer__steps_per_loop=1, trainer__summary_interval=1,
                    trainer__checkpoint_interval=2, task__pretrain__refresh_every_steps=0)
@@ -253,10 +261,18 @@ def test_resumed_two_replica_run_sees_the_same_examples(tmp_path, repo_dir, corp
     tf_.publish_index(layout.index_dir(runs[name]), 0, store.block_ids, vectors)
   straight = train_lib.run_experiment(config, runs["straight"], mirrored_strategy)
   assert straight["step"] == 4 and layout.training_done(runs["straight"])
-  first = train_lib.run_experiment(config, runs["resumed"], mirrored_strategy, stop_at_step=2)
+  train_lib.save_params(config, runs["resumed"])  # run_experiment's two parts, each Run kept
+  stopped = train_lib.Run(config, runs["resumed"], mirrored_strategy)
+  first = stopped.train(stop_at_step=2)
   assert first["step"] == 2 and not first["reached_train_steps"]
   assert not layout.training_done(runs["resumed"])
-  second = train_lib.run_experiment(config, runs["resumed"], mirrored_strategy)
+  resumed = train_lib.Run(config, runs["resumed"], mirrored_strategy)
+  saved, restored = _slots(stopped), _slots(resumed)
+  assert len(saved) == len(restored) > 0
+  assert sum(int(np.any(m != 0)) for m in saved) > len(saved) // 4  # 2 steps moved them
+  for a, b in zip(saved, restored):
+    np.testing.assert_array_equal(b, a)
+  second = resumed.train()
   assert second["start_step"] == 2 and second["step"] == 4 and second["reached_train_steps"]
   assert layout.training_done(runs["resumed"])
   a, b = _losses(runs["straight"]), _losses(runs["resumed"])
@@ -287,8 +303,10 @@ def test_the_refresh_flag_sets_loop_length_and_snapshots(repo_dir, task_type, fl
 def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, corpus,
                                                             questions):
   """Pre-training on an index built before training (as `beam.embed_corpus` would), a
-  newer index published mid-run is swapped in place; the compiled step is not retraced;
-  TRAINING_DONE appears only once train_steps is reached."""
+  newer index published mid-run is swapped in place; the compiled step and the train loop
+  are traced once (the optimizer's slots exist before the first loop, which would
+  otherwise trace twice: once creating them, once more without), and never again after
+  the swap; TRAINING_DONE appears only once train_steps is reached."""
   model_dir = str(tmp_path / "realm")
   index_dir = layout.index_dir(model_dir)
   config = _config(repo_dir, corpus, questions, "pretrain", trainer__train_steps=10,
@@ -319,9 +337,10 @@ def test_index_swapped_in_during_training_without_retracing(tmp_path, repo_dir, 
   assert [r["index_version"] for r in history] == [0.0, 7.0]
   compiled = run.task._compiled["forward_backward"]  # pylint: disable=protected-access
   assert compiled.experimental_get_tracing_count() == 1
-  # The loop traced while training on index 0 and never again after the swap.
+  # The loop traced once, while training on index 0, and never again after the swap.
   loop = run.trainer._train_loop_fn  # pylint: disable=protected-access
-  assert loop.experimental_get_tracing_count() == traces[0]
+  assert traces == [1]
+  assert loop.experimental_get_tracing_count() == 1
   assert layout.training_done(model_dir)
 
 

@@ -37,8 +37,9 @@ class RealmTask(base_task.Task):
 
   A subclass implements tf-models' Task hooks, called by the driver
   (realm_tf.training.train_lib) in this order: `build_model`, `create_task_optimizer`
-  (under the strategy's scope), `build_index`, `build_inputs` (per input pipeline),
-  `initialize` (a fresh run's weights, by the checkpoint manager), `on_train_begin`, then
+  and, when training, `create_optimizer_slots` (under the strategy's scope), `build_index`,
+  `build_inputs` (per input pipeline), `initialize` (a fresh run's weights, by the
+  checkpoint manager), `on_train_begin`, then
   per step `train_step` / `validation_step` (replica context, compiled), per train loop
   `train_actions` and `host_logs` (host), after each evaluation `on_evaluate_end`, and at
   the end `on_train_end` and `run_summary`.
@@ -122,6 +123,45 @@ class RealmTask(base_task.Task):
     _ = optimizer.iterations
     return optimizer
 
+  def create_optimizer_slots(self, model, optimizer):
+    """Creates `optimizer`'s variables (Adam's moments, its hyperparameters) for every
+    variable a train step updates, before the first step. Called under the strategy's
+    scope by a training run.
+
+    Why: created inside the train loop's first trace, they make tf.function trace the loop
+    twice (once creating variables, once more without). tf-models' multi-task trainer calls
+    `optimizer.build` for the same reason; a legacy Keras optimizer's equivalent is
+    `_create_all_weights`, which Keras' own checkpoint loading calls. A checkpoint restored
+    afterwards fills the slots in place.
+
+    Args:
+      model: the model build_model returned.
+      optimizer: the optimizer of create_task_optimizer.
+    """
+    variables = self.updated_variables(model, optimizer)
+    if isinstance(optimizer, tf_keras.optimizers.legacy.Optimizer):
+      optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+    else:
+      optimizer.build(variables)
+
+  def updated_variables(self, model, optimizer) -> list:
+    """The variables a train step computes gradients for and applies them to: the task's
+    trainable_variables less those whose learning rate is 0 for good (a variable that never
+    moves needs no gradient).
+
+    Args:
+      model: the model build_model returned.
+      optimizer: the optimizer of create_task_optimizer.
+
+    Returns:
+      A list of tf.Variable, in trainable_variables' order.
+    """
+    variables = self.trainable_variables(model)
+    rates = optimization.variable_rates(optimizer)
+    if rates is not None:
+      variables = [v for v in variables if not rates.frozen_for_good(v)]
+    return variables
+
   def build_metrics(self, training: bool = True):
     """One float32 Mean per name in `metric_names`.
 
@@ -184,10 +224,7 @@ class RealmTask(base_task.Task):
     Returns:
       (loss, outputs) of the forward pass, as `loss_and_outputs` returned them.
     """
-    variables = self.trainable_variables(model)
-    rates = optimization.variable_rates(optimizer)
-    if rates is not None:  # a variable that never moves needs no gradient
-      variables = [v for v in variables if not rates.frozen_for_good(v)]
+    variables = self.updated_variables(model, optimizer)
     scaled = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
     def forward_backward(features):

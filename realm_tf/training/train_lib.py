@@ -243,6 +243,8 @@ class Run:
     with self.strategy.scope():
       model = self.task.build_model()
       optimizer = self.task.create_task_optimizer(model)
+      if train:  # before the first step, so the train loop is traced once
+        self.task.create_optimizer_slots(model, optimizer)
     self.task.build_index(self.strategy)
     train_dataset = distribute(self.strategy, self.task, task_config.train_data) \
         if train else None
