@@ -18,6 +18,66 @@ def _mixture(n, dim=16, centres=6, seed=0):
   return blocks.astype(np.float32), means, directions
 
 
+def _recall_by_brute_force(found, vectors, queries) -> float:
+  """recall@5 of `found` [Q, 5] rows: the share of each question's true top 5 by inner
+  product (a full NumPy sort, no partition) among them, over every question."""
+  truth = np.argsort(-(queries @ vectors.T), axis=1)[:, :se.K]  # [Q, 5]
+  return float(np.mean(np.any(found[:, :, None] == truth[:, None, :], axis=2)))
+
+
+def _record_searches(monkeypatch, module, name: str) -> list:
+  """Every search of every ScaNN searcher `module.name` makes (build_recalls' build_scann,
+  curve_step's searcher_from_module), recorded as it is made: [dict(made_from: the
+  maker's arguments, queries, found, options: the search's)] in order."""
+  make = getattr(module, name)
+  searches = []
+
+  def recorded(*args, **kwargs):
+    searcher = make(*args, **kwargs)
+    search = searcher.search_batched
+
+    def search_batched(queries, **options):
+      found, scores = search(queries, **options)
+      searches.append(dict(made_from=args, queries=np.asarray(queries), found=found.numpy(),
+                           options=options))
+      return found, scores
+
+    searcher.search_batched = search_batched
+    return searcher
+
+  monkeypatch.setattr(module, name, recorded)
+  return searches
+
+
+def _builds(monkeypatch) -> list:
+  """_record_searches of build_recalls' ScaNN builds (made_from: (vectors, params))."""
+  from realm_tf.retrieval import scann_index  # noqa: PLC0415  as build_recalls imports it
+  return _record_searches(monkeypatch, scann_index, "build_scann")
+
+
+@pytest.fixture
+def one_build_per_table(monkeypatch):
+  """build_recalls' ScaNN builds made once per table and settings, and that build searched
+  whenever the same table is built again; yields {(table, settings): build}. Why: ScaNN's
+  k-means is not seeded, so two builds of one table differ by about 0.01 in recall; a
+  table compared with itself should read as the same table."""
+  from realm_tf.retrieval import scann_index  # noqa: PLC0415  as build_recalls imports it
+  built = {}
+  build_scann, release = scann_index.build_scann, scann_index.release
+
+  def build_once(vectors, params, **kwargs):
+    key = (np.asarray(vectors).tobytes(), repr(params), repr(kwargs))
+    if key not in built:
+      built[key] = build_scann(vectors, params, **kwargs)
+    return built[key]
+
+  monkeypatch.setattr(scann_index, "build_scann", build_once)
+  monkeypatch.setattr(scann_index, "release", lambda searcher: None)  # each once, below
+  yield built
+  for searcher in built.values():
+    release(searcher)
+
+
 def test_the_generator_recovers_the_mixture_and_is_seeded():
   blocks, means, directions = _mixture(3000)
   queries = blocks[:300] + np.float32(0.05)
@@ -96,7 +156,12 @@ def test_straddle_interpolates_where_recall_crosses_the_target():
       1.0 + 0.1 * 0.055 / 0.06)
 
 
-def test_calibration_searches_half_the_real_corpus_at_every_scale():
+def test_calibration_searches_half_the_real_corpus_at_every_scale(monkeypatch):
+  """The real row: the shipped tree over the even-numbered documents' blocks, searched
+  with the calibration questions; a row per scale: as many generated blocks, searched with
+  generated questions at that residual scale; each recall@5 the share of the true top 5
+  the tree found (against a NumPy sort); the scale interpolated between them."""
+  searches = _builds(monkeypatch)
   blocks, _, _ = _mixture(2000, seed=4)
   documents = np.arange(2000) // 2  # documents of 2 blocks: the even ones hold 1,000
   rng = np.random.default_rng(0)
@@ -110,7 +175,23 @@ def test_calibration_searches_half_the_real_corpus_at_every_scale():
   assert real["residual_scale"] is None and real["blocks"] == 1000
   assert (real["leaves"], real["leaves_searched"]) == (32, 2)  # round(sqrt(1000)); 1.6
   assert [r["residual_scale"] for r in grid] == list(se.CALIBRATION_SCALES)
-  assert all(0.0 <= r["recall_at_5"] <= 1.0 for r in table)
+  # What each row searched: the real half, then the generated half at each scale.
+  assert len(searches) == len(table)
+  half = blocks[documents % 2 == 0]
+  synthetic, clusters = generator.blocks(1000, seed=0)
+  np.testing.assert_array_equal(searches[0]["made_from"][0], half)
+  np.testing.assert_array_equal(searches[0]["queries"], queries[:100])
+  for search, row in zip(searches[1:], grid):
+    questions, _ = se.dataclasses.replace(generator, residual_scale=row["residual_scale"]) \
+        .queries(synthetic, clusters, 100, seed=1)
+    np.testing.assert_array_equal(search["made_from"][0], synthetic)
+    np.testing.assert_array_equal(search["queries"], questions)
+  for search, row in zip(searches, table):
+    vectors, params = search["made_from"]
+    assert (params.num_leaves, params.num_leaves_to_search) == (32, 2)
+    assert row["recall_at_5"] == pytest.approx(
+        _recall_by_brute_force(search["found"], vectors, search["queries"]), abs=1e-12)
+  assert 0.0 < real["recall_at_5"] < 1.0  # 2 of 32 leaves: some true neighbours missed
   assert scale == se.straddle(se.CALIBRATION_SCALES, [r["recall_at_5"] for r in grid],
                               real["recall_at_5"])
 
@@ -167,9 +248,22 @@ def test_exact_top_is_numpy_sort_order():
                              rtol=1e-6)
 
 
-def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
-  """The validate step on a mixture against itself drawn again: every row present, the
-  verdict follows the tolerances, and the Markdown comes from the JSON alone."""
+def _median_gap(vectors, queries) -> float:
+  """The median over questions of the 5th minus the 6th best inner product (a full sort)."""
+  scores = -np.sort(-(queries @ vectors.T), axis=1)
+  return float(np.median(scores[:, se.K - 1] - scores[:, se.K]))
+
+
+def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypatch):
+  """The validate step on a mixture against itself drawn again: every row's recall@5 is
+  the mean over its builds of the share of the true top 5 (a NumPy sort) each build of the
+  tree found, for the real vectors with real questions and the generated with generated;
+  the gap ratio is the two NumPy medians'; the verdict follows the tolerances; the curve
+  step's recalls are its searches' at each setting; the Markdown comes from the JSON
+  alone."""
+  builds = _builds(monkeypatch)
+  from scann.scann_ops.py import scann_ops  # noqa: PLC0415  as curve_step imports it
+  curve_searches = _record_searches(monkeypatch, scann_ops, "searcher_from_module")
   blocks, _, _ = _mixture(3000, seed=2)
   rng = np.random.default_rng(0)
   queries = blocks[rng.choice(3000, 400, replace=False)] + rng.normal(
@@ -179,28 +273,61 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   se.EmbeddingGenerator.fit(blocks, queries, clusters=6, rank=2).save(
       str(tmp_path / "generator.npz"))
   v = se.validate_step(str(tmp_path), num_queries=200, seed=0, repeats=2)
-  assert len(v["table"]) == len(se.SHIPPED_FRACTIONS) + len(se.AUTHORS_MULTIPLES)
-  for row in v["table"]:
-    assert 0.0 <= row["real"] <= 1.0 and 0.0 <= row["synthetic"] <= 1.0
-    assert row["difference"] == pytest.approx(row["synthetic"] - row["real"])
-  for curve in v["real"]["recall"]["shipped"]:  # the mean of its builds
-    assert len(curve["builds"]) == 2
-    assert curve["recall_at_5"] == pytest.approx(np.mean(curve["builds"]))
-  shipped = [r for r in v["table"] if r["configuration"] == "shipped"]
+  generator = se.EmbeddingGenerator.load(str(tmp_path / "generator.npz"))
+  real_q = queries[se.question_split(400, 200, seed=0)[0]]
+  synthetic, clusters = generator.blocks(3000, seed=0)
+  synthetic_q, _ = generator.queries(synthetic, clusters, 200, seed=1)
+  rows = v["table"]
+  assert len(rows) == len(se.SHIPPED_FRACTIONS) + len(se.AUTHORS_MULTIPLES)
+  # Two builds a row, the real vectors' rows first, then the generated vectors'.
+  assert len(builds) == 2 * 2 * len(rows)
+
+  def recalls(searches, vectors, questions):  # [row][build], checking what was searched
+    for search, row in zip(searches[::2], rows):
+      assert search["made_from"][1].num_leaves_to_search == row["leaves_searched"]
+    for search in searches:
+      np.testing.assert_array_equal(search["made_from"][0], vectors)
+      np.testing.assert_array_equal(search["queries"], questions)
+    return np.array([_recall_by_brute_force(s["found"], vectors, questions)
+                     for s in searches]).reshape(len(rows), 2)
+
+  real = recalls(builds[:len(builds) // 2], blocks, real_q)
+  made = recalls(builds[len(builds) // 2:], synthetic, synthetic_q)
+  for row, a, b in zip(rows, real, made):
+    assert row["real"] == pytest.approx(a.mean(), abs=1e-12)
+    assert row["synthetic"] == pytest.approx(b.mean(), abs=1e-12)
+    assert row["difference"] == pytest.approx(b.mean() - a.mean(), abs=1e-12)
+  np.testing.assert_allclose([c["builds"] for c in v["real"]["recall"]["shipped"]],
+                             real[:len(se.SHIPPED_FRACTIONS)], atol=1e-12)
+  gap_ratio = _median_gap(synthetic, synthetic_q) / _median_gap(blocks, real_q)
+  assert v["gap_ratio"] == pytest.approx(gap_ratio, rel=1e-5)
+  shipped = [r for r in rows if r["configuration"] == "shipped"]
   assert [r["leaves"] for r in shipped] == [55] * 4  # round(sqrt(3000))
   # A fortieth, a twentieth, a tenth and a fifth of 55, rounded (at least 1).
   assert [r["leaves_searched"] for r in shipped] == [1, 3, 6, 11]
-  assert v["recall_agrees"] == all(abs(r["difference"]) <= se.RECALL_TOLERANCE
-                                   for r in v["table"])
-  assert v["verdict"] == ("trusted" if v["recall_agrees"] and v["gap_agrees"]
-                          else "not trusted")
+  agrees = np.all(np.abs(made.mean(1) - real.mean(1)) <= se.RECALL_TOLERANCE)
+  assert v["recall_agrees"] == agrees
+  assert v["gap_agrees"] == (abs(gap_ratio - 1) <= se.GAP_TOLERANCE)
+  assert v["verdict"] == ("trusted" if agrees and v["gap_agrees"] else "not trusted")
   c = se.curve_step(str(tmp_path), rows=3000, num_queries=100, seed=0)
   shipped_curve = c["shipped"]["rows"]
   assert len(shipped_curve) == len(se.CURVE_REORDERS) * len(se.CURVE_FRACTIONS)
   assert [r["leaves_searched"] for r in shipped_curve[:len(se.CURVE_FRACTIONS)]] == [
       1, 2, 3, 6, 11]  # ceil(f x 55)
+  # Each row's recall is its own search's (the 10-question warm-up searches aside), of
+  # the generated shard (the validation's blocks: the same seed) with generated questions.
+  curve_q, _ = generator.queries(synthetic, clusters, 100, seed=1)
+  searched = [s for s in curve_searches if len(s["queries"]) == 100]
+  curve = shipped_curve + c["authors"]["rows"]
+  assert len(searched) == len(curve)
+  for search, row in zip(searched, curve):
+    np.testing.assert_array_equal(search["queries"], curve_q)
+    assert search["options"]["leaves_to_search"] == row["leaves_searched"]
+    assert search["options"]["pre_reorder_num_neighbors"] == row["reorder_num_neighbors"]
+    assert row["recall_at_5"] == pytest.approx(
+        _recall_by_brute_force(search["found"], synthetic, curve_q), abs=1e-12)
   first = [r["recall_at_5"] for r in shipped_curve[:len(se.CURVE_FRACTIONS)]]
-  assert all(0.0 <= x <= 1.0 for x in first) and first[-1] >= first[0]
+  assert first[-1] >= first[0]
   assert [r["leaves_searched"] for r in c["authors"]["rows"]] == list(se.AUTHORS_SEARCHED)
   assert c["shipped"]["state_bytes_per_block"] > 0 and c["exact_ms_per_query_batched"] > 0
   result = dict(validate=v, curve=c, real=dict(blocks=3000, rows_read={},
@@ -220,6 +347,72 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path):
   assert text.count("| authors |") == 4 + len(se.AUTHORS_SEARCHED)
   assert "## Recall curves at one full-size shard (3,000 generated rows" in text
   assert "0.820 at x1.0, 0.780 at x1.1; interpolated: x1.050." in text
+
+
+@pytest.fixture
+def exact_builds(monkeypatch):
+  """build_recalls' ScaNN builds made brute force in float32: exact search, so every
+  recall@5 is 1 and a verdict turns on the score gap alone."""
+  from realm_tf.retrieval import scann_index  # noqa: PLC0415  as build_recalls imports it
+  build_scann = scann_index.build_scann
+  monkeypatch.setattr(scann_index, "build_scann", lambda vectors, params, **kwargs: build_scann(
+      vectors, se.dataclasses.replace(params, mode="brute_force", reorder_dtype="float32"),
+      **kwargs))
+
+
+def _validated_against_draws(work, drawn_by="generator.npz", num_queries=100,
+                            seed=0) -> dict:
+  """validate_step of the work directory's generator.npz against 'real' blocks and
+  questions drawn by the saved generator `drawn_by` as validate_step draws them (blocks at
+  `seed`, questions about them at seed + 1, at the rows question_split gives the
+  validation): by generator.npz itself, the very draws it is compared with."""
+  generator = se.EmbeddingGenerator.load(str(work / drawn_by))  # loaded, as validate_step
+  blocks, clusters = generator.blocks(1000, seed=seed)
+  asked, _ = generator.queries(blocks, clusters, num_queries, seed=seed + 1)
+  queries = np.zeros([2 * num_queries, blocks.shape[1]], np.float32)  # the rest unread
+  queries[se.question_split(len(queries), num_queries, seed)[0]] = asked
+  np.save(work / "blocks.npy", blocks)
+  np.save(work / "queries.npy", queries)
+  return se.validate_step(str(work), num_queries=num_queries, seed=seed, repeats=1)
+
+
+def test_a_generator_validated_against_its_own_draws_is_trusted(tmp_path,
+                                                                one_build_per_table):
+  """The real side is the synthetic side, table for table (each searched by the same
+  build: one build per table): every recall agrees to the last digit, the gap ratio is 1,
+  and the verdict is "trusted"."""
+  blocks, _, _ = _mixture(1000, seed=6)
+  generator = se.EmbeddingGenerator.fit(blocks, blocks[:150] + np.float32(0.2), clusters=4,
+                                        rank=2)
+  generator.save(str(tmp_path / "generator.npz"))
+  v = _validated_against_draws(tmp_path)
+  # One build a row, shared by both sides: the tables were the same.
+  assert len(one_build_per_table) == len(v["table"])
+  assert [r["difference"] for r in v["table"]] == [0.0] * len(v["table"])
+  assert v["gap_ratio"] == 1.0
+  assert v["recall_agrees"] and v["gap_agrees"]
+  assert v["verdict"] == "trusted"
+
+
+@pytest.mark.usefixtures("exact_builds")
+def test_a_generator_whose_questions_score_half_again_as_high_is_not_trusted(tmp_path):
+  """A fitted generator's own draws, validated by a copy whose questions are all 1.5 times
+  as long (scale and residual each x1.5), about the same blocks: searched exactly, every
+  recall is 1 on both sides and agrees, but every score, and so the median 5th-6th gap,
+  is 1.5 times the real one's, outside GAP_TOLERANCE: "not trusted"."""
+  blocks, _, _ = _mixture(1000, seed=6)
+  generator = se.EmbeddingGenerator.fit(blocks, blocks[:150] + np.float32(0.2), clusters=4,
+                                        rank=2)
+  generator.save(str(tmp_path / "fitted.npz"))
+  se.dataclasses.replace(generator, query_scales=generator.query_scales * np.float32(1.5),
+                         query_residuals=generator.query_residuals * np.float32(1.5)).save(
+                             str(tmp_path / "generator.npz"))
+  v = _validated_against_draws(tmp_path, drawn_by="fitted.npz")
+  assert [(r["real"], r["synthetic"]) for r in v["table"]] == [(1.0, 1.0)] * len(v["table"])
+  assert v["recall_agrees"]
+  assert v["gap_ratio"] == pytest.approx(1.5, rel=1e-4)
+  assert not v["gap_agrees"]
+  assert v["verdict"] == "not trusted"
 
 
 def test_the_released_block_emb_is_drawn_part_by_part_from_the_generator(tmp_path):
