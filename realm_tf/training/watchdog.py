@@ -30,6 +30,7 @@ its child (PR_SET_PDEATHSIG), so a peer sees the process gone.
 """
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -48,6 +49,9 @@ QUERY_SECONDS = 5.0  # a peer's watchdog that does not answer within this is nam
 HEARTBEAT_STALE_SECONDS = 10.0  # no heartbeat for this long: the interpreter is blocked
 STACKS_WAIT_SECONDS = 5.0
 POLL_SECONDS = 0.5
+# A status is a few hundred bytes: a peer that sends more is not sending one, and is not
+# read further.
+MAX_REPLY_BYTES = 1 << 16
 _KEY_PREFIX = "realm_tf/watchdog/"
 
 
@@ -111,17 +115,19 @@ def stop_line(role: str, cause: str, checkpoint_step, checkpoint_dir: str) -> st
 # ------------------------------------------------------------------------------ the verdict
 
 
-def judge(statuses: Mapping[str, Optional[dict]], addresses: Mapping[str, str]) -> list:
+def judge(statuses: Mapping[str, object], addresses: Mapping[str, str]) -> list:
   """Which processes stopped a stalled job, each as "task (address) <how>".
 
-  A process that is gone, stopped, not answering or whose interpreter is blocked is named
-  for that. If every process is alive, those whose input pipelines delivered fewer batches
-  than the others are starved (in lockstep every process has consumed the same batches;
-  one waiting in a collective already holds its next batch). If none is, all are named:
-  alive, fed, and stuck elsewhere.
+  A process that is gone, stopped, not answering (or answering with something that is no
+  status) or whose interpreter is blocked is named for that. If every process is alive,
+  those whose input pipelines delivered fewer batches than the others are starved (in
+  lockstep every process has consumed the same batches; one waiting in a collective
+  already holds its next batch). If none is, all are named: alive, fed, and stuck
+  elsewhere.
 
   Args:
-    statuses: {task: its watchdog's status, None if it did not answer}, this process
+    statuses: {task: its watchdog's status (a dict as `parse_status` returns it), None if
+      it did not answer, or a clause saying how its answer was no status}, this process
       included.
     addresses: {task: address in TF_CONFIG}.
 
@@ -133,6 +139,8 @@ def judge(statuses: Mapping[str, Optional[dict]], addresses: Mapping[str, str]) 
     who, status = f"{task} ({addresses.get(task, '?')})", statuses[task]
     if status is None:
       named.append(f"{who} does not answer (its host is down, frozen or cut off)")
+    elif isinstance(status, str):
+      named.append(f"{who} {status}")
     elif status.get("trainer") == "exited":
       named.append(f"{who} has exited ({status.get('exit')})")
     elif status.get("trainer") == "stopped":
@@ -156,21 +164,136 @@ def judge(statuses: Mapping[str, Optional[dict]], addresses: Mapping[str, str]) 
           for task in alive]
 
 
-def ask(address: str, timeout: float = QUERY_SECONDS) -> Optional[dict]:
-  """A watchdog's status at `address` (host:port), None if it does not answer in time."""
-  host, _, port = address.rpartition(":")
+# ------------------------------------------------------------------------ asking a peer
+
+
+class BadReply(ValueError):
+  """A peer's watchdog answered, but not with a status; the message says how, in one
+  clause for the verdict ("its reply is ...")."""
+
+
+def _shown(value, width: int = 40) -> str:
+  """`value` as one short line for a verdict (repr escapes line breaks)."""
+  text = repr(value)
+  return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def _is_number(value) -> bool:
+  # bool is an int to Python but never a number in a status; json.loads reads NaN and
+  # Infinity, which no age is.
+  return (isinstance(value, (int, float)) and not isinstance(value, bool)
+          and (isinstance(value, int) or math.isfinite(value)))
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+_JSON_TYPES = ((dict, "object"), (list, "array"), (str, "string"), (bool, "boolean"),
+               (int, "number"), (float, "number"), (type(None), "null"))
+# Each field of a status that `judge` (and the verdict it hands on) reads: (must it be
+# there, what it may be, what that is called in the verdict). Watchdog.status writes them.
+_STATUS_FIELDS = {
+    "trainer": (True, lambda v: v in ("running", "stopped", "exited"),
+                "one of 'running', 'stopped', 'exited'"),
+    "heartbeat_age": (True, lambda v: v is None or _is_number(v), "a number of seconds or null"),
+    "batches": (True, lambda v: _is_int(v) and v >= 0, "a count of batches"),
+    "exit": (False, lambda v: v is None or _is_int(v), "an exit code or null"),
+    "step": (False, lambda v: v is None or _is_int(v), "a step or null"),
+    "verdict": (False, lambda v: v is None or (isinstance(v, list) and all(
+        isinstance(line, str) and "\n" not in line and "\r" not in line for line in v)),
+                "a list of one-line strings or null"),
+}
+
+
+def parse_status(data: bytes) -> dict:
+  """A peer watchdog's reply, checked to be a status that `judge` can read.
+
+  Args:
+    data: the reply's bytes, everything the peer sent before it closed the connection.
+
+  Returns:
+    The status: a JSON object whose fields `judge` reads have the types Watchdog.status
+    gives them (other fields are left as they are).
+
+  Raises:
+    BadReply: the reply is empty, cut off, not UTF-8 JSON, not an object, lacks a field or
+      has one of the wrong type; its message says which, in one clause.
+  """
+  if not data:
+    raise BadReply("its reply is empty (the connection closed before any status was sent)")
+  if len(data) > MAX_REPLY_BYTES:
+    raise BadReply(f"its reply is longer than {MAX_REPLY_BYTES} bytes")
   try:
-    with socket.create_connection((host, int(port)), timeout=timeout) as connection:
-      connection.settimeout(timeout)
-      data = b""
-      while True:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise BadReply(f"its reply is not UTF-8 text ({e.reason} at byte {e.start}: "
+                   f"{_shown(data)})") from None
+  try:
+    status = json.loads(text)
+  except json.JSONDecodeError as e:
+    # The text ended inside a value (a string, or where more must follow): the rest never
+    # came. A string that ends early is reported at its start.
+    if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
+      raise BadReply(f"its reply is cut off after {len(data)} bytes ({e.msg})") from None
+    raise BadReply(f"its reply is not JSON ({e.msg} at character {e.pos}: "
+                   f"{_shown(text)})") from None
+  except (ValueError, RecursionError) as e:  # an integer of 4,300+ digits, deep nesting
+    raise BadReply(f"its reply is not JSON that can be read ({type(e).__name__}: "
+                   f"{_shown(str(e), 60)})") from None
+  if not isinstance(status, dict):
+    kind = next(name for t, name in _JSON_TYPES if isinstance(status, t))
+    raise BadReply(f"its reply is a JSON {kind}, not an object: {_shown(status)}")
+  for field, (required, valid, what) in _STATUS_FIELDS.items():
+    if field not in status:
+      if required:
+        raise BadReply(f"its reply has no {field!r}: {_shown(status, 60)}")
+    elif not valid(status[field]):
+      raise BadReply(f"its reply's {field!r} is {_shown(status[field])}, not {what}")
+  if status["trainer"] == "exited" and not _is_int(status.get("exit")):
+    raise BadReply(f"its reply says its trainer exited but gives no exit code: "
+                   f"{_shown(status.get('exit'))}")
+  return status
+
+
+def ask(address: str, timeout: float = QUERY_SECONDS) -> dict:
+  """A watchdog's status at `address` (host:port).
+
+  Args:
+    address: the peer watchdog's status address.
+    timeout: how long the whole answer may take.
+
+  Returns:
+    The status, as `parse_status` checks it.
+
+  Raises:
+    OSError: no answer (unreachable, refused, nothing within `timeout`, reset before any
+      byte).
+    BadReply: an answer that is no status, or that broke off part-way.
+    ValueError: `address` is not host:port.
+  """
+  host, _, port = address.rpartition(":")
+  if not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"its watchdog address {address!r} is not host:port")
+  deadline = time.monotonic() + timeout  # for the whole answer, not for each read
+  data = b""
+  with socket.create_connection((host, int(port)), timeout=timeout) as connection:
+    while len(data) <= MAX_REPLY_BYTES:  # past it, parse_status names the reply too long
+      try:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+          raise TimeoutError(f"no whole answer within {timeout:.0f}s")
+        connection.settimeout(remaining)
         chunk = connection.recv(65536)
-        if not chunk:
-          break
-        data += chunk
-    return json.loads(data.decode())
-  except (OSError, ValueError):
-    return None
+      except OSError as e:
+        if data:  # it answered, then reset or stalled part-way
+          raise BadReply(f"its reply broke off after {len(data)} bytes "
+                         f"({e.strerror or str(e) or type(e).__name__})") from None
+        raise
+      if not chunk:
+        break
+      data += chunk
+  return parse_status(data)
 
 
 def _process_state(pid: int) -> Optional[str]:
@@ -198,16 +321,35 @@ def _die_with_parent() -> None:
 class _StatusHandler(socketserver.StreamRequestHandler):
 
   def handle(self):
-    self.wfile.write(json.dumps(self.server.status()).encode())
+    try:
+      self.wfile.write(json.dumps(self.server.status()).encode())
+    except OSError:
+      pass  # the asker left before the answer: nothing to tell it
+    finally:
+      self.server.answered()
 
 
 class _StatusServer(socketserver.ThreadingTCPServer):
+  """Serves `status()` to every connection, and counts the connections answered."""
   daemon_threads = True
   allow_reuse_address = True
 
   def __init__(self, status: Callable[[], dict]):
     super().__init__(("", 0), _StatusHandler)
     self.status = status
+    self._answers = 0
+    self._answered = threading.Condition()
+
+  def answered(self) -> None:
+    with self._answered:
+      self._answers += 1
+      self._answered.notify_all()
+
+  def wait_answers(self, count: int, timeout: float) -> bool:
+    """Waits until `count` connections have been answered in all, at most `timeout`
+    seconds; whether they were."""
+    with self._answered:
+      return self._answered.wait_for(lambda: self._answers >= count, timeout)
 
 
 class Watchdog:
@@ -219,21 +361,26 @@ class Watchdog:
     exit_grace_seconds: how long a trainer that wrote its exit line may take to exit, and
       what the first train loop may take beyond the collective timeout.
     query_seconds: how long a peer's watchdog has to answer.
+    clock: what stalls and the exit grace are measured with (seconds, time.monotonic);
+      tests inject one that stands still until their stand-in trainers have stalled.
   """
 
   def __init__(self, command: Sequence[str], env: Mapping[str, str],
                exit_grace_seconds: float = EXIT_GRACE_SECONDS,
-               query_seconds: float = QUERY_SECONDS):
+               query_seconds: float = QUERY_SECONDS,
+               clock: Callable[[], float] = time.monotonic):
     self.task = this_task(env)
     if self.task is None:
       raise ValueError("the watchdog supervises a task of a multi-worker TF_CONFIG")
     self.exit_grace_seconds = exit_grace_seconds
     self.query_seconds = query_seconds
-    # After a verdict, the status (with the verdict) is served this long before exiting,
-    # so that a peer's watchdog that judges a moment later names the same culprit instead
-    # of one that "does not answer".
+    # After a verdict, the status (with the verdict) is served until every peer's watchdog
+    # has asked for it (each asks once, when it judges or its trainer ended), so that one
+    # judging later names the same culprit instead of one that "does not answer"; at most
+    # this long (a peer whose host is down never asks).
     self.linger_seconds = 2 * query_seconds
-    self.clock = time.monotonic
+    self._peers_to_ask = 0
+    self.clock = clock
     self.directory = tempfile.mkdtemp(prefix=f"realm-watchdog-{self.task.task_type}"
                                              f"{self.task.index}-")
     self._progress = None
@@ -316,8 +463,9 @@ class Watchdog:
   # ---------------------------------------------------------------------------- ending
 
   def _job_statuses(self, watch: dict, own: dict) -> tuple:
-    """({task: status, None if its watchdog did not answer}, {task: TF address}) of every
-    process of the job, this one's status being `own`."""
+    """({task: status, None if its watchdog did not answer, a clause if its answer was no
+    status}, {task: TF address}) of every process of the job (what `judge` reads), this
+    one's status being `own`."""
     statuses = self._peer_statuses(watch)
     statuses[self.task.name] = own
     addresses = {task: peer["address"] for task, peer in watch.get("peers", {}).items()}
@@ -328,7 +476,16 @@ class Watchdog:
     answers = {}
 
     def one(task, address):
-      answers[task] = ask(address, self.query_seconds) if address else None
+      # A peer that answers with something that is no status is named for that, as one
+      # that does not answer is (None): its status is unknown, so it may be the culprit.
+      try:
+        answers[task] = ask(address, self.query_seconds) if address else None
+      except BadReply as e:
+        answers[task] = f"does not answer properly: {e}"
+      except ValueError as e:  # its address (from the coordination service)
+        answers[task] = f"cannot be asked: {e}"
+      except OSError:
+        answers[task] = None
 
     threads = [threading.Thread(target=one, args=(task, peer.get("watchdog")), daemon=True)
                for task, peer in watch.get("peers", {}).items()]
@@ -386,9 +543,11 @@ class Watchdog:
     else:
       stacks = self._save_stacks()
     self._serve_and_freeze(own)
+    self._peers_to_ask = len(watch.get("peers", {}))
     statuses, addresses = self._job_statuses(watch, own)
     # A peer that judged first decides for the job: every line names the same culprit.
-    verdicts = [s["verdict"] for s in statuses.values() if s and s.get("verdict")]
+    verdicts = [s["verdict"] for s in statuses.values()
+                if isinstance(s, dict) and s.get("verdict")]
     self._verdict = verdicts[0] if verdicts else judge(statuses, addresses)
     beat = heartbeat.read(self.directory) or beat
     if not beat.get("reported"):  # else the trainer wrote its own line before it was frozen
@@ -450,7 +609,7 @@ class Watchdog:
         time.sleep(POLL_SECONDS)
     finally:
       if self._verdict is not None:
-        time.sleep(self.linger_seconds)
+        self.server.wait_answers(self._peers_to_ask, self.linger_seconds)
       if self._stacks_due:
         self._save_stacks()
       if self.child.poll() is None:
