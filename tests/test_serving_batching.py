@@ -1,16 +1,21 @@
 """serving.batching behind a running server: concurrent requests merged into one batch
-and split back, the queue bound, and a request dropped from the queue at its deadline."""
+and split back, the queue bound, and a request dropped from the queue at its deadline.
+What each test waits on is an event (a held model call, a queue's count), never the
+clock; RPC_TIMEOUT only bounds a hung request."""
 import threading
+from unittest import mock
 
 import grpc
 import numpy as np
 import tensorflow as tf
 
 from serving import config as config_lib
+from serving import prediction
+from serving.limits import Deadline
 from tests import serving_models
 from tests.serving_harness import (
-    DEADLINE, RPC_TIMEOUT, held_model_calls, in_flight, numeric_request, outputs_of,
-    predict_request, prediction_stub, rpc_error, running, server_config, wait_for)
+    RPC_TIMEOUT, held_model_calls, in_flight, numeric_request, outputs_of, predict_request,
+    prediction_stub, rpc_error, running, server_config, wait_for)
 
 
 
@@ -83,7 +88,25 @@ def test_batching_queue_bound_is_resource_exhausted(built, tmp_path):
     assert len(results) == 2
 
 
-def test_client_deadline_drops_a_request_still_queued_for_a_batch(built, tmp_path):
+class _PassesWhenAwaited(Deadline):
+  """A request's deadline that passes the moment the server starts waiting for the result,
+  the request then being in the batching queue: however long a loaded machine takes to get
+  it there (a 2 s client deadline could pass first, and the request be refused before it
+  is queued), it expires there, an event rather than a race with the clock."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.passed = False
+
+  def expired(self) -> bool:
+    return self.passed
+
+  def remaining(self) -> float:  # asked once the request is handed over, for the wait
+    self.passed = True
+    return 0.0
+
+
+def test_a_deadline_passing_drops_a_request_still_queued_for_a_batch(built, tmp_path):
   base = str(tmp_path / "slow")
   serving_models.publish(built["slow1"], base, 1)
   options = config_lib.BatchingOptions(max_batch_size=1, batch_timeout_micros=0,
@@ -95,12 +118,13 @@ def test_client_deadline_drops_a_request_still_queued_for_a_batch(built, tmp_pat
                                                          timeout=RPC_TIMEOUT))
     first.start()
     held.wait_started(1)  # the first request occupies the only batch thread
-    error = rpc_error(stub.Predict, predict_request("slow", x=x), timeout=DEADLINE)
-    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    with mock.patch.object(prediction, "Deadline", _PassesWhenAwaited):
+      error = rpc_error(stub.Predict, predict_request("slow", x=x))
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED, error.details()
     assert server.batcher.enqueued_batches == 1  # it reached the queue, and waits there
-    # The server gives the request up at its own copy of the deadline (its version's
-    # in-flight count drops); only then may the batch thread come to it.
-    wait_for(lambda: in_flight(server, "slow", 1) == 1, what="the server to drop it")
+    # The server gave the request up at its deadline before answering (its version's
+    # in-flight count dropped); only then may the batch thread come to it.
+    assert in_flight(server, "slow", 1) == 1
     held.release()
     first.join(RPC_TIMEOUT)
     stub.Predict(predict_request("slow", x=x), timeout=RPC_TIMEOUT)
