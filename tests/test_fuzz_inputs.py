@@ -6,6 +6,7 @@ none raises anything else, and no valid record mixed with the garbage is lost.
                    wikipedia_xml), and the Beam path: ReadRawRecords → ParseDocuments, with a
                    damaged .gz among the inputs
   questions        realm_tf.data.openqa_inputs.read_questions
+  peer replies     realm_tf.training.watchdog.parse_status: what a peer's watchdog answers
   server           serving.tensors (TensorProto decoding and signature checks), Predict over
                    gRPC and REST on a live in-process server (which must keep answering)
 
@@ -34,6 +35,7 @@ from realm_tf.corpus.records import SetAsideError
 from realm_tf.data.openqa_inputs import read_questions
 from realm_tf.pipelines.transforms.parse import SET_ASIDE, ParseDocuments
 from realm_tf.pipelines.transforms.read import ReadRawRecords
+from realm_tf.training import watchdog
 from serving import errors, tensors
 from tests import serving_harness, serving_models
 
@@ -43,7 +45,8 @@ pytestmark = pytest.mark.fuzz
 # 2-core development machine.
 EXAMPLES = dict(json_lines=2000, news=1000, wikipedia=1000, beam=8, questions=1000,
                 question_bytes=1000, tensor_protos=3000, request_bytes=2000,
-                signature_checks=2000, grpc_predict=1000, rest_predict=1000)
+                signature_checks=2000, grpc_predict=1000, rest_predict=1000,
+                peer_replies=2000)
 # `make test` runs each property at a fraction of its count (REALM_FUZZ_FRACTION=0.25 there:
 # 250 to 750 inputs each, still more than hypothesis' default of 100), so the whole suite
 # fits its time budget; `pytest -m fuzz` without it runs the full counts above.
@@ -335,6 +338,60 @@ def test_question_loader_on_arbitrary_bytes(tmp_path_factory, data):
     assert str(e).startswith(path + ":"), str(e)[:300]
   else:
     assert got and all(e.question and e.answers for e in got)
+
+
+# ---------------------------------------------------------------- watchdog: a peer's reply
+
+# A status as Watchdog.status serves it, and the same with one field replaced by any JSON
+# value or some fields left out.
+peer_status = st.fixed_dictionaries(dict(
+    task=st.sampled_from(["worker:1", "chief:0"]),
+    trainer=st.sampled_from(["running", "stopped"]), exit=st.none(),
+    heartbeat_age=st.one_of(st.none(), st.floats(0, 1e6)), batches=st.integers(0, 10**9),
+    step=st.one_of(st.none(), st.integers(-1, 10**9)), phase=st.sampled_from(["train", "host"]),
+    verdict=st.one_of(st.none(), st.lists(st.text(alphabet=st.characters(
+        blacklist_characters="\r\n", blacklist_categories=["Cs"]), max_size=30), max_size=2))))
+damaged_status = st.one_of(
+    st.tuples(peer_status, st.sampled_from(
+        ["trainer", "exit", "heartbeat_age", "batches", "step", "verdict"]), json_value).map(
+            lambda t: dict(t[0], **{t[1]: t[2]})),
+    st.tuples(peer_status, st.sets(st.sampled_from(["trainer", "heartbeat_age", "batches"]),
+                                   min_size=1)).map(
+        lambda t: {k: v for k, v in t[0].items() if k not in t[1]}))
+peer_reply = st.one_of(
+    peer_status.map(lambda s: ("whole", s, json.dumps(s).encode())),
+    st.tuples(peer_status, st.floats(0, 1, exclude_max=True)).map(  # closed part-way
+        lambda t: ("cut", t[0], json.dumps(t[0]).encode()[:int(t[1] * len(json.dumps(t[0])))])),
+    damaged_status.map(lambda s: ("any", s, json.dumps(s).encode())),
+    json_value.map(lambda v: ("any", v, json.dumps(v).encode())),
+    st.binary(max_size=300).map(lambda b: ("any", None, b)),
+    deep.map(lambda n: ("any", None, b"[" * n + b"]" * n)),
+    st.integers(5_000, 20_000).map(lambda n: ("any", None, b'{"batches": ' + b"7" * n + b"}")),
+)
+
+
+@fuzz("peer_replies")
+@given(peer_reply)
+def test_a_peer_reply_is_a_status_judge_reads_or_one_clause_naming_what_is_wrong(reply):
+  """Whatever a peer's watchdog sends: a status the verdict can be judged on (a whole one
+  read as sent), or BadReply with one line saying what is wrong (a reply cut part-way
+  always)."""
+  kind, sent, data = reply
+  try:
+    status = watchdog.parse_status(data)
+  except watchdog.BadReply as e:
+    assert kind != "whole", (data[:200], str(e))
+    clause = str(e)
+    assert clause.startswith("its reply") and len(clause) < 300, clause
+    assert "\n" not in clause and "\r" not in clause, clause
+    return
+  assert kind != "cut", data[:200]
+  if kind == "whole":
+    assert status == sent
+  own = dict(trainer="running", heartbeat_age=0.1, batches=3, step=2)
+  verdict = watchdog.judge({"worker:0": own, "worker:1": status}, {"worker:0": "h0:1"})
+  assert verdict and all("\n" not in line and "\r" not in line for line in verdict), verdict
+  assert all(isinstance(line, str) and "\n" not in line for line in status.get("verdict") or [])
 
 
 # ------------------------------------------------------------------------------ server: tensors
