@@ -8,7 +8,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pathlib  # noqa: E402
-import warnings  # noqa: E402
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -21,6 +20,7 @@ tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+TESTS_DIR = REPO / "tests"  # where SYSTEM_TIER's modules are
 # The serving modules' shared fixtures (built models, a QA server).
 pytest_plugins = ("tests.serving_harness",)
 
@@ -61,6 +61,12 @@ SYSTEM_TIER = {
     "test_tf_gcs.py": "TensorFlow's gs:// client against the emulator; make test: "
                       "test_storage_*.py",
     "test_storage_gcs_emulator.py": "the emulator itself; make test: test_storage_*.py",
+    "test_import_released.py::test_import_reads_and_writes_gs_paths":
+        "the released-model import with every input and output on gs://, in a process in "
+        "the GCS emulator's namespaces (the emulator started, TensorFlow loaded); make test: "
+        "the module's other tests, the same import on local disk "
+        "(test_import_writes_a_whole_run and the tower checks), and the storage protocols "
+        "on local disk and ram:// (test_storage_*.py)",
     "test_checkpoint_outages.py::test_a_gcs_outage_on_the_newest_checkpoint_is_waited_out_"
     "not_set_aside": "three trainer runs on the GCS emulator with 503s and stalls injected "
                      "(3-5 min); make test: the module's injected-error tests of "
@@ -92,7 +98,28 @@ SYSTEM_TIER = {
 # counts in `make test` (REALM_FUZZ_FRACTION) and at full counts in `make test-system`.
 
 
+def missing_modules(table: dict, tests_dir: pathlib.Path) -> list:
+  """The keys of `table` (SYSTEM_TIER) whose module file is not in `tests_dir`."""
+  return sorted(key for key in table if not (tests_dir / key.split("::")[0]).is_file())
+
+
+def undefined_tests(table: dict, module_name: str, module) -> list:
+  """The "module::test" keys of `table` for `module_name` that `module` (collected) does
+  not define, at its top level or in a class."""
+  classes = [c for c in vars(module).values() if isinstance(c, type)]
+  return sorted(key for key in table if key.startswith(module_name + "::")
+                and not any(hasattr(owner, key.split("::", 1)[1])
+                            for owner in [module, *classes]))
+
+
 def pytest_configure(config):
+  # A key that names no test would silently move that test to the other tier: each must
+  # name a module file (checked here, whatever this run collects) and, for a module this
+  # run collects, a test it defines (pytest_make_collect_report).
+  gone = missing_modules(SYSTEM_TIER, TESTS_DIR)
+  if gone:
+    raise pytest.UsageError(f"tests/conftest.py SYSTEM_TIER names test modules that do not "
+                            f"exist in tests/: {gone}")
   config.addinivalue_line(
       "markers", "fault: kills or stops (SIGKILL/SIGTERM/SIGSTOP) or corrupts processes and "
       "files on purpose; each is bounded by subprocess timeouts. Run them alone with "
@@ -108,15 +135,22 @@ def pytest_configure(config):
       "SYSTEM_TIER table names each one and says why.")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+  """A collected test module for which SYSTEM_TIER names a test it does not define is a
+  collection error: the run fails, here and under xdist (whose workers collect). A module
+  this run does not collect (one file run alone) is not looked at."""
+  report = yield
+  if isinstance(collector, pytest.Module) and report.passed:
+    unknown = undefined_tests(SYSTEM_TIER, collector.path.name, collector.obj)
+    if unknown:
+      report.outcome = "failed"
+      report.longrepr = (f"tests/conftest.py SYSTEM_TIER names tests that "
+                         f"{collector.path.name} does not define: {unknown}")
+  return report
+
+
 def pytest_collection_modifyitems(config, items):
-  collected = {item.path.name for item in items}
-  names = {f"{item.path.name}::{item.originalname}" for item in items}
-  unknown = sorted(key for key in SYSTEM_TIER  # a renamed test would silently change tier
-                   if not (REPO / "tests" / key.split("::")[0]).is_file()
-                   or ("::" in key and key.split("::")[0] in collected and key not in names))
-  if unknown:
-    warnings.warn(pytest.PytestConfigWarning(
-        f"tests/conftest.py SYSTEM_TIER names tests that do not exist: {unknown}"))
   for item in items:
     if (item.path.name in SYSTEM_TIER
         or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
