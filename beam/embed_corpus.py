@@ -3,7 +3,8 @@
     python -m beam.embed_corpus --blocks corpus/ --encoder model_dir/export/block_encoder \\
         --output_dir index/ --num_shards 8 [--version V] [--batch_size 64] \\
         [--scann_overrides '{"num_leaves_to_search": 100}'] [--embedding_dtype float16] \\
-        [--no_scann] [--large_model] [--model_copies N] [runner options, e.g. --runner
+        [--no_scann] [--large_model] [--model_copies N] [--unpublished_blocks]
+        [runner options, e.g. --runner
         DataflowRunner --project P --region R --temp_location gs://... --setup_file ./setup.py]
 
 Flags this module does not know go untouched to Beam's PipelineOptions.
@@ -23,7 +24,12 @@ def parse_args(argv: Sequence[str]):
   parser = argparse.ArgumentParser(prog="python -m beam.embed_corpus", allow_abbrev=False,
                                    description=__doc__.split("\n")[0])
   parser.add_argument("--blocks", required=True,
-                      help="corpus pipeline output directory (its blocks-* TFRecords)")
+                      help="corpus pipeline output directory (its blocks-* TFRecords), "
+                           "or a blocks file pattern inside one; read through its "
+                           "manifest.json")
+  parser.add_argument("--unpublished_blocks", action="store_true",
+                      help="--blocks names TFRecords made by another tool (no "
+                           "manifest.json): read what the pattern matches, unchecked")
   parser.add_argument("--encoder", required=True,
                       help="a committed block-encoder export, or a directory of them "
                            "(the newest is used)")
@@ -56,7 +62,8 @@ def parse_args(argv: Sequence[str]):
       num_shards=args.num_shards, version=args.version, batch_size=args.batch_size,
       build_scann=not args.no_scann, scann_overrides=overrides,
       embedding_dtype=args.embedding_dtype, keep_versions=args.keep_versions,
-      large_model=args.large_model, model_copies=args.model_copies)
+      large_model=args.large_model, model_copies=args.model_copies,
+      unpublished_blocks=args.unpublished_blocks)
   try:
     config.validate()
   except ValueError as e:

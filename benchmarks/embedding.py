@@ -63,6 +63,7 @@ import tensorflow as tf
 from benchmarks import common, harness, serving
 from benchmarks.paper_scale import PAPER_CONFIGS
 from realm_tf.configs import experiments, load_config
+from realm_tf.corpus import published
 from realm_tf.data.block_store import BlockStore
 from realm_tf.data.files import files
 from realm_tf.modeling import factory
@@ -109,13 +110,11 @@ def parse_args(argv=None):
 # --- the two paths ----------------------------------------------------------------------
 
 def write_subset(pattern: str, num: int, directory: str) -> str:
-  """The first `num` records of the block files (as stored, not re-serialised) as one
-  blocks file in `directory`; returns `directory`."""
-  os.makedirs(directory, exist_ok=True)
-  path = os.path.join(directory, "blocks-00000-of-00001.tfrecord")
-  with tf.io.TFRecordWriter(path) as writer:
-    for record in tf.data.TFRecordDataset(files(pattern)).take(num):
-      writer.write(record.numpy())
+  """The first `num` records of the block files (as stored, not re-serialised) published
+  as one blocks file in `directory`; returns `directory`."""
+  records = (r.numpy() for r in tf.data.TFRecordDataset(files(pattern)).take(num))
+  published.publish_records(directory, dict(blocks=(records, None)),
+                            dict(kind="benchmark_subset", source=pattern), overwrite=True)
   return directory
 
 

@@ -126,7 +126,7 @@ def held_out(doc_uid: bytes) -> bool:
 
 
 def split_sentences(sources: list[str], out_dir: str, heldout_sentences: int) -> dict:
-  """pretraining-* of `sources` → train.tfrecord and heldout.tfrecord, split by document
+  """pretraining-* of `sources` → train/ and heldout/ (published), split by document
   (a held-out document's sentences are never trained on); the held-out file keeps its
   first `heldout_sentences` sentences that have a salient span. Done once per `out_dir`
   (harness.cached)."""
@@ -136,29 +136,31 @@ def split_sentences(sources: list[str], out_dir: str, heldout_sentences: int) ->
 
 
 def _write_split(sources: list[str], out_dir: str, heldout_sentences: int) -> dict:
-  from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
+  from realm_tf.corpus import published, schema  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import files as data_files  # pylint: disable=g-import-not-at-top
   counts = dict(train=0, heldout=0, heldout_documents=0, skipped_unsalient_heldout=0)
   docs = set()
-  paths = {f"{k}_file": os.path.join(out_dir, f"{k}.tfrecord") for k in ("train", "heldout")}
-  with tf.io.TFRecordWriter(paths["train_file"] + ".tmp") as train, \
-      tf.io.TFRecordWriter(paths["heldout_file"] + ".tmp") as heldout:
-    for source in sources:
-      files = sorted(tf.io.gfile.glob(os.path.join(source, "pretraining-*")))
-      for record in tf.data.TFRecordDataset(files):
-        parsed = schema.PRETRAINING.parse(record)
-        uid = parsed["doc_uid"].numpy()
-        if not held_out(uid):
-          train.write(record.numpy())
-          counts["train"] += 1
-        elif counts["heldout"] < heldout_sentences:
-          if not len(parsed["salient_span_starts"].numpy()):
-            counts["skipped_unsalient_heldout"] += 1
-            continue
-          heldout.write(record.numpy())
-          counts["heldout"] += 1
-          docs.add(uid)
-  for path in paths.values():
-    os.replace(path + ".tmp", path)
+  split = dict(train=[], heldout=[])
+  for source in sources:
+    for record in tf.data.TFRecordDataset(data_files.files(os.path.join(source,
+                                                                        "pretraining-*"))):
+      parsed = schema.PRETRAINING.parse(record)
+      uid = parsed["doc_uid"].numpy()
+      if not held_out(uid):
+        split["train"].append(record.numpy())
+        counts["train"] += 1
+      elif counts["heldout"] < heldout_sentences:
+        if not len(parsed["salient_span_starts"].numpy()):
+          counts["skipped_unsalient_heldout"] += 1
+          continue
+        split["heldout"].append(record.numpy())
+        counts["heldout"] += 1
+        docs.add(uid)
+  paths = {}
+  for name, records in split.items():  # each a published output, as the trainer reads them
+    published.publish_records(os.path.join(out_dir, name), dict(pretraining=(records, None)),
+                              dict(kind="benchmark_split", sources=sources), overwrite=True)
+    paths[f"{name}_file"] = os.path.join(out_dir, name, "pretraining-*")
   counts["heldout_documents"] = len(docs)
   return dict(counts, **paths)
 
@@ -168,9 +170,10 @@ def check_exclusion(z_dir: str, wiki_x_dir: str):
   retrievals" would exclude nothing (ids are content hashes: the same block, same id)."""
   from realm_tf.corpus import schema  # pylint: disable=g-import-not-at-top
   from realm_tf.data import block_store  # pylint: disable=g-import-not-at-top
+  from realm_tf.data import files as data_files  # pylint: disable=g-import-not-at-top
   z = set(np.asarray(block_store.BlockStore.from_tfrecords(
       block_store.blocks_pattern(z_dir)).block_ids).tolist())
-  files = sorted(tf.io.gfile.glob(os.path.join(wiki_x_dir, "pretraining-*")))
+  files = data_files.files(os.path.join(wiki_x_dir, "pretraining-*"))
   ids = [int(schema.PRETRAINING.parse(r)["block_id"]) for r in tf.data.TFRecordDataset(files)]
   missing = sum(i not in z for i in ids)
   if missing:

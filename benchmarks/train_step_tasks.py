@@ -27,7 +27,7 @@ from benchmarks.common import compute_limits, encoder_flops
 from benchmarks.harness import REPO, SHARED_DATA, machine
 from realm_tf import tasks
 from realm_tf.configs import load_config
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.modeling.networks import build_encoder
 
 TASK_TARGET = 0.15
@@ -70,16 +70,12 @@ def write_inputs(directory: str, num_blocks: int) -> dict:
                               answer=[words[start + 1] if len(words) > start + 1 else "x"]))
       if len(blocks) >= num_blocks:
         break
-  os.makedirs(directory, exist_ok=True)
-  for name, rows, record_schema in (("blocks", blocks, schema.BLOCK),
-                                    ("pretraining", pretraining, schema.PRETRAINING),
-                                    ("ict", ict, schema.ICT)):
-    with tf.io.TFRecordWriter(os.path.join(directory, f"{name}-00000-of-00001")) as w:
-      for row in rows:
-        w.write(record_schema.serialize(row))
-  with open(os.path.join(directory, "questions.jsonl"), "w") as f:
-    for q in questions:
-      f.write(json.dumps(q) + "\n")
+  published.publish_records(
+      directory, dict(blocks=(blocks, schema.BLOCK),
+                      pretraining=(pretraining, schema.PRETRAINING), ict=(ict, schema.ICT)),
+      dict(kind="benchmark_corpus"),
+      texts={"questions.jsonl": "".join(json.dumps(q) + "\n" for q in questions)},
+      overwrite=True)
   return dict(blocks=len(blocks))
 
 

@@ -32,6 +32,15 @@ pytest_plugins = ("tests.serving_harness",)
 # there and which test in `make test` covers the same code path at a small size. This
 # table is the one place a test's tier is decided (README's "Tests" points here).
 SYSTEM_TIER = {
+    # Readers refuse what a killed writer left (tests/test_published_inputs.py).
+    "test_published_inputs.py::test_what_killed_preprocess_jobs_leave_is_refused_by_every_"
+    "command": "beam.preprocess killed while it writes and while an --overwrite re-run "
+               "deletes, then the four readers' command lines (train, embed_corpus, index "
+               "builder, evaluate) as processes (90 s); make test: the module's in-process "
+               "tests of every reader and of embed_corpus's exit 2",
+    "test_published_inputs.py::test_what_killed_writers_leave_on_gcs_is_refused_by_every_"
+    "command": "the same on the GCS emulator's namespace (2 min); make test: the module's "
+               "in-process tests, on local disk and ram://",
     # End to end.
     "test_demo.py": "`python -m realm_tf.demo` end to end: ~20 child processes, each loading "
                     "TensorFlow (10 min); make test: test_demo_stages.py wires every default "

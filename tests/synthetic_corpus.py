@@ -4,12 +4,10 @@ Facts are invented ("the capital of Veloria is Talmont") so that a model can onl
 a masked name by retrieving the block that states it.
 """
 import hashlib
-import os
 import random
 
-import tensorflow as tf
 
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 
 _COUNTRIES = ["Veloria", "Quessa", "Drantor", "Miravel", "Ostheim", "Calbria", "Tessaly",
               "Norwend", "Pallora", "Zeverin", "Aruvel", "Brisca"]
@@ -23,8 +21,9 @@ def _uid(title, text):
   return hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()
 
 
-def write_corpus(directory: str, seed: int = 0) -> dict:
-  """blocks-*, pretraining-*, ict-* TFRecords; returns counts and the doc uids."""
+def write_corpus(directory: str, seed: int = 0, num_shards: int = 1) -> dict:
+  """blocks-*, pretraining-*, ict-* TFRecords, `num_shards` files each (row i in file
+  i mod num_shards); returns counts and the doc uids."""
   rng = random.Random(seed)
   blocks, pretraining, ict = [], [], []
   for i, country in enumerate(_COUNTRIES):
@@ -54,12 +53,12 @@ def write_corpus(directory: str, seed: int = 0) -> dict:
       evidence = " ".join(s for s in sentences if not (removed and s == sentence))
       ict.append(dict(query=sentence, query_removed=int(removed), block_id=block_id,
                       doc_uid=uid, title=title, text=evidence))
-  os.makedirs(directory, exist_ok=True)
-  for name, rows, record_schema in (("blocks", blocks, schema.BLOCK),
-                                    ("pretraining", pretraining, schema.PRETRAINING),
-                                    ("ict", ict, schema.ICT)):
-    with tf.io.TFRecordWriter(os.path.join(directory, f"{name}-00000-of-00001.tfrecord")) as w:
-      for row in rows:
-        w.write(record_schema.serialize(row))
+  # Published as beam.preprocess publishes a corpus (manifest.json last): every reader
+  # opens a corpus through its manifest.
+  published.publish_records(directory, dict(blocks=(blocks, schema.BLOCK),
+                                            pretraining=(pretraining, schema.PRETRAINING),
+                                            ict=(ict, schema.ICT)),
+                            dict(kind="synthetic_corpus", seed=seed), overwrite=True,
+                            num_shards=num_shards)
   return dict(blocks=len(blocks), pretraining=len(pretraining), ict=len(ict),
               doc_uids={b["block_id"]: b["doc_uid"] for b in blocks})

@@ -163,13 +163,11 @@ def test_embeddings_stream_from_shards_in_any_order_into_row_blocks(
 
 def test_ensure_store_builds_once_from_the_corpus_and_reuses_it(store, tmp_path):
   corpus = str(tmp_path / "corpus")
-  os.makedirs(corpus)
-  from realm_tf.corpus import schema
-  with tf.io.TFRecordWriter(os.path.join(corpus, "blocks-00000-of-00001.tfrecord")) as w:
-    for i in range(len(store)):
-      w.write(schema.BLOCK.serialize(dict(
-          block_id=int(store.block_ids[i]), doc_uid=str(store.doc_uids[i]),
-          title=store.title_strings[i], text=store.text_strings[i])))
+  from realm_tf.corpus import published, schema
+  published.publish_records(corpus, dict(blocks=([dict(
+      block_id=int(store.block_ids[i]), doc_uid=str(store.doc_uids[i]),
+      title=store.title_strings[i], text=store.text_strings[i])
+      for i in range(len(store))], schema.BLOCK)))
   config = experiments.experiment_config(experiments.OPENQA).replace(
       index=dict(blocks=corpus))
   run = str(tmp_path / "run")

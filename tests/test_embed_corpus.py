@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from beam import embed_corpus
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder, export_encoder, load_encoder
 from realm_tf.modeling import factory
 from realm_tf.retrieval import list_exports, load_searcher
@@ -34,10 +34,7 @@ def blocks_dir(tmp_path_factory):
   path = tmp_path_factory.mktemp("corpus")
   rows = [dict(block_id=1000 + 37 * i, doc_uid=f"doc{i // 3}", title=f"Topic {i % 8}",
                text=f"A passage about {TOPICS[i % 8]}, number {i}.") for i in range(60)]
-  for shard in range(2):
-    with tf.io.TFRecordWriter(str(path / f"blocks-{shard:05d}-of-00002.tfrecord")) as w:
-      for row in rows[shard::2]:
-        w.write(schema.BLOCK.serialize(row))
+  published.publish_records(str(path), dict(blocks=(rows, schema.BLOCK)), num_shards=2)
   return path, rows
 
 

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.export import exporter
 from realm_tf.io import versioned
 from realm_tf.retrieval import scann_index
@@ -33,15 +33,14 @@ _WORDS = ("river", "capital", "league", "harbour", "mountain", "poet", "bridge",
 def _write_blocks(directory: str) -> np.ndarray:
   """NUM_BLOCKS invented blocks in NUM_TOPICS topics; their ids, ascending."""
   rng = np.random.default_rng(3)
-  os.makedirs(directory)
   ids = np.sort(rng.choice(1 << 40, size=NUM_BLOCKS, replace=False)).astype(np.int64)
-  with tf.io.TFRecordWriter(os.path.join(directory, "blocks-00000-of-00001.tfrecord")) as w:
-    for i, block_id in enumerate(ids):
-      topic = i % NUM_TOPICS
-      words = " ".join(rng.choice(_WORDS, size=12))
-      w.write(schema.BLOCK.serialize(dict(
-          block_id=int(block_id), doc_uid=f"doc{topic}", title=f"Topic {topic}",
-          text=f"The {words} of topic {topic} is number {i}.")))
+  rows = []
+  for i, block_id in enumerate(ids):
+    topic = i % NUM_TOPICS
+    words = " ".join(rng.choice(_WORDS, size=12))
+    rows.append(dict(block_id=int(block_id), doc_uid=f"doc{topic}", title=f"Topic {topic}",
+                     text=f"The {words} of topic {topic} is number {i}."))
+  published.publish_records(directory, dict(blocks=(rows, schema.BLOCK)))
   return ids
 
 

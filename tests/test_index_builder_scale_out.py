@@ -25,9 +25,8 @@ import time
 import uuid
 
 import pytest
-import tensorflow as tf
 
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.io import layout, storage, versioned
 from realm_tf.retrieval import encoders
 from tests.test_storage_publishers import _HashEncoder
@@ -212,12 +211,9 @@ def test_garbage_collection_drops_claims_of_versions_it_no_longer_keeps(tmp_path
 def model_dir(tmp_path, repo_dir):
   """A run's model_dir (tiny config's params.yaml, no snapshot yet) and a 20-block corpus."""
   blocks = tmp_path / "corpus"
-  blocks.mkdir()
-  for shard in range(2):
-    with tf.io.TFRecordWriter(str(blocks / f"blocks-{shard:05d}-of-00002.tfrecord")) as w:
-      for i in range(shard, 20, 2):
-        w.write(schema.BLOCK.serialize(dict(block_id=100 + i, doc_uid=f"d{i}",
-                                            title=f"T{i}", text=f"text {i}")))
+  published.publish_records(str(blocks), dict(blocks=([
+      dict(block_id=100 + i, doc_uid=f"d{i}", title=f"T{i}", text=f"text {i}")
+      for i in range(20)], schema.BLOCK)), num_shards=2)
   run = tmp_path / "run"
   run.mkdir()
   params = (repo_dir / "configs" / "tiny.yaml").read_text()

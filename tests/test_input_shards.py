@@ -8,6 +8,8 @@ import tensorflow as tf
 from realm_tf.data import files, pretraining_inputs
 
 
+# These tests are about sharding files between pipelines, not about publication: the files
+# are written raw, and read as files made by another tool (unpublished=True).
 def _write(directory, name, values):
   path = os.path.join(directory, name)
   with tf.io.TFRecordWriter(path) as w:
@@ -25,12 +27,15 @@ def test_each_pipeline_reads_its_own_files(tmp_path):
   b = _write(str(tmp_path), "x-00001-of-00002", ["b0", "b1", "b2"])
   pattern = str(tmp_path / "x-*")
   # One pipeline: the files interleaved record by record.
-  assert _records(files.pipeline_records(pattern)) == ["a0", "b0", "a1", "b1", "a2", "b2"]
-  shares = [_records(files.pipeline_records(pattern, tf.distribute.InputContext(2, i, 2)))
+  assert (_records(files.pipeline_records(pattern, unpublished=True))
+          == ["a0", "b0", "a1", "b1", "a2", "b2"])
+  shares = [_records(files.pipeline_records(pattern, tf.distribute.InputContext(2, i, 2),
+                                            unpublished=True))
             for i in range(2)]
   assert shares == [["a0", "a1", "a2"], ["b0", "b1", "b2"]]
   # Fewer files than pipelines: every pipeline reads all, keeping every n-th record.
-  shares = [_records(files.pipeline_records(a, tf.distribute.InputContext(2, i, 2)))
+  shares = [_records(files.pipeline_records(a, tf.distribute.InputContext(2, i, 2),
+                                            unpublished=True))
             for i in range(2)]
   assert shares == [["a0", "a2"], ["a1"]]
   del b
@@ -40,8 +45,9 @@ def test_global_batches_are_the_same_sets_on_one_or_two_pipelines(tmp_path):
   _write(str(tmp_path), "x-00000-of-00002", [f"a{i}" for i in range(8)])
   _write(str(tmp_path), "x-00001-of-00002", [f"b{i}" for i in range(8)])
   pattern = str(tmp_path / "x-*")
-  one = _records(files.pipeline_records(pattern))
-  two = [_records(files.pipeline_records(pattern, tf.distribute.InputContext(2, i, 2)))
+  one = _records(files.pipeline_records(pattern, unpublished=True))
+  two = [_records(files.pipeline_records(pattern, tf.distribute.InputContext(2, i, 2),
+                                            unpublished=True))
          for i in range(2)]
   per_replica = 2
   for step in range(4):

@@ -10,7 +10,7 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf.configs.experiment import ConfigValueError
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.data import pretraining_inputs
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
@@ -20,15 +20,17 @@ def _config(repo_dir, corpus, *overrides, **named):
   return tf_.tiny_config(repo_dir, corpus, "pretrain", "", *overrides, **named)
 
 
-def _write_sentences(path, rows):
-  with tf.io.TFRecordWriter(path) as writer:
-    for text, spans in rows:
-      starts = [text.encode().index(s.encode()) for s in spans]
-      writer.write(schema.PRETRAINING.serialize(dict(
-          text=text, block_id=7, doc_uid="d", salient_span_starts=starts,
-          salient_span_ends=[a + len(s.encode()) for a, s in zip(starts, spans)],
-          salient_span_labels=["LOC"] * len(spans))))
-  return path
+def _write_sentences(directory, rows):
+  """The sentences published as pre-training examples; returns their file pattern."""
+  records = []
+  for text, spans in rows:
+    starts = [text.encode().index(s.encode()) for s in spans]
+    records.append(dict(
+        text=text, block_id=7, doc_uid="d", salient_span_starts=starts,
+        salient_span_ends=[a + len(s.encode()) for a, s in zip(starts, spans)],
+        salient_span_labels=["LOC"] * len(spans)))
+  published.publish_records(directory, dict(pretraining=(records, schema.PRETRAINING)))
+  return os.path.join(directory, "pretraining-*")
 
 
 def test_sentences_without_a_salient_span_are_skipped_unless_asked(tmp_path, tokenizer):
@@ -36,7 +38,7 @@ def test_sentences_without_a_salient_span_are_skipped_unless_asked(tmp_path, tok
           ("It rained all week long there.", []),
           ("The river Amsel flows through Ruvik.", ["Amsel"]),
           ("Nobody knows why.", [])]
-  path = _write_sentences(str(tmp_path / "x.tfrecord"), rows)
+  path = _write_sentences(str(tmp_path / "x"), rows)
 
   def masked_texts(skip, mode="salient_spans"):
     data = pretraining_inputs.masked_query_dataset(

@@ -18,10 +18,9 @@ pytest.importorskip("google.cloud.storage")
 pytest.importorskip("apache_beam.io.gcp.gcsio")
 
 import google_crc32c  # noqa: E402
-import tensorflow as tf  # noqa: E402
 from apache_beam.io.filesystems import FileSystems  # noqa: E402
 
-from realm_tf.corpus import schema  # noqa: E402
+from realm_tf.corpus import published, schema  # noqa: E402
 from realm_tf.retrieval import encoders  # noqa: E402
 from realm_tf.io import versioned  # noqa: E402
 from realm_tf.pipelines import embed, preprocess  # noqa: E402
@@ -127,14 +126,13 @@ def test_preprocess_on_gcs_accepts_a_tagger_prefix_and_rejects_a_missing_one(emu
 
 def test_embedding_pipeline_reads_blocks_from_gcs(emulator, tmp_path):
   """Blocks on gs:// (read by Beam on the workers), encoder and index on ram:// (TF)."""
-  for shard in range(3):
-    local = str(tmp_path / f"blocks-{shard}.tfrecord")
-    with tf.io.TFRecordWriter(local) as writer:
-      for i in range(shard, 30, 3):
-        writer.write(schema.BLOCK.serialize(dict(block_id=i, doc_uid=f"d{i}", title=f"T{i}",
-                                                 text=f"block {i}")))
-    with open(local, "rb") as f:
-      _put(f"{emulator}/corpus3/blocks-{shard:05d}-of-00003.tfrecord", f.read())
+  local = str(tmp_path / "corpus3")
+  published.publish_records(local, dict(blocks=([
+      dict(block_id=i, doc_uid=f"d{i}", title=f"T{i}", text=f"block {i}") for i in range(30)],
+      schema.BLOCK)), num_shards=3)
+  for name in sorted(os.listdir(local), key=lambda n: n == versioned.MANIFEST):  # manifest last
+    with open(os.path.join(local, name), "rb") as f:
+      _put(f"{emulator}/corpus3/{name}", f.read())
   ram = f"ram://gcs-embed-{uuid.uuid4().hex}"
   encoders.export_encoder(_HashEncoder(), f"{ram}/block_encoder", step=3)
   path = embed.embed_corpus(embed.EmbedConfig(

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.retrieval import encoders
 from realm_tf.io import storage, versioned
 from realm_tf.pipelines import embed, index_builder
@@ -109,11 +109,9 @@ def test_tagger_export_on_ram_publishes_committed_versions(ram_root):
 def blocks_dir(tmp_path):
   rows = [dict(block_id=100 + i, doc_uid=f"d{i}", title=f"T{i}", text=f"text {i}")
           for i in range(20)]
-  for shard in range(2):
-    with tf.io.TFRecordWriter(str(tmp_path / f"blocks-{shard:05d}-of-00002.tfrecord")) as w:
-      for row in rows[shard::2]:
-        w.write(schema.BLOCK.serialize(row))
-  return str(tmp_path), rows
+  published.publish_records(str(tmp_path / "corpus"), dict(blocks=(rows, schema.BLOCK)),
+                            num_shards=2)
+  return str(tmp_path / "corpus"), rows
 
 
 def test_index_builder_step_embeds_a_ram_snapshot_into_a_ram_index(ram_root, blocks_dir):
@@ -142,10 +140,16 @@ def test_a_failed_embedding_job_leaves_no_version_and_no_directory(ram_root, tmp
   encoder_root = os.path.join(ram_root, "block_encoder")
   encoders.export_encoder(_HashEncoder(), encoder_root, step=5)
   index_dir = os.path.join(ram_root, "index")
-  with pytest.raises(Exception, match="Empty match"):
-    embed.embed_corpus(embed.EmbedConfig(blocks=str(tmp_path / "none-*"),
-                                         encoder=encoder_root, output_dir=index_dir,
-                                         build_scann=False))
+  # A published corpus whose one blocks file is not TFRecords: the job fails on a worker,
+  # after the launcher has made the version's directory.
+  corpus = str(tmp_path / "corpus")
+  with versioned.OutputWriter(corpus) as writer:
+    storage.write_bytes_atomic(os.path.join(corpus, "blocks-00000-of-00001.tfrecord"),
+                               b"not a TFRecord file" * 10)
+    writer.commit({})
+  with pytest.raises(Exception, match="Not a valid TFRecord"):
+    embed.embed_corpus(embed.EmbedConfig(blocks=corpus, encoder=encoder_root,
+                                         output_dir=index_dir, build_scann=False))
   assert versioned.list_versions(index_dir) == []
   assert not storage.list_files(index_dir)
 

@@ -236,8 +236,12 @@ class IndexConfig(base_config.Config):
       and no TPU for the step). `realm_tf.evaluate` and `realm_tf.export` always read
       blocks this way (building the store from `blocks` once when this is ''); training
       reads tables unless it is set.
+    unpublished_blocks: `blocks` are TFRecords made by another tool, not a published
+      output (see DataConfig.unpublished_input): read unchecked by the trainer, the index
+      builder and evaluation. Off by default.
   """
   blocks: str = ""
+  unpublished_blocks: bool = False
   text_store: str = ""
   backend: str = "exact"
   num_shards: int = 1
@@ -262,8 +266,13 @@ class DataConfig(cfg.DataConfig):
 
   Attributes:
     max_examples: read at most this many records (questions for Open-QA); 0: all.
+    unpublished_input: input_path names TFRecords made by another tool, not a published
+      output of realm_tf (a `beam.preprocess` corpus, whose manifest.json every reader
+      checks): read what the patterns match, unchecked. Off by default: a corpus whose
+      writer died half-way must not be trained on as if complete.
   """
   max_examples: int = 0
+  unpublished_input: bool = False
 
 
 @dataclasses.dataclass

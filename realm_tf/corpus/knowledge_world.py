@@ -34,7 +34,7 @@ from typing import Dict, List, Sequence
 
 import tensorflow as tf
 
-from realm_tf.corpus import schema
+from realm_tf.corpus import published, schema
 from realm_tf.pretrained.minilm import minilm_vocab_file
 
 _ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br",
@@ -302,25 +302,21 @@ def write_files(directory: str, world: dict) -> dict:
     rest = " ".join(s for s in sentences if s != query) or block["text"]
     ict.append(dict(query=query, query_removed=1, block_id=block["block_id"],
                     doc_uid=block["doc_uid"], title=block["title"], text=rest))
-  tf.io.gfile.makedirs(directory)  # gs:// as well as local disk
-  files = dict(blocks=(world["blocks"], schema.BLOCK),
-               pretraining=([_pretraining_record(r) for r in world["x"]], schema.PRETRAINING),
-               heldout=([_pretraining_record(r) for r in world["held_out"]],
-                        schema.PRETRAINING),
-               ict=(ict, schema.ICT))
-  patterns = {}
-  for name, (rows, record_schema) in files.items():
-    path = os.path.join(directory, f"{name}-00000-of-00001.tfrecord")
-    with tf.io.TFRecordWriter(path) as writer:
-      for row in rows:
-        writer.write(record_schema.serialize(row))
-    patterns[name] = os.path.join(directory, f"{name}-*")
+  outputs = dict(blocks=(world["blocks"], schema.BLOCK),
+                 pretraining=([_pretraining_record(r) for r in world["x"]],
+                              schema.PRETRAINING),
+                 heldout=([_pretraining_record(r) for r in world["held_out"]],
+                          schema.PRETRAINING),
+                 ict=(ict, schema.ICT))
+  patterns = {name: os.path.join(directory, f"{name}-*") for name in outputs}
+  texts = {}
   for name, held_out in (("train", False), ("heldout", True)):
-    path = os.path.join(directory, f"questions-{name}.jsonl")
-    with tf.io.gfile.GFile(path, "w") as f:
-      f.write("".join(json.dumps(q) + "\n" for q in questions(world, held_out)))
-    patterns[f"questions_{name}"] = path
+    texts[f"questions-{name}.jsonl"] = "".join(
+        json.dumps(q) + "\n" for q in questions(world, held_out))
+    patterns[f"questions_{name}"] = os.path.join(directory, f"questions-{name}.jsonl")
   world["files"] = patterns
-  with tf.io.gfile.GFile(os.path.join(directory, "world.json"), "w") as f:
-    json.dump(world, f, indent=1)
+  texts["world.json"] = json.dumps(world, indent=1)
+  # Published as the corpus pipeline publishes (manifest.json last): readers open a
+  # corpus only through its manifest (gs:// as well as local disk).
+  published.publish_records(directory, outputs, dict(kind="knowledge_world"), texts)
   return world

@@ -51,8 +51,23 @@ class BlockStore:
     return _decoded(self.texts)
 
   @classmethod
-  def from_tfrecords(cls, file_pattern: str) -> "BlockStore":
-    dataset = tf.data.TFRecordDataset(files(file_pattern)).batch(4096).map(schema.BLOCK.parse)
+  def from_tfrecords(cls, file_pattern: str, unpublished: bool = False) -> "BlockStore":
+    """Every block of the corpus's block records.
+
+    Args:
+      file_pattern: blocks-* files of a published corpus (see data.files.files).
+      unpublished: the files have no manifest (index.unpublished_blocks).
+
+    Returns:
+      The BlockStore.
+
+    Raises:
+      versioned.UnpublishedError: the corpus is not published, or its manifest does not
+        match its files (unless `unpublished`).
+      ValueError: no blocks.
+    """
+    dataset = tf.data.TFRecordDataset(files(file_pattern, unpublished)).batch(4096).map(
+        schema.BLOCK.parse)
     columns = {k: [] for k in ("block_id", "doc_uid", "title", "text")}
     for batch in dataset.as_numpy_iterator():
       for key in columns:

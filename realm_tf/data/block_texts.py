@@ -337,7 +337,8 @@ def store_from_blocks(directory: str, store, blocks_per_chunk: int = BLOCKS_PER_
 
 def store_from_records(directory: str, file_pattern: str,
                        blocks_per_chunk: int = BLOCKS_PER_CHUNK,
-                       overwrite: bool = False) -> HostBlockTexts:
+                       overwrite: bool = False, unpublished: bool = False
+                       ) -> HostBlockTexts:
   """Writes the block records of a corpus as a committed store.
 
   The records are read into memory once (a BlockStore sorts them by id); a corpus too
@@ -348,11 +349,12 @@ def store_from_records(directory: str, file_pattern: str,
     file_pattern: the corpus's blocks-* files.
     blocks_per_chunk: blocks per chunk.
     overwrite: replace what `directory` holds.
+    unpublished: the block records have no manifest (index.unpublished_blocks).
 
   Returns:
     The store's host reader.
   """
-  return store_from_blocks(directory, BlockStore.from_tfrecords(file_pattern),
+  return store_from_blocks(directory, BlockStore.from_tfrecords(file_pattern, unpublished),
                            blocks_per_chunk, overwrite)
 
 
@@ -380,7 +382,8 @@ def ensure_store(config, model_dir: str):
   if not is_committed(directory):
     logging.info("Writing the block text store of %s to %s", pattern, directory)
     # Uncommitted files there are a crashed writer's: never read, replaced.
-    store_from_records(directory, pattern, overwrite=True)
+    store_from_records(directory, pattern, overwrite=True,
+                       unpublished=config.index.unpublished_blocks)
   return config.replace(index=dict(text_store=directory))
 
 

@@ -16,7 +16,7 @@ def ict_dataset(file_pattern: str, tokenizer: Tokenizer, batch_size: int,
                 query_seq_length: int, block_seq_length: int, seed: int = 0,
                 shuffle_buffer: int = 10000, repeat: bool = True, skip_batches: int = 0,
                 input_context: Optional[tf.distribute.InputContext] = None,
-                max_examples: int = 0) -> tf.data.Dataset:
+                max_examples: int = 0, unpublished: bool = False) -> tf.data.Dataset:
   """Batches of ICT features; the corpus pipeline already removed each query from its block
   with probability 0.9. Records are sharded by input pipeline first, then repeated,
   shuffled in a fixed order per seed and batched; `skip_batches` resumes that order.
@@ -33,12 +33,13 @@ def ict_dataset(file_pattern: str, tokenizer: Tokenizer, batch_size: int,
     skip_batches: batches to skip (a resumed run's).
     input_context: the pipeline's InputContext (sharding), or None.
     max_examples: read at most this many records (0: all).
+    unpublished: the files have no manifest (data.files.files).
 
   Returns:
     A tf.data.Dataset of {'query': [B, Lq] BERT inputs, 'block': [B, Lb] BERT inputs,
     'block_id': [B] int64}.
   """
-  dataset = pipeline_records(file_pattern, input_context)
+  dataset = pipeline_records(file_pattern, input_context, unpublished)
   if max_examples:
     dataset = dataset.take(max_examples)
   if repeat:

@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from realm_tf.corpus import schema
 from realm_tf.data import masking
-from realm_tf.data.files import pipeline_records
+from realm_tf.data.files import files, pipeline_records
 from realm_tf.text.tokenization import Tokenizer
 
 
@@ -41,13 +41,16 @@ def masked_query_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_leng
                          masking_mode: str, max_predictions: int, seed: int,
                          repeat: bool = True, shuffle_buffer: int = 10000,
                          input_context: Optional[tf.distribute.InputContext] = None,
-                         max_examples: int = 0, skip_unsalient: bool = True
-                         ) -> tf.data.Dataset:
+                         max_examples: int = 0, skip_unsalient: bool = True,
+                         unpublished: bool = False) -> tf.data.Dataset:
   """One example at a time: the query packed and masked (deterministic per record and epoch:
   mask_seed)."""
+  # Resolved (and checked against the manifest) once, here, where a refusal is a Python
+  # error, not inside flat_map's traced function.
+  paths = files(file_pattern, unpublished)
 
   def one_epoch(epoch):
-    records = pipeline_records(file_pattern, input_context)
+    records = pipeline_records(paths, input_context)
     if max_examples:
       records = records.take(max_examples)
     return records.map(lambda serialized: (epoch, serialized))
@@ -88,7 +91,8 @@ def pretraining_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_lengt
                         skip_batches: int = 0, repeat: bool = True, shuffle_buffer: int = 10000,
                         input_context: Optional[tf.distribute.InputContext] = None,
                         max_examples: int = 0, skip_unsalient: bool = True,
-                        drop_remainder: bool = True) -> tf.data.Dataset:
+                        drop_remainder: bool = True, unpublished: bool = False
+                        ) -> tf.data.Dataset:
   """Batches of pre-training features; `skip_batches` resumes the deterministic order.
 
   Args:
@@ -106,6 +110,7 @@ def pretraining_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_lengt
     max_examples: read at most this many records per epoch (0: all).
     skip_unsalient: with salient-span masking, drop sentences that have no salient span.
     drop_remainder: drop a last partial batch.
+    unpublished: the files have no manifest (data.files.files).
 
   Returns:
     A tf.data.Dataset of {'query': [B, Lq] BERT inputs (masked), 'masked_lm':
@@ -113,6 +118,6 @@ def pretraining_dataset(file_pattern: str, tokenizer: Tokenizer, query_seq_lengt
   """
   dataset = masked_query_dataset(file_pattern, tokenizer, query_seq_length, masking_mode,
                                  max_predictions, seed, repeat, shuffle_buffer, input_context,
-                                 max_examples, skip_unsalient)
+                                 max_examples, skip_unsalient, unpublished)
   dataset = dataset.batch(batch_size, drop_remainder=drop_remainder).skip(skip_batches)
   return dataset.prefetch(tf.data.AUTOTUNE)

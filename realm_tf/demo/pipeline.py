@@ -332,8 +332,6 @@ class Demo:
       kept_blocks = records.write_blocks_without(corpus_dir, qa_corpus, sources)
       titles = records.titles_of(blocks)
       files = dict(
-          pretraining=os.path.join(directory, "pretraining-train.tfrecord"),
-          masked=os.path.join(directory, "heldout-masked.tfrecord"),
           masked_json=os.path.join(directory, "heldout-masked.jsonl"),
           train_questions=os.path.join(directory, "train_questions.jsonl"),
           heldout_questions=os.path.join(directory, "heldout_questions.jsonl"))
@@ -342,9 +340,11 @@ class Demo:
             f"only {len(split.train_questions)} generated questions are left for "
             f"fine-tuning (batch {o.finetune_batch_size}): use a larger corpus "
             f"(--num_articles), fewer --num_eval_questions, or give --train_file")
-      records.write_sentences(files["pretraining"], split.pretraining)
+      files["pretraining"] = records.write_sentences(os.path.join(directory, "pretraining"),
+                                                     split.pretraining)
       masked = records.masked_sentences(split.masked_heldout)
-      records.write_sentences(files["masked"], masked)
+      files["masked"] = records.write_sentences(os.path.join(directory, "heldout_masked"),
+                                                masked)
       records.write_json_lines(files["masked_json"], [dict(
           text=s.text, block_id=s.block_id, doc_uid=s.doc_uid, spans=list(s.spans))
           for s in masked])

@@ -94,11 +94,11 @@ def examples(sentences: Sequence[Sentence], blocks: Sequence[Block],
   return out
 
 
-def masked_queries(sentences: Sequence[Sentence], path: str, tokenizer, query_seq_length: int,
-                   max_predictions: int) -> dict:
+def masked_queries(sentences: Sequence[Sentence], directory: str, tokenizer,
+                   query_seq_length: int, max_predictions: int) -> dict:
   """The sentences masked at their one span exactly as pre-training masks them.
 
-  Written to `path` as pre-training records and read back through
+  Published in `directory` as pre-training records and read back through
   pretraining_inputs.pretraining_dataset (salient-span masking), so the warm-up's masks
   and queries are the pre-training task's own.
 
@@ -109,7 +109,7 @@ def masked_queries(sentences: Sequence[Sentence], path: str, tokenizer, query_se
   Raises:
     ValueError: a sentence could not be masked at its span.
   """
-  records.write_sentences(path, sentences)
+  path = records.write_sentences(directory, sentences)
   dataset = pretraining_inputs.pretraining_dataset(
       path, tokenizer, query_seq_length, "salient_spans", max_predictions,
       batch_size=len(sentences), seed=0, repeat=False, shuffle_buffer=0,
@@ -265,7 +265,7 @@ def run(config, sentences: Sequence[Sentence], blocks: Sequence[Block], director
                      "MLM-head warm-up has nothing to learn from")
   start = time.time()
   queries = masked_queries([e.sentence for e in chosen],
-                           os.path.join(directory, "warmup-spans.tfrecord"), tokenizer,
+                           os.path.join(directory, "warmup_spans"), tokenizer,
                            query_length, max_predictions)
   text = {b.block_id: b.text for b in blocks}
   tf_keras.utils.set_random_seed(seed)

@@ -8,7 +8,7 @@ from typing import Dict, Iterable, List, Sequence, Set
 
 import tensorflow as tf
 
-from realm_tf.corpus import examples, schema
+from realm_tf.corpus import examples, published, schema
 from realm_tf.data.files import BLOCKS, PRETRAINING, corpus_files, files
 from realm_tf.demo.questions import Block, Cloze, Sentence
 from realm_tf.io import layout
@@ -46,20 +46,17 @@ def read_sentences(pattern: str) -> List[Sentence]:
   return out
 
 
-def write_sentences(path: str, sentences: Iterable[Sentence]) -> int:
-  """PRETRAINING records, written to a temporary name and renamed into place."""
-  count = 0
-  tmp = path + ".tmp"
-  with tf.io.TFRecordWriter(tmp) as writer:
-    for s in sentences:
-      writer.write(schema.PRETRAINING.serialize(dict(
-          text=s.text, block_id=s.block_id, doc_uid=s.doc_uid,
-          salient_span_starts=examples.char_to_byte_offsets(s.text, [a for a, _, _ in s.spans]),
-          salient_span_ends=examples.char_to_byte_offsets(s.text, [b for _, b, _ in s.spans]),
-          salient_span_labels=[label for _, _, label in s.spans])))
-      count += 1
-  tf.io.gfile.rename(tmp, path, overwrite=True)
-  return count
+def write_sentences(directory: str, sentences: Iterable[Sentence]) -> str:
+  """PRETRAINING records published in `directory` (manifest last, as beam.preprocess
+  publishes a corpus; a re-run replaces it); returns their file pattern."""
+  rows = [dict(
+      text=s.text, block_id=s.block_id, doc_uid=s.doc_uid,
+      salient_span_starts=examples.char_to_byte_offsets(s.text, [a for a, _, _ in s.spans]),
+      salient_span_ends=examples.char_to_byte_offsets(s.text, [b for _, b, _ in s.spans]),
+      salient_span_labels=[label for _, _, label in s.spans]) for s in sentences]
+  published.publish_records(directory, {PRETRAINING: (rows, schema.PRETRAINING)},
+                            dict(kind="demo_sentences"), overwrite=True)
+  return os.path.join(directory, f"{PRETRAINING}-*")
 
 
 def masked_sentences(clozes: Sequence[Cloze]) -> List[Sentence]:
@@ -90,19 +87,13 @@ def titles_of(blocks: Sequence[Block]) -> Dict[int, str]:
 
 
 def write_blocks_without(corpus_dir: str, output_dir: str, block_ids: Set[int]) -> int:
-  """The corpus's blocks-* records except `block_ids`, as output_dir/blocks-00000-of-00001
-  (written under a temporary name, then renamed); returns how many were kept."""
-  os.makedirs(output_dir, exist_ok=True)
-  path = os.path.join(output_dir, "blocks-00000-of-00001.tfrecord")
-  kept = 0
-  with tf.io.TFRecordWriter(path + ".tmp") as writer:
-    for record in tf.data.TFRecordDataset(files(corpus_files(corpus_dir, BLOCKS))):
-      block_id = int(schema.BLOCK.parse(record)["block_id"])
-      if block_id not in block_ids:
-        writer.write(record.numpy())
-        kept += 1
-  os.replace(path + ".tmp", path)
-  return kept
+  """The corpus's blocks-* records except `block_ids`, published as a corpus in
+  `output_dir` (manifest last); returns how many were kept."""
+  kept = [r for r in _parsed(corpus_files(corpus_dir, BLOCKS), schema.BLOCK)
+          if int(r["block_id"]) not in block_ids]
+  published.publish_records(output_dir, {BLOCKS: (kept, schema.BLOCK)},
+                            dict(kind="demo_blocks", source=corpus_dir), overwrite=True)
+  return len(kept)
 
 
 def last_evaluation(model_dir: str) -> dict:

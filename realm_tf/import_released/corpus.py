@@ -9,6 +9,7 @@ import tensorflow as tf
 from realm_tf.corpus import schema
 from realm_tf.data import block_texts
 from realm_tf.import_released.release import BLOCK_EMB, Progress
+from realm_tf.io import versioned
 
 READ_BATCH = 4096
 
@@ -27,8 +28,8 @@ def convert_corpus(blocks: str, titles: str, text_store: str, expected: int,
   The text store is what evaluation, the exports and the server read (realm_tf.data.
   block_texts: compressed, committed by its manifest once whole). Block records are for
   training and re-embedding (index.blocks): at 13.35M blocks they are about the size of
-  blocks.tfr again, so they are written only when asked for. Each block records file is
-  written under a hidden temporary name and renamed when whole.
+  blocks.tfr again, so they are written only when asked for, and published as a corpus
+  is (manifest.json last, after one read of the records for their CRC32C).
 
   Args:
     blocks: blocks.tfr (one UTF-8 block per record).
@@ -93,6 +94,11 @@ def convert_corpus(blocks: str, titles: str, text_store: str, expected: int,
         state["count"] += 1
       progress.update(state["count"])
 
+  # Block records are published as a corpus is (manifest.json last, realm_tf.io.versioned
+  # .OutputWriter): training and beam.embed_corpus read them only through it. The import
+  # owns the directory (it refuses an output_dir that holds a committed run), so what an
+  # earlier, failed import left there is replaced.
+  writer = versioned.OutputWriter(corpus_dir, overwrite=True) if corpus_dir else None
   if corpus_dir:
     tf.io.gfile.makedirs(corpus_dir)
   try:
@@ -104,8 +110,13 @@ def convert_corpus(blocks: str, titles: str, text_store: str, expected: int,
                          f"{expected} rows") from None
       raise
     close_file()
+    if writer is not None:
+      writer.commit(dict(kind="released_blocks", source=dict(blocks=blocks, titles=titles),
+                         counts=dict(blocks=state["count"])))
   finally:
     if state["writer"] is not None:
       state["writer"].close()
+    if writer is not None:
+      writer.abort()
   progress.update(state["count"], force=True)
   return state["count"]

@@ -448,6 +448,11 @@ class Storage(abc.ABC):
     return {name: self.size(os.path.join(root, name)) for name in self.list_files(root)}
 
   @abc.abstractmethod
+  def match_files(self, pattern: str) -> List[str]:
+    """Paths matching a file pattern, sorted ([] if none; StorageError if the store
+    failed)."""
+
+  @abc.abstractmethod
   def open_read(self, path: str) -> BinaryIO:
     """A binary stream of the file (a context manager)."""
 
@@ -539,6 +544,11 @@ class GFileStorage(Storage):
     """tf.io.gfile.listdir, names without a trailing '/', sorted."""
     with _translated_errors(root):
       return sorted(name.rstrip("/") for name in tf.io.gfile.listdir(root))
+
+  def match_files(self, pattern: str) -> List[str]:
+    """tf.io.gfile.glob, sorted."""
+    with _translated_errors(pattern):
+      return sorted(tf.io.gfile.glob(pattern))
 
   def size(self, path: str) -> int:
     """The file's length from tf.io.gfile.stat."""

@@ -24,9 +24,11 @@ from typing import Optional, Sequence
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from realm_tf.data import files as data_files
 from realm_tf.io import storage, versioned
+from realm_tf.pipelines.filesystems import BEAM
 from realm_tf.pipelines.transforms.embedding import (
-    CommitIndex, EmbedBlocks, ReadBlocks, WriteIndexShards, blocks_pattern)
+    CommitIndex, EmbedBlocks, ReadBlocks, WriteIndexShards)
 
 
 @dataclasses.dataclass
@@ -48,6 +50,9 @@ class EmbedConfig:
   model_copies: int = 0
   lease_ttl_seconds: float = 1800.0  # lease on the encoder snapshot, refreshed while held
   builder: str = ""  # who builds (recorded in the manifest; the index builder's host:pid)
+  # `blocks` were made by another tool and have no manifest: read unchecked (never the
+  # default: a corpus whose writer died half-way must not be indexed as if complete).
+  unpublished_blocks: bool = False
 
   def validate(self) -> None:
     problems = []
@@ -96,8 +101,25 @@ def _encoder_root(encoder: versioned.Version) -> str:
 
 
 def embed_corpus(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
-  """Runs the pipeline to completion; returns the committed index export path."""
+  """Runs the pipeline to completion; returns the committed index export path.
+
+  Args:
+    config: what to embed and where (EmbedConfig).
+    pipeline_args: Beam runner options, passed untouched.
+
+  Returns:
+    The committed index version's data directory.
+
+  Raises:
+    versioned.UnpublishedError: the blocks are not a published corpus (unless
+      config.unpublished_blocks): checked before anything is written.
+    FileNotFoundError: no blocks, or no committed encoder export.
+  """
   config.validate()
+  # Through Beam's FileSystems, as the workers read them (the launcher reads the manifest
+  # and lists the files; no record).
+  block_files = data_files.files(data_files.corpus_files(config.blocks, data_files.BLOCKS, BEAM),
+                                 config.unpublished_blocks, BEAM)
   encoder = resolve_encoder(config.encoder)
   version = encoder.manifest.get("step", 0) if config.version is None else config.version
   with versioned.Lease(_encoder_root(encoder), encoder.version, holder="embed_corpus",
@@ -121,7 +143,7 @@ def embed_corpus(config: EmbedConfig, pipeline_args: Sequence[str] = ()) -> str:
       with beam.Pipeline(options=PipelineOptions(list(pipeline_args),
                                                  save_main_session=False)) as p:
         _ = (p
-             | "ReadBlocks" >> ReadBlocks(blocks_pattern(config.blocks))
+             | "ReadBlocks" >> ReadBlocks(block_files)
              | "EmbedBlocks" >> EmbedBlocks(encoder.path, config.batch_size,
                                             config.large_model, config.model_copies)
              | "WriteIndexShards" >> WriteIndexShards(

@@ -80,7 +80,7 @@ class BeamStorage(storage.Storage):
 
   def match_files(self, pattern: str) -> List[str]:
     """Paths matching a file pattern ([] if none; StorageError if the store failed)."""
-    return [m.path for m in self._match(pattern, pattern)]
+    return sorted(m.path for m in self._match(pattern, pattern))
 
   def _metadata(self, root: str) -> List[Any]:
     """FileMetadata (path, size_in_bytes, ...) of every object under `root`, sorted."""

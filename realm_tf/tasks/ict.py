@@ -50,7 +50,8 @@ class IctTask(base.RealmTask):
         r.query_seq_length, r.block_seq_length, seed=self.experiment.trainer.seed,
         shuffle_buffer=params.shuffle_buffer_size if training else 0, repeat=training,
         skip_batches=base.input_skip(self.start_step, input_context) if training else 0,
-        input_context=input_context, max_examples=params.max_examples)
+        input_context=input_context, max_examples=params.max_examples,
+        unpublished=params.unpublished_input)
 
   def forward(self, retriever, features, training):
     """The ICT loss of one replica's batch against every block of the global batch.

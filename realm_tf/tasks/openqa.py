@@ -179,7 +179,8 @@ class OpenQATask(base.RetrievalTask):
       store = block_texts.HostBlockTexts(i.text_store)
       texts = block_texts.BlockTexts(i.text_store)
     else:
-      store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+      store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks),
+                                                    i.unpublished_blocks)
     # Bodies are stored whole (a block's body is shorter than its document-tower input),
     # so the retriever's labels see the whole block even when the reader reads less.
     self.index = KnowledgeIndex(

@@ -127,7 +127,8 @@ class PretrainTask(base.RetrievalTask):
         repeat=training, shuffle_buffer=params.shuffle_buffer_size if training else 0,
         input_context=input_context, max_examples=params.max_examples,
         skip_unsalient=c.salient_span_fallback == "skip",
-        drop_remainder=training or params.drop_remainder)
+        drop_remainder=training or params.drop_remainder,
+        unpublished=params.unpublished_input)
 
   def build_index(self, strategy) -> Optional[KnowledgeIndex]:
     """The corpus Z as the step retrieves it (index.blocks, embeddings not yet loaded).
@@ -142,7 +143,8 @@ class PretrainTask(base.RetrievalTask):
     self._null = null_block_inputs(self.tokenizer, m.retriever.block_seq_length)
     if not self.task_config.retrieval:
       return None
-    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks))
+    store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks),
+                                                  i.unpublished_blocks)
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
         body_length=m.reader.seq_length - 3,

@@ -60,7 +60,8 @@ on pipeline launchers and workers.
 Public API: VersionWriter, Version, list_versions, latest_version, read_version,
 verify_version, delete_version, read_verified (one file, checked as it is read), Lease,
 Claim (current_claim, list_claims, claim_is_live, superseded_because), garbage_collect;
-OutputWriter, check_output_dir and verify_published for flat outputs; write_json_atomic,
+OutputWriter, check_output_dir, published_files (what every reader of a flat output
+opens) and verify_published for flat outputs; write_json_atomic,
 read_json; copy_version and publish_copy (to hand a version to a reader with its own
 layout, e.g. TF Serving; the copy carries its manifest, which verify_copy checks).
 
@@ -85,6 +86,7 @@ from realm_tf.io.versioned.manifest import (
   MANIFEST,
   MANIFEST_SUFFIX,
   WRITER_MARKER,
+  UnpublishedError,
   VerificationError,
   Version,
   VersionConflictError,
@@ -100,8 +102,10 @@ from realm_tf.io.versioned.manifest import (
   write_json_atomic,
 )
 from realm_tf.io.versioned.reading import (
+  GLOB_CHARS,
   latest_version,
   list_versions,
+  published_files,
   read_verified,
   read_version,
   verify_published,
@@ -111,15 +115,16 @@ from realm_tf.io.versioned.writing import OutputWriter, VersionWriter, check_out
 
 __all__ = [
     # manifests and checksums (manifest)
-    "MANIFEST", "MANIFEST_SUFFIX", "WRITER_MARKER", "VerificationError", "Version",
+    "MANIFEST", "MANIFEST_SUFFIX", "WRITER_MARKER", "UnpublishedError", "VerificationError",
+    "Version",
     "VersionConflictError", "VersionError", "crc32c_of_bytes", "crc32c_of_file",
     "file_entries", "file_path", "manifest_path", "read_json", "verify_files",
     "version_name", "write_json_atomic",
     # writers (writing)
     "OutputWriter", "VersionWriter", "check_output_dir",
     # readers and verification (reading)
-    "latest_version", "list_versions", "read_verified", "read_version", "verify_published",
-    "verify_version",
+    "GLOB_CHARS", "latest_version", "list_versions", "published_files", "read_verified", "read_version",
+    "verify_published", "verify_version",
     # handing a version to another layout (copies)
     "COPIED_MANIFEST", "copy_version", "publish_copy", "verify_copy",
     # leases (leases)

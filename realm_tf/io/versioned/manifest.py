@@ -36,6 +36,13 @@ class VerificationError(VersionError):
   """Files of a committed version are missing, truncated or corrupted."""
 
 
+class UnpublishedError(VersionError):
+  """A reader was pointed at files no writer has published: no manifest, or one that does
+  not match what is stored. The user's to fix (another path, or the writer re-run), so a
+  command line reports it as a usage error (exit 2, realm_tf.io.command_line)."""
+  is_usage_error = True
+
+
 @dataclasses.dataclass
 class Version:
   """A committed version, as its manifest names it.

@@ -1,5 +1,6 @@
 """Readers and verification: the committed versions of a root (manifests only, never a
 partial version), one version by path, and its files checked against its manifest."""
+import fnmatch
 import os
 import re
 from typing import List, Optional
@@ -13,6 +14,7 @@ from realm_tf.io.versioned.manifest import (
   VerificationError,
   Version,
   VersionError,
+  UnpublishedError,
   crc32c_of_bytes,
   file_path,
   manifest_path,
@@ -99,16 +101,94 @@ def verify_published(output_dir: str, checksums: bool = False,
     The manifest.
 
   Raises:
-    VersionError: the output is not published (no manifest.json).
+    UnpublishedError: the output is not published (no manifest.json).
     VerificationError: a listed file is missing, truncated or corrupted.
   """
   path = os.path.join(output_dir, MANIFEST)
   if not store.exists(path):
-    raise VersionError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
+    raise UnpublishedError(f"{output_dir}: not published (no {MANIFEST}; a run may still be "
                        "writing it, or failed)")
   manifest = read_json(path, store)
   verify_files(output_dir, manifest.get("files", []), checksums, store)
   return manifest
+
+
+GLOB_CHARS = "*?["  # tf.io.gfile.glob's wildcards (`*` and `?` never cross a '/')
+
+
+def published_files(path: str, store: Storage = GFILE) -> List[str]:
+  """The files a published flat output (OutputWriter) holds, read through its manifest.
+
+  The one way a reader opens a pipeline's output (a `beam.preprocess` corpus and its
+  examples, an imported corpus, the demo's files): manifest.json is written last, so a
+  directory without it is one whose writer is still running, died half-way, or is an
+  `--overwrite` re-run that has deleted the old output. Globbing around it would train on
+  or index a partial corpus as if it were complete.
+
+  Args:
+    path: the output's directory (every file its manifest lists), one file in it, or a
+      file pattern inside it (`<dir>/blocks-*`: the listed files the pattern matches).
+      Wildcards only in the last component: the manifest sits in the pattern's
+      directory.
+    store: the Storage to read through.
+
+  Returns:
+    The listed files the path names, as sorted full paths.
+
+  Raises:
+    FileNotFoundError: the directory does not exist, or nothing it lists matches.
+    UnpublishedError: (one line naming the path) no manifest.json; an unreadable one; or
+      a manifest that does not match the files found: a listed file missing or of another
+      size, or a file the pattern matches that the manifest does not list.
+  """
+  path = path.rstrip("/")
+  directory, pattern = os.path.split(path)
+  if not any(c in pattern for c in GLOB_CHARS):
+    if store.is_dir_like(path):
+      directory, pattern = path, ""
+    elif not store.exists(path):
+      raise FileNotFoundError(f"{path}: no such file or directory")
+  if any(c in directory for c in GLOB_CHARS):
+    raise UnpublishedError(
+        f"{path}: a published output is read from its one directory (its manifest.json "
+        "lists its files); wildcards are allowed in the file name only")
+  if not store.is_dir_like(directory):
+    raise FileNotFoundError(f"{directory}: no such directory")
+  manifest_file = os.path.join(directory, MANIFEST)
+  try:
+    manifest = read_json(manifest_file, store)
+  except FileNotFoundError:
+    raise UnpublishedError(
+        f"{directory}: not published (no {MANIFEST}): its writer is still running, died, "
+        "or an --overwrite re-run removed it; nothing is read from it") from None
+  except VersionError as e:
+    raise UnpublishedError(f"{manifest_file}: unreadable manifest ({e})") from None
+  entries = manifest.get("files") if isinstance(manifest, dict) else None
+  if not isinstance(entries, list) or not all(
+      isinstance(e, dict) and isinstance(e.get("name"), str) for e in entries):
+    raise UnpublishedError(f"{manifest_file}: lists no files (not an output's manifest)")
+
+  def named(name: str) -> bool:
+    return not pattern or ("/" not in name and fnmatch.fnmatchcase(name, pattern))
+
+  try:
+    listed = {e["name"]: int(e["size"]) for e in entries if named(e["name"])}
+  except (KeyError, TypeError, ValueError):
+    raise UnpublishedError(f"{manifest_file}: a file entry without a size") from None
+  found = {name: size for name, size in store.file_sizes(directory).items()
+           if name != MANIFEST and named(name)}
+  problems = [f"{name}: listed, missing" for name in sorted(set(listed) - set(found))]
+  problems += [f"{name}: not listed in {MANIFEST} (written after it, or by another run)"
+               for name in sorted(set(found) - set(listed))]
+  problems += [f"{name}: {found[name]} bytes, {MANIFEST} says {listed[name]}"
+               for name in sorted(set(listed) & set(found)) if found[name] != listed[name]]
+  if problems:
+    raise UnpublishedError(f"{directory}: does not match its {MANIFEST}: "
+                           + "; ".join(problems[:5])
+                           + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""))
+  if not listed:
+    raise FileNotFoundError(f"{path}: {MANIFEST} lists no file of that name")
+  return [file_path(directory, name) for name in sorted(listed)]
 
 
 def read_verified(version: Version, name: str) -> bytes:

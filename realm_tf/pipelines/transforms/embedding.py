@@ -1,12 +1,11 @@
 """Steps of the corpus-embedding pipeline: blocks → embeddings → index shards → commit."""
 import json
 import logging
-import os
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 import apache_beam as beam
-from apache_beam.io import fileio, tfrecordio
+from apache_beam.io import tfrecordio
 import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
 
@@ -17,21 +16,22 @@ from realm_tf.retrieval import index_export
 class ReadBlocks(beam.PTransform):
   """Block TFRecords (the corpus pipeline's `blocks-*`) → {block_id, title, text} dicts.
 
-  The files are matched, reshuffled (so each is read by whichever worker is free, not
-  all by the one that matched them) and read on the workers; the launcher reads nothing.
+  The launcher names the files (read through the corpus's manifest: data.files.files, so
+  a partial corpus is refused before any worker starts); they are reshuffled (so each is
+  read by whichever worker is free, not all by the one that listed them) and read on the
+  workers.
   """
 
-  def __init__(self, file_pattern: str):
+  def __init__(self, paths: Sequence[str]):
     super().__init__()
-    self.file_pattern = file_pattern
+    if not paths:
+      raise ValueError("ReadBlocks: no block files to read")
+    self.paths = list(paths)
 
   def expand(self, pbegin):
     return (pbegin
-            | "MatchBlocks" >> fileio.MatchFiles(
-                self.file_pattern,
-                empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW)
+            | "BlockFiles" >> beam.Create(self.paths)
             | "SpreadFiles" >> beam.Reshuffle()
-            | "FilePaths" >> beam.Map(lambda metadata: metadata.path)
             | "ReadTFRecords" >> tfrecordio.ReadAllFromTFRecord()
             | "Parse" >> beam.Map(_parse_block))
 
@@ -144,10 +144,3 @@ class CommitIndex(beam.PTransform):
     logging.info("Index %s committed (%d blocks); garbage-collected %s", path,
                  manifest["num_blocks"], deleted)
     return json.dumps({"path": path, "num_blocks": manifest["num_blocks"]})
-
-
-def blocks_pattern(blocks: str) -> str:
-  """The block TFRecords: a corpus pipeline's output directory, or a file pattern."""
-  if any(c in blocks for c in "*?["):
-    return blocks
-  return os.path.join(blocks.rstrip("/"), "blocks-*")
