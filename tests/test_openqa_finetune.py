@@ -1,8 +1,8 @@
 """Open-QA fine-tuning and evaluation end to end on the tiny config and an invented corpus.
 
-Whether fine-tuning reaches answers (exact match up by a quarter of the questions) takes
-300 steps: a learning check for the system tier (tests/conftest.py). The fine-tuning and
-evaluation mechanics, and a loss that must fall, run at 40 steps in make test.
+Whether fine-tuning reaches answers (exact match up by at least 4 of the 24 questions)
+takes 300 steps: a learning check for the system tier (tests/conftest.py). The fine-tuning
+and evaluation mechanics, and a loss that must fall, run at 40 steps in make test.
 """
 import json
 import os
@@ -23,9 +23,13 @@ from realm_tf.training import train_lib
 from tests.synthetic_corpus import _CITIES, write_corpus
 from tests import task_fixtures as tf_
 
-# Exact match rises by a quarter of the questions only after about 300 steps at this
-# learning rate (a higher one diverges); 40 steps lower the answers' loss by nats.
+# Exact match rises only after about 300 steps at this learning rate (a higher one
+# diverges); 40 steps lower the answers' loss by nats.
 STEPS, BRIEF_STEPS = 300, 40
+# What the STEPS run must reach: it answers 6 of the 24 questions right (0 at step 0) and
+# lowers the answers' loss by 5.1 nats (9.46 to 4.34); asked for two questions and two
+# nats less, so that one answer flipping does not turn the learning check red.
+EM_RISE_QUESTIONS, LOSS_FALL_NATS = 4, 3.0
 
 
 def _config(repo_dir, corpus="", questions="", **overrides):
@@ -120,8 +124,12 @@ def _check_the_run(run):
 def test_finetuning_lowers_the_loss_and_raises_training_em(finetuned):
   _check_the_run(finetuned)
   before, after = finetuned.before, finetuned.after
-  assert after["eval"]["exact_match"] >= before["exact_match"] + 0.25, (before, after["eval"])
-  assert after["reevaluated"]["loss"] < before["loss"]
+  questions = after["eval"]["num_questions"]
+  assert questions == 24
+  right = [round(m["exact_match"] * questions) for m in (before, after["eval"])]
+  assert right[1] >= right[0] + EM_RISE_QUESTIONS, (right, before, after["eval"])
+  assert after["reevaluated"]["loss"] < before["loss"] - LOSS_FALL_NATS, (
+      before["loss"], after["reevaluated"]["loss"])
   # Answers come back as written in the block (cased), not as lower-cased wordpieces.
   with open(after["eval"]["files"]["predictions"]) as f:
     records = [json.loads(line) for line in f]
