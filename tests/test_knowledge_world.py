@@ -253,7 +253,10 @@ def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_p
   """benchmarks.knowledge.per_attribute re-reads the held-out sentences with a trained
   checkpoint over the arm's index: its per-attribute accuracies, weighted by their
   sentences, are the span accuracy the run's own evaluation reports, and the own block's
-  top-1 / read shares and p(value | own block) are shares and probabilities."""
+  top-1 / read shares are those of an exact search, by brute force, of the step-0 index
+  (what the frozen run searched) with the checkpoint's query tower; p(value | own block)
+  is there exactly for the attributes whose own block some sentence read. The checkpoint
+  curve's figures are that search's too, and the document tower's cosine to step 0."""
   directory, w = world
   w = dict(w, dir=directory)
   args = knowledge.parse_args(
@@ -272,10 +275,31 @@ def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_p
   assert n == len(w["held_out"])
   weighted = sum(a["span_accuracy"] * a["sentences"] for a in split.values()) / n
   assert weighted == pytest.approx(reported["span_accuracy"], abs=1e-4)
-  for a in split.values():
-    assert 0 <= a["own_block_top1"] <= a["own_block_read"] <= 1
-    p = a["p_value_given_own_block"]
-    assert p is None or 0 < p < 1
+  # The step-0 index (version 0) and the newest checkpoint's towers, searched by brute
+  # force: each held-out sentence's best num_retrieved blocks (the null document aside).
+  task, index = knowledge.world_index(config)
+  block_ids = np.asarray(index.store.block_ids, np.int64)
+  searched = knowledge.index_embeddings(model_dir, 0, block_ids)
+  _, step0 = knowledge.tower_embeddings(config, w, start, task, index)
+  checkpoints = knowledge.checkpoints(model_dir)
+  towers = [knowledge.tower_embeddings(config, w, knowledge.retriever_from(config, path), task,
+                                       index) for _, path in checkpoints]
+  queries = towers[-1][0]  # [H, P]: what per_attribute's newest checkpoint asks
+
+  def best(queries, documents, k):  # [H, k] block ids, best first (a full sort)
+    return block_ids[np.argsort(-(queries @ documents.T), axis=1)[:, :k]]
+
+  def own(found):  # [H] whether any of each sentence's found blocks is its entity's own
+    return np.array([np.isin(r["gold_block_ids"], f).any() for f, r in zip(found, w["held_out"])])
+
+  retrieved = best(queries, searched, task.num_retrieved)
+  top1, read = own(retrieved[:, :1]), own(retrieved)
+  attributes = np.array([r["attribute"] for r in w["held_out"]])
+  for attribute, a in split.items():
+    mine = attributes == attribute
+    assert a["own_block_top1"] == pytest.approx(top1[mine].mean(), abs=6e-5), attribute
+    assert a["own_block_read"] == pytest.approx(read[mine].mean(), abs=6e-5), attribute
+    assert (a["p_value_given_own_block"] is None) == (not read[mine].any()), attribute
     # The confusion matrix counts every sentence once, its diagonal the right ones.
     m = np.array(a["confusion"]["matrix"])
     assert m.sum() == a["sentences"] and m.shape[1] == len(a["confusion"]["values"]) + 1
@@ -284,11 +308,19 @@ def test_per_attribute_splits_the_held_out_accuracy_the_run_reports(world, tmp_p
   # use is version 0, and the top-1 against it is the step-0 top-1 of the current queries.
   curve = knowledge.checkpoint_curve(config, model_dir, w, start)
   assert curve[0]["step"] == 0 and curve[0]["top1_searched"] == curve[0]["top1_exact"]
-  assert [p["step"] for p in curve[1:]] == [c for c, _ in knowledge.checkpoints(model_dir)]
-  for p in curve[1:]:
-    assert p["index_version"] == 0 and p["k"] == config.task.pretrain.num_candidates
-    assert 0 <= p["overlap_at_k"] <= 1 and 0 <= p["overlap_at_1"] <= 1
-    assert -1 <= p["document_cosine_to_step0"] <= 1
+  assert [p["step"] for p in curve[1:]] == [c for c, _ in checkpoints]
+  k = config.task.pretrain.num_candidates
+  for p, (queries, fresh) in zip(curve[1:], towers):
+    assert p["index_version"] == 0 and p["k"] == k
+    stale, exact = best(queries, searched, k), best(queries, fresh, k)
+    assert p["overlap_at_k"] == pytest.approx(
+        np.mean([len(set(a) & set(b)) / k for a, b in zip(stale, exact)]), abs=6e-5)
+    assert p["overlap_at_1"] == pytest.approx(np.mean(stale[:, 0] == exact[:, 0]), abs=6e-5)
+    assert p["top1_searched"] == pytest.approx(own(stale[:, :1]).mean(), abs=6e-5)
+    assert p["top1_exact"] == pytest.approx(own(exact[:, :1]).mean(), abs=6e-5)
+    cosines = np.sum(fresh * step0, 1) / (np.linalg.norm(fresh, axis=1) *
+                                          np.linalg.norm(step0, axis=1))
+    assert p["document_cosine_to_step0"] == pytest.approx(cosines.mean(), abs=6e-5)
 
 
 def test_the_confusion_matrix_names_values_and_sets_aside_other_predictions(tokenizer):
