@@ -389,10 +389,11 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
   monkeypatch.setattr(heartbeat, "read", held_read)
   try:
     asker = threading.Thread(target=lambda: answers.append(watchdog.ask(
-        f"127.0.0.1:{dog.server.server_address[1]}", timeout=10)))
+        f"127.0.0.1:{dog.server.server_address[1]}", timeout=HANG_GUARD)))
     asker.start()
     assert in_answer.wait(HANG_GUARD)
-    dog._serve_and_freeze(dict(task="worker:0", trainer="running", batches=3))
+    dog._serve_stalled_state()  # as _end_stalled does: served, then frozen
+    dog._freeze()
     # SIGSTOP takes effect asynchronously: the answer goes on once the kernel shows it.
     _until(lambda: watchdog._process_state(dog.child.pid) in ("T", "t"), "the freeze")
     frozen.set()
@@ -404,6 +405,51 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
     dog.server.shutdown()
     for signum, handler in handlers.items():
       signal.signal(signum, handler)
+
+
+def test_a_trainer_woken_by_the_stacks_request_is_still_told_as_it_stalled(
+    tmp_path, monkeypatch, capfd):
+  """SIGUSR1 for the stacks can wake a trainer blocked in a system call (pause() holding
+  the GIL returns), which then heartbeats again: a peer that asks meanwhile is told the
+  state it stalled in (its heartbeat stale: blocked), not the live one."""
+  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
+      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
+      task=dict(type="worker", index=0))), TMPDIR=str(tmp_path))
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
+  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(600)"], env)
+  watch = dict(task="worker:0", address="127.0.0.1:7001", role="worker:0 of 2 processes",
+               stall_seconds=2.0, collective_timeout_seconds=600.0, checkpoint_dir="/runs/ckpt",
+               peers={})
+
+  def beat_at(when):  # the heartbeat file as the trainer's writer thread leaves it
+    state = dict(time=when, loops=3, batches=2, step=1, waits=0, phase="train",
+                 first_loop_ended=True, watch=watch, reported=None, checkpoint_step=10)
+    path = heartbeat.heartbeat_path(dog.directory)
+    pathlib.Path(path + ".tmp").write_text(json.dumps(state))
+    os.replace(path + ".tmp", path)
+    return state
+
+  answers = []
+
+  def woken():  # the stacks request wakes it: it heartbeats, and a peer asks
+    beat_at(time.time())
+    answers.append(watchdog.ask(f"127.0.0.1:{dog.server.server_address[1]}", HANG_GUARD))
+    return heartbeat.stacks_path(dog.directory)
+
+  monkeypatch.setattr(dog, "_save_stacks", woken)
+  stale = watchdog.HEARTBEAT_STALE_SECONDS + 60
+  try:
+    assert dog._end_stalled(beat_at(time.time() - stale), (2.0, "the limit")) == 1
+  finally:
+    dog._kill()
+    dog.server.shutdown()
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+  assert answers[0]["heartbeat_age"] > stale, answers  # the stalled state
+  assert dog._verdict == ["worker:0 (127.0.0.1:7001) is not responding (its Python "
+                          "interpreter is blocked)"]
+  assert "is not responding" in capfd.readouterr().err
 
 
 # A peer's reply that is no status: named in the verdict for what it is, as a peer that does

@@ -390,7 +390,7 @@ class Watchdog:
     self._served = None
     self._stacks_due = False
     self._ended_by_us = False
-    # Held by status() and by the freeze (_serve_and_freeze): see there.
+    # Held by status() and by _serve_stalled_state: see there.
     self._state_lock = threading.Lock()
     self.server = _StatusServer(self.status)
     threading.Thread(target=self.server.serve_forever, name="watchdog-status",
@@ -534,7 +534,7 @@ class Watchdog:
     # its stacks saved, and then it is frozen: while the watchdogs ask each other and
     # judge, no trainer can drop its connections (which would make a peer's TensorFlow
     # raise and write a line of its own) or change what its watchdog reports.
-    own = self.status()
+    own = self._serve_stalled_state()
     if own["trainer"] == "stopped":
       # Continued for its stacks only after the verdict (run's finally): continued now, it
       # would join the step its peers wait in and reset their clocks.
@@ -542,7 +542,7 @@ class Watchdog:
       self._stacks_due = True
     else:
       stacks = self._save_stacks()
-    self._serve_and_freeze(own)
+    self._freeze()
     self._peers_to_ask = len(watch.get("peers", {}))
     statuses, addresses = self._job_statuses(watch, own)
     # A peer that judged first decides for the job: every line names the same culprit.
@@ -557,18 +557,29 @@ class Watchdog:
     # Killed once the peers have had the time to ask (run's finally).
     return 1
 
-  def _serve_and_freeze(self, own: dict):
-    """From now on the peers are told `own`, and the trainer is frozen (SIGSTOP).
+  def _serve_stalled_state(self) -> dict:
+    """The trainer's status now, which the peers are told from now on.
 
-    One step under the lock that status() holds while it reads the live state: a peer's
-    question answered between the two would see the frozen trainer as "stopped" and name
-    this process for it. Setting `_served` first was not enough: an answer that had
-    checked `_served` just before still read the process state just after the SIGSTOP.
+    Taken and served in one step under the lock that status() holds while it reads the
+    live state, before the stacks are saved and the trainer is frozen. Saving the stacks
+    can wake a trainer blocked in a system call (SIGUSR1 interrupts it: it runs and
+    heartbeats again), and the freeze makes it "stopped": a peer's question answered from
+    the live state after either would describe the trainer as it never stalled (seen
+    under load: a trainer blocked holding the GIL, woken by the stacks request, told as
+    alive). An answer already under way when the state is served finishes first, from the
+    state before both.
+
+    Returns:
+      The status (this process's own, for `judge`).
     """
     with self._state_lock:
-      self._served = own
-      if self.child.poll() is None:
-        self.child.send_signal(signal.SIGSTOP)
+      self._served = self._live_status()
+      return self._served
+
+  def _freeze(self):
+    """Stops the trainer (SIGSTOP) once its stalled state is served."""
+    if self.child.poll() is None:
+      self.child.send_signal(signal.SIGSTOP)
 
   def _write_line(self, watch: dict, beat: dict, cause: str):
     role = watch.get("role") or self.task.name
