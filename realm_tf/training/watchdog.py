@@ -554,7 +554,7 @@ class Watchdog:
       cause = (f"the job made no progress for {limit[0]:.0f}s ({limit[1]}): "
                f"{'; '.join(self._verdict)}. Every thread's stack of this process: {stacks}")
       self._write_line(watch, beat, cause)
-    # Killed once the peers have had the time to ask (run's finally).
+    # Killed once every peer has asked for the verdict (run's finally).
     return 1
 
   def _serve_stalled_state(self) -> dict:
