@@ -2,8 +2,14 @@
 
     python -m beam.index_builder --model_dir DIR [--blocks PATTERN] [--num_shards N]
         [--poll_seconds S] [--max_builds N] [--large_model] [--model_copies N]
-        [--claim_ttl_seconds 600] [--parent_pid PID]
+        [--claim_ttl_seconds 600] [--parent_pid PID] [--max_consecutive_failures 3]
+        [--log_path PATH]
         [runner options, passed untouched to every embedding job]
+
+  exit 3   it gave up after --max_consecutive_failures failed builds in a row; its last
+           error is published in <model_dir>/INDEX_BUILDER_FAILED, where the trainer's
+           wait for an index reads it (and on stderr, one line)
+  (exit 2 and 1: usage and storage errors, as every command line: realm_tf.io.command_line)
 """
 import argparse
 import logging
@@ -11,7 +17,17 @@ import sys
 from typing import Optional, Sequence
 
 from realm_tf.io import command_line
-from realm_tf.pipelines.index_builder import IndexBuilderConfig, build_once, run_index_builder  # noqa: F401
+from realm_tf.pipelines.index_builder import (  # noqa: F401
+  BuilderGaveUp, IndexBuilderConfig, build_once, run_index_builder)
+
+GAVE_UP_EXIT = 3
+
+
+def _non_negative(text: str) -> int:
+  value = int(text)
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+  return value
 
 
 def parse_args(argv: Sequence[str]):
@@ -37,6 +53,14 @@ def parse_args(argv: Sequence[str]):
   parser.add_argument("--parent_pid", type=int, default=0,
                       help="stop once this process (the trainer that started the builder) "
                       "has exited (0: never)")
+  parser.add_argument("--max_consecutive_failures", type=_non_negative, default=3,
+                      help="give up after N failed builds in a row: publish the last error "
+                      "in model_dir/INDEX_BUILDER_FAILED (the trainer stops waiting) and "
+                      f"exit {GAVE_UP_EXIT} (0: never give up)")
+  parser.add_argument("--log_path", default="",
+                      help="where this builder's output is kept, named in its published "
+                      "failure (the trainer that starts it passes model_dir/"
+                      "index_builder.log)")
   args, beam_args = parser.parse_known_args(argv)
   return IndexBuilderConfig(**vars(args)), beam_args
 
@@ -45,7 +69,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   debug, argv = command_line.split_verbosity(argv)
   with command_line.errors_reported("beam.index_builder", debug):
     config, beam_args = parse_args(argv)
-    run_index_builder(config, beam_args)
+    try:
+      run_index_builder(config, beam_args)
+    except BuilderGaveUp as e:  # not a bug: the failure is published, the log has the rest
+      print(f"beam.index_builder: error: {e}", file=sys.stderr)
+      return GAVE_UP_EXIT
   return 0
 
 

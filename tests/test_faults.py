@@ -457,11 +457,13 @@ def test_damaged_encoder_snapshot_is_refused_by_the_index_builder(
   with pytest.raises(versioned.VerificationError, match="variables.data.*CRC32C"):
     index_builder.build_once(model_dir, blocks_pattern(corpus), index_dir, 2, "exact", 3)
   assert versioned.list_versions(index_dir) == [] and _partial_export(index_dir, 10) is None
-  # The builder's loop logs the refusal and keeps polling until training is done.
+  # The builder's loop logs the refusal and keeps polling until training is done (told
+  # never to give up: giving up is tests/test_builder_failures.py's).
   caplog.set_level(logging.ERROR)
   result = []
   thread = threading.Thread(target=lambda: result.append(index_builder.run_index_builder(
-      index_builder.IndexBuilderConfig(model_dir, poll_seconds=0.1))))
+      index_builder.IndexBuilderConfig(model_dir, poll_seconds=0.1,
+                                       max_consecutive_failures=0))))
   thread.start()
   wait_for(lambda: any("Index build failed" in r.getMessage() for r in caplog.records),
            "the builder to log the refusal", timeout=60)

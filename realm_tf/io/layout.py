@@ -19,6 +19,8 @@
     eval/<name>/                     its TensorBoard summaries (realm_tf.training.continuous_eval)
     index_builder.log                the child index builder's log (when the trainer owns it)
     TRAINING_DONE                    written once train_steps is reached: stops the builder
+    INDEX_BUILDER_FAILED             an index builder gave up (its last error): ends the
+                                     trainer's wait for an index (realm_tf.io.builder_failure)
 
 Every path is built with os.path.join and read through tf.io.gfile, so model_dir may be on
 GCS (gs://...) as well as on local disk.
@@ -36,6 +38,7 @@ from realm_tf.io import storage
 
 PARAMS = "params.yaml"
 TRAINING_DONE = "TRAINING_DONE"
+INDEX_BUILDER_FAILED = "INDEX_BUILDER_FAILED"
 METRICS = "metrics.jsonl"
 
 
@@ -112,6 +115,12 @@ def evaluator_summary_subdir(name: str) -> str:
 def builder_log_path(model_dir: str) -> str:
   """<model_dir>/index_builder.log: the child index builder's output."""
   return os.path.join(model_dir, "index_builder.log")
+
+
+def builder_failure_path(model_dir: str) -> str:
+  """<model_dir>/INDEX_BUILDER_FAILED: the last error of an index builder that gave up
+  (realm_tf.io.builder_failure writes, reads and clears it)."""
+  return os.path.join(model_dir, INDEX_BUILDER_FAILED)
 
 
 def training_done_path(model_dir: str) -> str:

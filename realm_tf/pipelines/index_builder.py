@@ -6,6 +6,15 @@ Runs beside the trainer (another process, or other machines sharing model_dir on
           → embed.embed_corpus → <model_dir>/index/<step>   (older snapshots are skipped:
             only the newest one is ever embedded)
         until <model_dir>/TRAINING_DONE appears (or max_builds builds are done).
+A failed build is retried with the newest snapshot at the next poll (a snapshot deleted
+under it, a store that did not answer: the next try may work). After
+max_consecutive_failures failed builds in a row (a success resets the count) the builder
+gives up: it publishes its last error in <model_dir>/INDEX_BUILDER_FAILED
+(realm_tf.io.builder_failure), which ends the trainer's wait for an index within one poll,
+and exits non-zero (BuilderGaveUp). Without that, a builder that failed every build (an
+encoder snapshot that cannot run, say) kept the trainer waiting out
+index.first_index_timeout_seconds. A builder removes an old failure when it starts and when
+it commits an index: there is a builder that may publish again.
 While it waits it watches the trainer (realm_tf.io.trainer_watch): after
 runtime.progress_stall_seconds without a new snapshot or checkpoint it logs that the
 trainer is stalled, and its last line says so; it does not stop for that.
@@ -27,7 +36,7 @@ from typing import Optional, Sequence
 
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import blocks_pattern
-from realm_tf.io import layout, versioned
+from realm_tf.io import builder_failure, layout, versioned
 from realm_tf.io.trainer_watch import TrainerWatch
 from realm_tf.pipelines import embed
 
@@ -53,6 +62,63 @@ class IndexBuilderConfig:
   # otherwise wait for a TRAINING_DONE that never comes, and go on publishing into
   # model_dir (a re-created one, say) while holding a core.
   parent_pid: int = 0
+  # Give up after this many failed builds in a row (0: never): see the module docstring.
+  max_consecutive_failures: int = 3
+  # Where this builder's output is kept, named in its published failure ('': not known).
+  # The trainer that starts it as its child passes layout.builder_log_path.
+  log_path: str = ""
+
+
+class BuilderGaveUp(RuntimeError):
+  """The builder stopped after max_consecutive_failures failed builds in a row; its last
+  error is published in <model_dir>/INDEX_BUILDER_FAILED (the message is that record's
+  line, realm_tf.io.builder_failure.describe)."""
+
+
+class FailedBuilds:
+  """Counts a builder's failed builds in a row; at the limit, publishes the last error for
+  the trainer and gives up (see the module docstring).
+
+  Args:
+    model_dir: the training run's directory (where the failure is published).
+    limit: failed builds in a row before giving up (0: never).
+    log_path: the builder's log, named in the published failure ('': not known).
+  """
+
+  def __init__(self, model_dir: str, limit: int, log_path: str = ""):
+    if limit < 0:
+      raise ValueError(f"max_consecutive_failures must be >= 0, got {limit}")
+    self.model_dir = model_dir
+    self.limit = limit
+    self.log_path = log_path
+    self.count = 0
+
+  def succeeded(self) -> None:
+    """A build was committed: the count starts again."""
+    self.count = 0
+
+  def failed(self, error: BaseException, snapshot: Optional[int]) -> None:
+    """Counts a failed build; publishes it and gives up when it is the limit-th in a row.
+
+    Args:
+      error: the build's exception.
+      snapshot: the snapshot version it was building (None: it failed before reading one).
+
+    Raises:
+      BuilderGaveUp: this was the limit-th failed build in a row (the failure is
+        published first).
+    """
+    self.count += 1
+    if not self.limit or self.count < self.limit:
+      logging.warning("%s: %d failed build(s) in a row (gives up at %s)", builder_name(),
+                      self.count, self.limit or "never")
+      return
+    record = builder_failure.publish(self.model_dir, builder_name(), snapshot, error,
+                                     self.count, self.log_path)
+    line = builder_failure.describe(record)
+    logging.error("Giving up: %s (published in %s)", line,
+                  layout.builder_failure_path(self.model_dir))
+    raise BuilderGaveUp(line) from error
 
 
 def parent_gone(parent_pid: int) -> bool:
@@ -79,10 +145,13 @@ _reported_waits: set = set()  # (index_dir, version, claim path) already logged 
 def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
                backend: str, keep_versions: int, pipeline_args: Sequence[str] = (),
                batch_size: int = 64, large_model: bool = False,
-               model_copies: int = 0, claim_ttl_seconds: float = 600.0) -> Optional[str]:
+               model_copies: int = 0, claim_ttl_seconds: float = 600.0,
+               snapshot: Optional[versioned.Version] = None) -> Optional[str]:
   """Embeds the newest snapshot if the index is behind it and no other builder holds its
-  claim; returns the new index path (None: nothing to do, or another builder's work)."""
-  snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
+  claim; returns the new index path (None: nothing to do, or another builder's work).
+  `snapshot`: the newest snapshot when the caller has read it (None: read here)."""
+  if snapshot is None:
+    snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
   index = versioned.latest_version(index_dir)
   if snapshot is None or (index is not None and index.version >= snapshot.version):
     return None
@@ -125,7 +194,20 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
 
 
 def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] = ()) -> int:
-  """Builds indexes until training is done; returns the number of builds."""
+  """Builds indexes until training is done (see the module docstring).
+
+  Args:
+    config: IndexBuilderConfig.
+    pipeline_args: Beam runner options, passed untouched to every embedding job.
+
+  Returns:
+    The number of builds committed.
+
+  Raises:
+    BuilderGaveUp: config.max_consecutive_failures builds failed in a row (the last
+      error is published in <model_dir>/INDEX_BUILDER_FAILED first).
+  """
+  failures = FailedBuilds(config.model_dir, config.max_consecutive_failures, config.log_path)
   run_config = load_config(layout.params_path(config.model_dir))
   blocks = blocks_pattern(config.blocks or run_config.index.blocks)
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
@@ -135,22 +217,33 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   poll_seconds = max(config.poll_seconds or run_config.index.poll_seconds, 0.1)
   watch = TrainerWatch(config.model_dir, run_config.runtime.progress_stall_seconds,
                        builder_name())
+  # A failure published before this builder started was given up on by another (or an
+  # earlier) builder; this one may build: the trainer must not stop for that one.
+  builder_failure.clear(config.model_dir)
   builds = 0
   while not layout.training_done(config.model_dir):
     if parent_gone(config.parent_pid):
       logging.warning("%s: the trainer that started it (pid %d) is gone; stopping",
                       builder_name(), config.parent_pid)
       break
+    snapshot = None
     try:
+      # Read here, not in build_once, so that a failure names the snapshot it was on.
+      snapshot = versioned.latest_version(layout.block_encoder_dir(config.model_dir))
       built = build_once(config.model_dir, blocks, index_dir, num_shards,
                          run_config.index.backend, run_config.index.keep_versions,
                          pipeline_args, config.batch_size, config.large_model,
-                         config.model_copies, config.claim_ttl_seconds)
-    except Exception:  # pylint: disable=broad-except
-      # e.g. the snapshot went away before its lease was taken: a newer one will come.
+                         config.model_copies, config.claim_ttl_seconds,
+                         snapshot=snapshot) if snapshot is not None else None
+    except Exception as e:  # pylint: disable=broad-except
+      # e.g. the snapshot went away before its lease was taken: a newer one will come. A
+      # builder that fails every build gives up instead (FailedBuilds).
       logging.exception("Index build failed; retrying with the newest snapshot")
+      failures.failed(e, snapshot.version if snapshot is not None else None)
       built = None
     if built:
+      failures.succeeded()
+      builder_failure.clear(config.model_dir)
       builds += 1
       logging.info("Published %s", built)
       if config.max_builds and builds >= config.max_builds:
