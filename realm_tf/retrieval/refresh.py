@@ -12,10 +12,19 @@ blocking the step loop, optionally runs the builder as a child process, reports 
 and writes TRAINING_DONE only when the schedule's last step is reached (a run cut short by
 an error or --stop_at_step leaves builders on other machines running for its resumption).
 
+A wait for an index (the first one, or a fresher one under index.max_staleness_steps) ends
+early, with one line, when no index will come: this run's builder child exited, or an index
+builder anywhere gave up after its --max_consecutive_failures failed builds in a row and
+published its last error in <model_dir>/INDEX_BUILDER_FAILED (realm_tf.io.builder_failure:
+read from the store at every poll, so a builder on another machine counts as well as the
+child). Otherwise the trainer waited out index.first_index_timeout_seconds (an hour) and
+then only said to run the index builder.
+
 In a multi-worker job every process has a refresher, but only the chief (realm_tf.io.roles)
 exports snapshots, runs the builder child and writes TRAINING_DONE; index swaps are
 collective (KnowledgeIndex.maybe_swap loads the version the chief chose, on every process),
-so every wait here polls once per round on every process and ends on an agreed condition.
+so every wait here polls once per round on every process and ends on an agreed condition
+(the chief reads a builder's failure; whether to stop for it is agreed by a collective).
 """
 import dataclasses
 import logging
@@ -28,7 +37,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from realm_tf.io import heartbeat, layout, storage, versioned
+from realm_tf.io import builder_failure, heartbeat, layout, storage, versioned
 from realm_tf.io.roles import HostRole
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
 from realm_tf.retrieval import snapshots
@@ -39,7 +48,8 @@ class IndexBuilderProcess:
 
   Spawned (not imported: the library never imports the `beam` entry points). A pipe reader
   thread appends its output to model_dir/index_builder.log through storage.open_for_append,
-  so model_dir may be on an object store.
+  so model_dir may be on an object store; the builder is told that path (--log_path), which
+  it names in the failure it publishes if it gives up.
 
   Args:
     model_dir: the training run's directory (the builder's --model_dir).
@@ -51,7 +61,7 @@ class IndexBuilderProcess:
     self.log_path = layout.builder_log_path(model_dir)
     self.process = subprocess.Popen(  # pylint: disable=consider-using-with
         [sys.executable, "-m", "beam.index_builder", "--model_dir", model_dir,
-         "--parent_pid", str(os.getpid()), *extra_args],
+         "--parent_pid", str(os.getpid()), "--log_path", self.log_path, *extra_args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     self._reader = threading.Thread(target=self._copy_output, daemon=True,
                                     name="index-builder-log")
@@ -155,6 +165,7 @@ class IndexRefresher:
                                                  tokenizer, config)
     self.builder: Optional[IndexBuilderProcess] = None
     self._last_poll = 0.0
+    self._failure_read_error = ""  # the last error reading a builder's failure (logged)
 
   def _exports_snapshots(self) -> bool:
     """Whether this refresher may ever export a snapshot: it refreshes, or no index is
@@ -186,12 +197,19 @@ class IndexRefresher:
       FileNotFoundError: no index is committed and this run exports no snapshot.
       TimeoutError: no index loaded within first_index_timeout_seconds (the message says
         whether storage failed or nothing was published).
-      RuntimeError: this run's index builder child exited before an index came (the
-        message names its exit code and log).
+      RuntimeError: an index builder gave up and published its error, or this run's
+        index builder child exited, before an index came (the message names the error or
+        the exit code, and the builder's log).
     """
     writes = self.writes
     if training and writes:  # a new training slice: builders must follow it again
       layout.clear_training_done(self.model_dir)
+      # A failure published during an earlier slice came from builders that followed that
+      # slice and exited; this slice's builders (a new child, or ones restarted by hand)
+      # have not failed yet. Cleared rather than compared by time: the failure's time is
+      # another machine's clock, and the child started below takes seconds to clear it
+      # itself, during which the first poll would read the old one.
+      builder_failure.clear(self.model_dir)
     if self.settings.start_builder and writes:
       self.builder = self.start_builder()
     # The chief's view decides (a collective: every process takes the same branch).
@@ -251,7 +269,8 @@ class IndexRefresher:
 
     Raises:
       TimeoutError: the staleness bound was not met within first_index_timeout_seconds.
-      RuntimeError: this run's index builder child exited while the index was too stale.
+      RuntimeError: an index builder gave up (its published error), or this run's index
+        builder child exited, while the index was too stale.
     """
     every = self.settings.refresh_every_steps
     if (self.exporter is not None and every > 0 and global_step % every == 0
@@ -319,17 +338,49 @@ class IndexRefresher:
       heartbeat.current().wait_round("waiting for a fresher index")
 
   def _builder_gone(self) -> str:
-    """Why waiting for an index is pointless: this run's builder child has exited and what
-    it last published is already loaded ('' while it runs, or with no child). Without this
-    a dead builder left the trainer waiting out first_index_timeout_seconds in silence.
-    A collective: every process waiting calls it at the same point."""
+    """Why waiting for an index is pointless ('' while a builder may still publish one):
+    an index builder gave up and published its error (on any machine: read from the
+    store), or this run's builder child has exited; and what was last published is
+    already loaded. Without this a dead or failing builder left the trainer waiting out
+    first_index_timeout_seconds in silence.
+
+    A collective: every process waiting calls it at the same point. Only the chief reads
+    the failure at each poll (one read per poll, not one per process); whether to stop is
+    agreed, so every process takes the same branch, and each then reads the line once.
+    """
+    failure = self._published_failure() if self.role.is_chief else None
     gone = self.builder.exited() if self.builder is not None else ""
-    if not self.role.any_process(bool(gone)):
+    if not self.role.any_process(failure is not None or bool(gone)):
       return ""
     # A builder that built its last index and exited published it first: one more look.
     if self.index.maybe_swap(self.settings.index_dir):
       return ""
-    return gone or "another process's index builder child exited"
+    if failure is None:  # another process's flag, or the child published as it exited
+      failure = self._published_failure()
+    if failure is not None:
+      return (f"{builder_failure.describe(failure)} (published in "
+              f"{layout.builder_failure_path(self.model_dir)})")
+    return gone or (f"another process found the index builder stopped (its child exited, "
+                    f"or a failure published in {layout.builder_failure_path(self.model_dir)}"
+                    f"); its log: {layout.builder_log_path(self.model_dir)}")
+
+  def _published_failure(self) -> Optional[dict]:
+    """An index builder's published failure (realm_tf.io.builder_failure), or None.
+
+    A side-car evaluator's refresher (read_only) never reads one: it starts beside a
+    trainer whose start clears an earlier slice's failure, and could read that one first;
+    it keeps its own timeout. A failure that cannot be read is logged (once per message)
+    and waited past: the store not answering is not a builder giving up.
+    """
+    if self.settings.read_only:
+      return None
+    try:
+      return builder_failure.read(self.model_dir)
+    except (OSError, versioned.VersionError) as e:
+      if str(e) != self._failure_read_error:
+        self._failure_read_error = str(e)
+        logging.warning("Could not read an index builder's failure: %s", e)
+      return None
 
   def logs(self, global_step: int) -> dict[str, float]:
     """Scalars for a train loop's logs.
