@@ -60,6 +60,9 @@ SYSTEM_TIER = {
         "two builder processes beside a trainer; make test: the module's claim tests",
     "test_index_builder_scale_out.py::test_without_claims_both_builders_embed_one_snapshot":
         "two builder processes, claims off; make test: the module's claim tests",
+    "test_builder_failures.py::test_a_builder_child_that_fails_every_build_stops_the_trainer":
+        "a real builder child process that gives up (8-13 s loaded); make test: the "
+        "module's in-process builder test, the same failing builds and wait",
     "test_continuous_eval.py::test_side_car_evaluates_each_checkpoint_beside_the_trainer":
         "a trainer and a side-car evaluator process side by side (5 min loaded); make test: "
         "the module's in-process evaluator tests",
