@@ -20,6 +20,10 @@ the epoch) and log_path (its log, '' when it was not told).
 Who removes it: the trainer's chief when it starts a new training slice (as it clears
 TRAINING_DONE), and a builder when it starts and when it commits an index. Each says that
 a builder may publish again, so an old failure must not end a new wait.
+
+With several builders sharing model_dir (scale-out), one that gives up ends a wait even
+while the others run, unless one of them commits first: builds that fail N times in a row
+are most often the snapshot's or the corpus's fault, which every builder would hit.
 """
 import logging
 import time
