@@ -35,6 +35,7 @@ import time
 from typing import Optional, Sequence
 
 from realm_tf.configs import load_config
+from realm_tf.data import files as data_files
 from realm_tf.data.block_store import blocks_pattern
 from realm_tf.io import builder_failure, layout, versioned
 from realm_tf.io.trainer_watch import TrainerWatch
@@ -146,10 +147,12 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
                backend: str, keep_versions: int, pipeline_args: Sequence[str] = (),
                batch_size: int = 64, large_model: bool = False,
                model_copies: int = 0, claim_ttl_seconds: float = 600.0,
-               snapshot: Optional[versioned.Version] = None) -> Optional[str]:
+               snapshot: Optional[versioned.Version] = None,
+               unpublished_blocks: bool = False) -> Optional[str]:
   """Embeds the newest snapshot if the index is behind it and no other builder holds its
   claim; returns the new index path (None: nothing to do, or another builder's work).
-  `snapshot`: the newest snapshot when the caller has read it (None: read here)."""
+  `snapshot`: the newest snapshot when the caller has read it (None: read here).
+  `unpublished_blocks`: the blocks have no manifest (index.unpublished_blocks)."""
   if snapshot is None:
     snapshot = versioned.latest_version(layout.block_encoder_dir(model_dir))
   index = versioned.latest_version(index_dir)
@@ -177,7 +180,8 @@ def build_once(model_dir: str, blocks: str, index_dir: str, num_shards: int,
         blocks=blocks, encoder=snapshot.path, output_dir=index_dir, num_shards=num_shards,
         version=snapshot.version, build_scann=backend != "exact",
         keep_versions=keep_versions, batch_size=batch_size, large_model=large_model,
-        model_copies=model_copies, builder=builder_name()), pipeline_args)
+        model_copies=model_copies, builder=builder_name(),
+        unpublished_blocks=unpublished_blocks), pipeline_args)
   except BaseException as e:
     claim.release(outcome="failed", error=f"{type(e).__name__}: {e}"[:1000])
     raise
@@ -210,6 +214,10 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
   failures = FailedBuilds(config.model_dir, config.max_consecutive_failures, config.log_path)
   run_config = load_config(layout.params_path(config.model_dir))
   blocks = blocks_pattern(config.blocks or run_config.index.blocks)
+  # Refused here, before any wait, rather than at every build: a corpus that is not
+  # published (its writer died, or an --overwrite re-run is replacing it) is the user's
+  # to fix, and a builder that waited for snapshots would only fail later, build by build.
+  data_files.files(blocks, run_config.index.unpublished_blocks)
   index_dir = layout.index_dir(config.model_dir, run_config.index.index_dir)
   num_shards = config.num_shards or run_config.index.num_shards
   logging.info("%s watching %s (index %s)", builder_name(), config.model_dir, index_dir)
@@ -234,7 +242,9 @@ def run_index_builder(config: IndexBuilderConfig, pipeline_args: Sequence[str] =
                          run_config.index.backend, run_config.index.keep_versions,
                          pipeline_args, config.batch_size, config.large_model,
                          config.model_copies, config.claim_ttl_seconds,
-                         snapshot=snapshot) if snapshot is not None else None
+                         snapshot=snapshot,
+                         unpublished_blocks=run_config.index.unpublished_blocks,
+                         ) if snapshot is not None else None
     except Exception as e:  # pylint: disable=broad-except
       # e.g. the snapshot went away before its lease was taken: a newer one will come. A
       # builder that fails every build gives up instead (FailedBuilds).
