@@ -43,8 +43,13 @@ SYSTEM_TIER = {
                "in-process tests, on local disk and ram://",
     # End to end.
     "test_demo.py": "`python -m realm_tf.demo` end to end: ~20 child processes, each loading "
-                    "TensorFlow (10 min); make test: test_demo_stages.py wires every default "
-                    "stage at the smallest size",
+                    "TensorFlow (10 min); make test: the demo's parts (test_demo_*.py) and "
+                    "every command it runs (test_command_lines.py and each command's tests)",
+    "test_demo_stages.py": "the demo's stages wired end to end at the smallest size, each "
+                           "stage's real command as a child process (15 TensorFlow start-ups, "
+                           "2.5-6 min: the longest test of make test, moved here to keep the "
+                           "suite within 20 minutes); make test: test_demo_stage_reuse.py "
+                           "(reuse and re-runs), the demo's parts and every command's tests",
     # Several processes of one job, and faults injected into them.
     "test_multi_worker.py": "2-worker jobs on 127.0.0.1, a worker stopped, starved and "
                             "killed (1-4 min each); make test: test_peer_failures.py (the "
@@ -174,7 +179,7 @@ def pytest_collection_modifyitems(config, items):
 # Modules that run one long chain of child processes, a core at a time: handed out first
 # (both tiers pass --no-loadscope-reorder so that the order below is xdist's). xdist's own
 # order, most tests first, hands a one-test module out last, where it runs alone with the
-# other worker idle. Each tier collects one of them.
+# other worker idle. Both are in the system tier, one handed to each worker.
 FIRST_MODULES = ("test_demo.py", "test_demo_stages.py")
 
 

@@ -1,6 +1,7 @@
-"""The demo tests' corpus and the checks they share: tests/test_demo_stages.py (`make test`:
-the demo's stages in the test process, at the smallest size) and tests/test_demo.py (the
-system tier: `python -m realm_tf.demo` end to end, with act 1's Open-QA stages)."""
+"""The demo tests' corpus and the checks they share: tests/test_demo_stages.py (the
+demo's stages in the test process, at the smallest size) and tests/test_demo.py
+(`python -m realm_tf.demo` end to end, with act 1's Open-QA stages), both in the system
+tier."""
 import json
 import os
 import re

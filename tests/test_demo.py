@@ -9,7 +9,8 @@ shared data.
 
 The system tier (tests/conftest.py's SYSTEM_TIER): about twenty child processes, each
 starting TensorFlow. The default stages at the smallest size, the paths they hand over
-and their reuse on a re-run are tests/test_demo_stages.py's, in `make test`."""
+and their reuse on a re-run are tests/test_demo_stages.py's (system tier too; `make test`
+checks reuse without child processes: tests/test_demo_stage_reuse.py)."""
 import json
 import os
 import re

@@ -1,5 +1,6 @@
-"""The demo's stages wired end to end at the smallest size that runs them all: `make test`'s
-check of `make demo`'s pipeline.
+"""The demo's stages wired end to end at the smallest size that runs them all: the system
+tier's check of `make demo`'s pipeline, stage by stage (`make test` checks the stages'
+reuse without child processes: test_demo_stage_reuse.py).
 
 Each stage's command runs as the demo runs it, as a child process (beam.preprocess,
 realm_tf.train for ICT, pre-training with its index builder and act 2's
