@@ -134,8 +134,9 @@ def main():
     if not role.multi_process:
       raise
     # A collective failed: another process of the job died, stopped, hangs or cannot be
-    # reached. TF's own message is a page of gRPC detail; say which peer, and what to do.
-    sys.exit(peer_failures.lost_peer_line(e, strategy, config, FLAGS.model_dir))
+    # reached. TF's own message is a page of gRPC detail; say which peer, and what to do
+    # (unless this process's watchdog has said it already: one line per process).
+    sys.exit(peer_failures.lost_peer_line(e, strategy, config, FLAGS.model_dir) or 1)
   return result
 
 

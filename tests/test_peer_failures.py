@@ -407,6 +407,35 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
       signal.signal(signum, handler)
 
 
+def test_a_trainer_continued_after_its_watchdogs_verdict_writes_no_line_of_its_own(
+    tmp_path, monkeypatch):
+  """A trainer found stopped is continued after the verdict, for its stacks; its step then
+  fails on the peers the verdict ended (TensorFlow: connection reset), and it would write
+  a second "training stopped" line (seen in make test-system: worker:1's own line after
+  its watchdog's). The watchdog's line is written for it first; its exit line is empty."""
+  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
+      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
+      task=dict(type="worker", index=1))), TMPDIR=str(tmp_path))
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
+  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(60)"], env)
+  try:
+    trainer_side = heartbeat.Heartbeat(dog.directory)  # what the trainer reads
+    monkeypatch.setattr(heartbeat, "_CURRENT", trainer_side)
+    assert not trainer_side.verdict_written()
+    dog._write_line({"role": "worker:1 of 2 processes"}, {}, "worker:1 is stopped")
+    assert trainer_side.verdict_written()
+    with open(heartbeat.verdict_path(dog.directory), encoding="utf-8") as f:
+      assert f.read().startswith("training stopped (worker:1 of 2 processes)")
+    # Before any probe of the peers (the arguments would fail): nothing to write.
+    assert peer_failures.lost_peer_line(RuntimeError("reset"), None, None, "") == ""
+  finally:
+    dog._kill()
+    dog.server.shutdown()
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+
+
 def test_a_trainer_woken_by_the_stacks_request_is_still_told_as_it_stalled(
     tmp_path, monkeypatch, capfd):
   """SIGUSR1 for the stacks can wake a trainer blocked in a system call (pause() holding

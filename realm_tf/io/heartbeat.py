@@ -39,6 +39,10 @@ WATCHDOG_DIR_ENV = "REALM_WATCHDOG_DIR"
 WATCHDOG_ADDRESS_ENV = "REALM_WATCHDOG_ADDRESS"
 HEARTBEAT_FILE = "heartbeat.json"
 STACKS_FILE = "stacks.txt"
+# The watchdog's side: its exit line, written before it continues a trainer it found
+# stopped (to take its stacks) or lets it run on. A trainer whose step then fails for the
+# peers its watchdog's verdict already ended writes no second line (`verdict_written`).
+VERDICT_FILE = "verdict.txt"
 WRITE_SECONDS = 1.0
 
 
@@ -48,6 +52,18 @@ def heartbeat_path(directory: str) -> str:
 
 def stacks_path(directory: str) -> str:
   return os.path.join(directory, STACKS_FILE)
+
+
+def verdict_path(directory: str) -> str:
+  return os.path.join(directory, VERDICT_FILE)
+
+
+def write_verdict(directory: str, line: str) -> None:
+  """The watchdog's exit line, for its trainer to see (written whole: os.replace)."""
+  tmp = verdict_path(directory) + ".tmp"
+  with open(tmp, "w") as f:
+    f.write(line + "\n")
+  os.replace(tmp, verdict_path(directory))
 
 
 def read(directory: str) -> Optional[dict]:
@@ -164,6 +180,10 @@ class Heartbeat:
 
   def checkpoint_seen(self, step: int) -> None:
     self._change(checkpoint_step=int(step))
+
+  def verdict_written(self) -> bool:
+    """Whether this process's watchdog has ended the job with its line (write_verdict)."""
+    return self.enabled and os.path.exists(verdict_path(self.directory))
 
   def reported_line(self, line: str) -> None:
     """The trainer wrote its own exit line: the watchdog adds none, and only bounds how

@@ -111,8 +111,11 @@ def lost_peer_line(error: Exception, strategy: tf.distribute.Strategy,
     probe_seconds: health-check the peers for this long; None asks none.
 
   Returns:
-    The line.
+    The line; '' when this process's watchdog has already ended the job with its own
+    (its verdict came first, and this process ran on only for its stacks).
   """
+  if heartbeat.current().verdict_written():
+    return ""
   lost = describe_lost_peers(error, strategy, experiment.runtime, probe_seconds)
   line = stop_line(HostRole(strategy).describe(),
                    f"another process of the job is unreachable: {lost}",

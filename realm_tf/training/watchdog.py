@@ -583,8 +583,11 @@ class Watchdog:
 
   def _write_line(self, watch: dict, beat: dict, cause: str):
     role = watch.get("role") or self.task.name
-    sys.stderr.write(stop_line(role, cause, beat.get("checkpoint_step"),
-                               watch.get("checkpoint_dir", "?")) + "\n")
+    line = stop_line(role, cause, beat.get("checkpoint_step"), watch.get("checkpoint_dir", "?"))
+    # First for the trainer: continued for its stacks after the verdict (a stopped one),
+    # its step fails on the peers already ended, and it must not add a line of its own.
+    heartbeat.write_verdict(self.directory, line)
+    sys.stderr.write(line + "\n")
     sys.stderr.flush()
 
   def _ended(self, code: int) -> int:
