@@ -12,6 +12,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from realm_tf.corpus import published, schema
 from realm_tf.export import exporter
+from realm_tf.export.assembly import ScannSearch
 from realm_tf.io import versioned
 from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.index_export import ShardData, write_export
@@ -26,6 +27,8 @@ DIMENSION = 16  # configs/tiny.yaml's projection
 # are then (almost always) exact's. A tree would miss more, but its k-means is not seeded:
 # which questions it misses changes from run to run.
 AH_FLOAT32 = dict(mode="ah_reorder", training_sample_size=NUM_BLOCKS, reorder_dtype="float32")
+# The shards as built, ranked by ScaNN's own scores: no re-scoring embeddings.
+OWN_SCORES = ScannSearch(rescore_dtype=None)
 _WORDS = ("river", "capital", "league", "harbour", "mountain", "poet", "bridge", "market",
           "festival", "railway", "castle", "island")
 
@@ -138,11 +141,11 @@ def _before_and_after_saving(corpus, module, name: str) -> tuple[dict, dict]:
 
 def test_scann_export_serves_the_index_versions_shards(corpus):
   """Three shards carrying ScaNN states: the export searches exactly those (no searcher
-  built over the whole corpus), keeps no embedding table with scann_rescore_dtype 'none',
+  built over the whole corpus), keeps no embedding table without re-scoring,
   and answers as the exact export on every question where its search found exact's top-k
   with exact's scores."""
   run = _swap_in(corpus, "index_with_scann", 3, True, **AH_FLOAT32)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
   assert scann.index.embeddings is None
   export = run.index.export
   assert len(scann.scann_handles) == 3
@@ -163,13 +166,12 @@ def test_scann_export_serves_the_index_versions_shards(corpus):
 
 
 def test_without_index_shards_the_export_builds_them_shard_by_shard(corpus):
-  """An index version without ScaNN states: shards of at most scann_rows_per_shard rows
+  """An index version without ScaNN states: shards of at most rows_per_shard rows
   are built (never one over all blocks), and with brute-force float32 shards every
   question's search is exact, so every answer is the exact export's."""
   run = _swap_in(corpus, "index_without_scann", 2, False)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rows_per_shard=250,
-                                scann_overrides=dict(reorder_dtype="float32"),
-                                scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=ScannSearch(
+      rescore_dtype=None, rows_per_shard=250, overrides=dict(reorder_dtype="float32")))
   sizes = [int(tf.shape(h.state.dataset)[0]) for h in scann.scann_handles]
   assert sizes == [250, 250, 100]
   covered = np.concatenate([s.block_ids.numpy() for s in scann.index.searcher.shards])
@@ -186,7 +188,7 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   exact's blocks, with exact's scores to float16 rounding."""
   run = _swap_in(corpus, "index_int8", 1, True, mode="ah_reorder",
                  training_sample_size=NUM_BLOCKS)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
   state = scann.scann_handles[0].state
   assert state.dataset.shape.rank == 0  # ScaNN's placeholder: no float32 dataset
   assert state.int8_dataset.dtype == tf.int8
@@ -257,7 +259,7 @@ def test_served_search_options_over_grpc(corpus):
                  reorder_dtype="float32", training_sample_size=NUM_BLOCKS)
   # The shards as built (re-scoring would serve them without their reordering, which
   # this test varies), float32, so that searching everything is exact.
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
   layouts = {s.layout for s in scann.index.searcher.shards}
   assert len(layouts) == 1, layouts  # three shards of 200: one fraction fits them all
   layout = layouts.pop()
