@@ -21,7 +21,7 @@ retrieves and reads comes from the task's own rules (tasks.openqa.retrieved_bloc
 reader_body_length), so an export answers as evaluation does.
 """
 import dataclasses
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export.qa import QAModule
@@ -111,6 +111,25 @@ class ScannSearch:
 Search = Union[ExactSearch, ScannSearch]
 
 
+def served_shards(shards: Sequence[scann_index.ScannShard],
+                  search: ScannSearch) -> list[scann_index.ScannShard]:
+  """The ScaNN shards as `search` serves them: without their int8 reordering data where
+  it re-scores their candidates from embeddings of its own (scann_index.
+  without_reordering), else as built. What served_qa_module serves, and what a benchmark
+  measures a served shard's memory on.
+
+  Args:
+    shards: the index version's (or built) ScannShards.
+    search: the ScannSearch.
+
+  Returns:
+    One ScannShard per shard, in order.
+  """
+  if search.rescore_dtype is None:
+    return list(shards)
+  return [scann_index.without_reordering(shard) for shard in shards]
+
+
 def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
                      config: ExperimentConfig, search: Search = ExactSearch(),
                      max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
@@ -150,9 +169,8 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
     shards = version_scann_shards(index.export, index.embedding_blocks,
                                   index.store.block_ids, search.rows_per_shard,
                                   **search.overrides)
-    if search.rescore_dtype is not None:  # its own re-scoring replaces ScaNN's reordering
-      shards = [scann_index.without_reordering(shard) for shard in shards]
-    searcher, handles = scann_index.graph_searcher(shards, index.dimension)
+    searcher, handles = scann_index.graph_searcher(served_shards(shards, search),
+                                                   index.dimension)
     served = served_index_from(index, tokenizer, searcher=searcher,
                                embedding_dtype=search.rescore_dtype)
   else:
@@ -165,4 +183,4 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
 
 
 __all__ = ["ExactSearch", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "ScannSearch",
-           "Search", "served_qa_module"]
+           "Search", "served_qa_module", "served_shards"]

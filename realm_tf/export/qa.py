@@ -309,10 +309,10 @@ class QAModule(tf.Module):
     """[B] questions → the QA outputs (see predict), ScaNN searching with the given
     options, where a value of 0 or less is each shard's own (scann_index.SearchOptions).
 
-    Why one function under both signatures: each graph that makes a ScannHandle's op
-    builds a searcher of its own when it first runs, so `answer` and
-    `answer_with_search_options` each calling this one function share one searcher per
-    shard instead of holding two (tests/test_export_qa.py checks it)."""
+    One function under both signatures, so they read alike; the searchers it binds are
+    made by the module's one searcher function, which `retrieve` binds too, so every
+    signature searches with one searcher per shard (scann_index.searcher_function;
+    tests/test_export_qa.py checks it)."""
     options = scann_index.SearchOptions(leaves_fraction, reorder_num_neighbors)
     with scann_index.bound_handles(self.scann_handles, self._held.make_searchers), \
         scann_index.searching_with(options):

@@ -639,10 +639,13 @@ def searcher_function(handles: Sequence[ScannHandle]):
   """One tf.function (no inputs) that makes every handle's searcher, its TensorsToScann
   op, and returns their resource handles: for bound_handles' `make`.
 
-  Why: graphs that call one function run one instance of it, so its ops' kernels, and the
-  searchers they build, are shared by every caller (tests/test_export_qa.py checks it
-  across a QA export's signatures), where a graph that made the ops itself would build a
-  searcher of its own per shard, the whole searched data once more.
+  Why one function: each shard's searcher is then built by one op, once, whichever
+  signature runs first, and every graph that calls the function searches with it
+  (tests/test_export_qa.py checks that a signature's first call builds none of its own).
+  Graphs that each made the ops themselves were seen to share searchers too in a loaded
+  SavedModel, but by where an op stands in its graph rather than by the state it reads:
+  two signatures that made two shards' ops in opposite orders searched each other's
+  shards (TensorFlow 2.20, ScaNN 1.4.2). One function leaves one op per shard.
 
   Args:
     handles: the ScannHandles (graph_searcher's).
