@@ -136,8 +136,8 @@ class QAModule(tf.Module):
     reader_length_step: the reader reads each request at the shortest multiple of this
     step (up to the model's reader_seq_length) that holds its longest `[CLS] question
     [SEP] body [SEP]`, instead of always at reader_seq_length; 0: always the full length.
-    Why: most blocks are shorter than the reader's length (57% of the demo reader's 160
-    positions held text, benchmarks/serving.py), and padding costs as much as text."""
+    Why: most blocks are shorter than the reader's length (benchmarks/results/serving.md,
+    "reader input used"), and padding costs as much as text."""
     super().__init__(name=kind)
     if max_blocks_per_pass < 0:
       raise ValueError(f"max_blocks_per_pass must be 0 (no limit) or positive, got "
@@ -155,9 +155,10 @@ class QAModule(tf.Module):
     self._held = _Untracked(model=model)
     self.tokenizer = tokenizer
     # Everything answering reads: not the document tower, whose work the index holds (the
-    # blocks' embeddings). Saved, it would be restored at every load for nothing: 438 MB at
-    # BERT-base, which took the ScaNN version at 13.35M blocks over its 8 GiB. A function
-    # that did read it would make tf.saved_model.save refuse the untracked variable.
+    # blocks' embeddings). Saved, it would be restored at every load for nothing: a whole
+    # BERT tower in every loaded version, against the served memory targets of
+    # benchmarks/released_scale.py. A function that did read it would make
+    # tf.saved_model.save refuse the untracked variable.
     documents = (set() if model.retriever.shares_towers else
                  {id(v) for v in model.retriever.document_embedder.variables})
     self.model_variables = [v for v in model.variables if id(v) not in documents]

@@ -279,9 +279,11 @@ def build_shards(embeddings, block_ids: np.ndarray, rows: Optional[np.ndarray] =
   at a time: where an index version carries no ScaNN shards, and in benchmarks.
 
   Why shard by shard: ScaNN's builder copies its dataset more than once, so one searcher
-  over REALM's 13.35M blocks needs about 30 GiB in the building process; a shard of
-  ROWS_PER_BLOCK rows needs about 2 GiB, and each builder's searcher is released once its
-  state is taken. The shards are searched together and merged (ShardedSearcher).
+  over all of REALM's blocks needs several times their embeddings in the building
+  process, more than a 24 GB machine holds; a shard of ROWS_PER_BLOCK rows needs that for
+  its own rows only, and each builder's searcher is released once its state is taken
+  (benchmarks/results/released_scale.md records the import's build). The shards are
+  searched together and merged (ShardedSearcher).
 
   Args:
     embeddings: [N, P] in row order (a RowBlocks, or an array or memmap).
