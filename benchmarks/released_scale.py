@@ -4,7 +4,7 @@ hand over 13,353,718 blocks.
     python -m benchmarks.released_scale [--blocks 13353718] [--work_dir DIR]
         [--questions 200] [--requests 30] [--check_rows 64] [--name released_scale]
 
-A release is written in the authors' layout at the real sizes (tests/released_files.py's
+A release is written in the authors' layout at the real sizes (benchmarks/released_files.py's
 names, docs/released_models.md's folders): BERT-base-shaped random weights under the
 released names (the embedder module with its MLM head, the knowledge-augmented encoder's
 module, an Open-QA checkpoint with Adam's slots, global_step, params.json and no checkpoint
@@ -14,7 +14,7 @@ wordpieces from the Wikipedia leads the demo ships), and block_emb [N, 128] floa
 encoded.ckpt: seeded clustered rows (benchmarks.scale.seeded_embeddings), or with
 --embedding_generator rows of a generator fitted to real embeddings
 (benchmarks.synthetic_embeddings), except the --check_rows rows the import re-embeds, which an independent NumPy BERT-base
-(tests/bert_reference.py) computes from those blocks, so the release's own check runs at
+(benchmarks/bert_reference.py) computes from those blocks, so the release's own check runs at
 full size against an independent implementation.
 
 Then the documented commands run, each as its own process, as a user runs them:
@@ -149,7 +149,7 @@ def write_release(args, work: str) -> dict:
   from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
   from realm_tf.pretrained import minilm_vocab_file  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
-  from tests import released_files as rf  # pylint: disable=g-import-not-at-top
+  from benchmarks import released_files as rf  # pylint: disable=g-import-not-at-top
   root = os.path.join(work, "release")
   start = time.time()
   rng = np.random.default_rng(SEED)
@@ -297,7 +297,7 @@ def write_records(leads, corpus: str, blocks: int, checked) -> dict:
 def write_weights(rng, root, embedder, vocab, embedder_dir, scopes, blocks) -> dict:
   """The modules' and the Open-QA model's checkpoints (the embedder's drawn by the caller,
   who also needs it for the reference); what was written."""
-  from tests import released_files as rf  # pylint: disable=g-import-not-at-top
+  from benchmarks import released_files as rf  # pylint: disable=g-import-not-at-top
   rf.save_checkpoint(os.path.join(embedder_dir, "variables", "variables"), embedder)
   bert = rf.bert_tensors(rng, "", len(vocab), mlm_head=True, sizes=BERT_BASE, scale=0.02)
   rf.save_checkpoint(os.path.join(root, "cc_news_pretrained", "bert", "variables",
@@ -377,51 +377,42 @@ def without(found: np.ndarray, excluded, k: int) -> np.ndarray:
   return out
 
 
-def served_scann_index(run_dir: str, index_searcher, checked):
-  """The index a realm_qa_scann export serves, built in this process from the import's
-  shards as realm_tf.export builds it (exporter.build_module with the default
-  scann_rescore_dtype): each shard without its int8 reordering, and a float16 copy of the
-  embeddings that re-scores their candidates (ServedIndex.search).
+def served_scann_index(run_dir: str, checked):
+  """The index a realm_qa_scann export serves, assembled in this process as
+  `python -m realm_tf.export` assembles it: the imported run loaded (exporter.load_run)
+  and its default ScaNN module built (exporter.build_module: assembly.served_qa_module,
+  the shards without their int8 reordering and a float16 copy of the embeddings that
+  re-scores their candidates); its ServedIndex, which takes query embeddings.
 
   Why not the exported SavedModel itself: its signatures take question text, and these
-  questions are generated embeddings. The checked rows' float16 rows are zeroed: they
-  re-score to 0 and rank below every real candidate, while still taking the candidate slots
-  ScaNN gives them (recall is measured without them: `without`), so the served figure is
-  pessimistic rather than helped by them.
+  questions are generated embeddings. The checked rows are zeroed in the run's index
+  before the float16 copy is made: they re-score to 0 and rank below every real
+  candidate, while still taking the candidate slots ScaNN gives them (recall is measured
+  without them: `without`), so the served figure is pessimistic rather than helped by
+  them. The run's float32 index is let go once the module is built (the module holds its
+  own float16 copy).
 
   Args:
-    run_dir: the imported run (its block text store backs the ServedIndex).
-    index_searcher: load_searcher(..., backend='scann') over the run's index.
+    run_dir: the imported run.
     checked: block ids of the reference-checked rows.
 
   Returns:
-    A ServedIndex over every block, searching through the stripped shards.
+    The ServedIndex over every block.
   """
-  from realm_tf.data.block_texts import BlockTexts  # pylint: disable=g-import-not-at-top
-  from realm_tf.export.served_index import ServedIndex  # pylint: disable=g-import-not-at-top
-  from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.index_export import load_shard_array  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.sharded import ShardedSearcher  # pylint: disable=g-import-not-at-top
-  export = index_searcher.export
-  infos = [i for i in export.manifest["shards"] if i["num_blocks"]]
-  total = len(export.manifest["shards"])
-  shard_ids = [load_shard_array(export, i["shard"], total, "block_ids.npy") for i in infos]
-  block_ids = np.sort(np.concatenate(shard_ids))
-  # [N, P] float16 in ascending block-id order, filled a shard at a time (a float32 copy
-  # of every row would be 6.8 GiB more at 13.35M blocks).
-  rows = np.zeros([len(block_ids), index_searcher.dimension], np.float16)
-  for info, ids in zip(infos, shard_ids):
-    rows[np.searchsorted(block_ids, ids)] = load_shard_array(
-        export, info["shard"], total, "embeddings.npy")
-  rows[np.searchsorted(block_ids, np.asarray(list(checked), np.int64))] = 0
-  stripped = ShardedSearcher([
-      scann_index.host_searcher(scann_index.without_reordering(scann_index.ScannShard(
-          shard.state, shard.block_ids.numpy())), index_searcher.dimension)
-      for shard in index_searcher.shards])
-  texts = BlockTexts(layout.block_texts_dir(run_dir))
-  return ServedIndex(rows, block_ids, texts, tokenizer=None, block_seq_length=0,
-                     body_length=0, searcher=stripped, embedding_dtype="float16")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
+  run = exporter.load_run(run_dir)
+  blocks = run.index.embedding_blocks
+  rows = np.searchsorted(run.index.store.block_ids, np.asarray(sorted(checked), np.int64))
+  for variable, (start, end) in zip(blocks.blocks, blocks.bounds):
+    mine = rows[(rows >= start) & (rows < end)] - start
+    if len(mine):
+      variable.scatter_update(tf.IndexedSlices(
+          tf.zeros([len(mine), blocks.dimension], variable.dtype), tf.constant(mine)))
+  served = exporter.build_module(run, "realm_qa_scann").index
+  del run, blocks
+  gc.collect()
+  return served
 
 
 def scann_recall(args, work: str) -> dict:
@@ -487,7 +478,9 @@ def scann_recall(args, work: str) -> dict:
     with scann_index.searching_with(scann_index.SearchOptions(fraction, reorder)):
       rows.append(row(top(scann), one_at_a_time(scann), leaves_fraction=fraction,
                       reorder_num_neighbors=reorder))
-  served = served_scann_index(run_dir, scann, checked)
+  del scann  # its int8 data: not held beside the served index's shards
+  gc.collect()
+  served = served_scann_index(run_dir, checked)
   served_rows = []
   for fraction in SERVED_LEAVES:
     with scann_index.searching_with(scann_index.SearchOptions(fraction)):

@@ -22,10 +22,12 @@ Measured, each step in its own process so one step's memory never inflates the n
             word/type/body id tables in variables), against which the served layout's
             memory is read: resident memory of each component, built at
             --variables_layout_blocks, and per block (to extrapolate to N);
-  export    per kind (realm_qa: exact search; realm_qa_scann: ScaNN's ops): build/export
-            time, peak memory of the exporting process, size on disk, the size of each
-            component in the SavedModel (embeddings, search structure, texts, titles,
-            model), ScaNN recall@5 against exact search on --queries queries;
+  export    per kind (realm_qa: exact search; realm_qa_scann: ScaNN's ops, its candidates
+            re-scored from float16), assembled by realm_tf.export.assembly as
+            `python -m realm_tf.export` assembles it: build/export time, peak memory of
+            the exporting process, size on disk, the size of each component in the
+            SavedModel (embeddings, search structure, texts, titles, model), and the
+            served ScaNN search's recall@5 against exact search on --queries queries;
   serve     per kind and aspired-version policy, `python -m serving.server` on the export:
             load time, resident memory after load, p50/p99 of --requests questions at one
             gRPC client, one answer with its block's text, and the peak resident memory
@@ -33,7 +35,7 @@ Measured, each step in its own process so one step's memory never inflates the n
   trainer   the trainer's KnowledgeIndex over 2 replicas (MirroredStrategy on 2 logical
             CPUs) at --trainer_blocks: memory per replica, and the time to load and swap a
             new index version from local disk (and from the gs:// emulator at
-            --gcs_blocks, tests/gcs_emulator.py, when > 0 and the emulator can run). Its
+            --gcs_blocks, benchmarks/gcs_emulator.py, when > 0 and the emulator can run). Its
             token tables are fixed-width, so their memory does not depend on the texts:
             the blocks there are short, which spares tokenizing N real texts (not part of
             a hand-over).
@@ -248,9 +250,10 @@ def variables_layout_phase(args, work: str) -> dict:
   served layout (texts on disk, no token tables) is measured against."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks.openqa import reader_body_length  # pylint: disable=g-import-not-at-top
   n = args.variables_layout_blocks
   leads = LeadWords(Tokenizer(), os.path.join(work, "leads.npz"))
-  body_length = max(args.reader_seq_length - 3, args.block_seq_length)
+  body_length = reader_body_length(scale_config(args))
   out = {}
 
   def measure(name, make):
@@ -331,77 +334,69 @@ def saved_components(published: str) -> dict:
   return parts
 
 
+def served_config(config, work: str):
+  """`config` serving the corpus phase's text store (<work>/texts) with exact search in
+  the index, as realm_tf.export's loaded run does (its ScaNN kind searches in graph)."""
+  return config.replace(index=dict(text_store=os.path.join(work, "texts"), backend="exact"))
+
+
 def export_phase(args, work: str) -> dict:
-  """One QA export of the whole corpus (--kind), published as version 1."""
+  """One QA export of the whole corpus (--kind), published as version 1: the task's model
+  and index (the corpus's text store, the seeded embeddings as index version 1), the
+  module assembled by realm_tf.export.assembly as `python -m realm_tf.export` assembles
+  it (realm_qa_scann: its default search, ScaNN's candidates re-scored from float16)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import assembly, exporter  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
-  config = scale_config(args)
+  config = served_config(scale_config(args), work)
   set_precision(config)
   start = time.time()
   task = tasks.get_task(config, "")
   model = task.build_model()
+  index = task.build_index(tf.distribute.get_strategy())
   vectors = np.load(os.path.join(work, "embeddings.npy"), mmap_mode="r")
-  block_ids = np.arange(args.blocks, dtype=np.int64)
-  texts = block_texts.BlockTexts(os.path.join(work, "texts"))
-  searcher, handles, recall, scann_seconds = None, (), None, 0.0
+  index.set_embeddings(vectors, version=1)  # read a row block at a time
+  del vectors
+  # The networks' variables exist once they have run (as exporter.load_run builds them).
+  assembly.served_qa_module(model, index, task.tokenizer, config).predict(
+      tf.constant(["what is the capital of france?"]))
+  search = (assembly.ScannSearch() if kind == "realm_qa_scann"
+            else assembly.ExactSearch(args.embedding_dtype))
+  assembly_start = time.time()
+  # With no ScaNN states in the index version, ScannSearch builds them shard by shard.
+  module = assembly.served_qa_module(model, index, task.tokenizer, config, search)
+  assembly_seconds = time.time() - assembly_start
+  recall = None
   if kind == "realm_qa_scann":
-    scann_start = time.time()
-    # As exporter.build_module where the index carries no ScaNN shards: built shard by
-    # shard; the served index then holds no embeddings (it scores with the searcher).
-    searcher, handles = scann_index.graph_searcher(
-        scann_index.build_shards(vectors, block_ids), DIMENSION)
-    scann_seconds = time.time() - scann_start
-  c = config.task.openqa
-  embeddings = np.asarray(vectors) if searcher is None else None
-  served = served_index.ServedIndex(
-      embeddings, block_ids, texts, task.tokenizer,
-      config.model.retriever.block_seq_length,
-      max(c.reader_seq_length - 3, config.model.retriever.block_seq_length), version=1,
-      searcher=searcher, embedding_dtype=args.embedding_dtype)
-  # As many blocks as evaluation retrieves (OpenQATask.num_retrieved, whose index this
-  # benchmark does not build).
-  num_retrieved = min(max(max(evaluation.RECALL_AT), c.num_candidates), args.blocks)
-  module = qa.QAModule(model, served, task.tokenizer, c.query_seq_length,
-                       num_retrieved, c.num_candidates,
-                       searcher=searcher, scann_handles=handles, kind=kind,
-                       max_blocks_per_pass=exporter.MAX_BLOCKS_PER_PASS,
-                       reader_length_step=exporter.READER_LENGTH_STEP)
-  module.predict(tf.constant(["what is the capital of france?"]))  # builds the networks
-  if searcher is not None:
     # A query near a random block (its embedding plus as much noise), as a question is
-    # near the blocks that answer it.
+    # near the blocks that answer it; the served search (candidates re-scored) against
+    # exact search over the index's embeddings.
     rng = np.random.default_rng(SEED + 1)
     near = np.sort(rng.choice(args.blocks, size=args.queries, replace=args.queries > args.blocks))
-    from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
-    exact = RowBlocks.from_array(np.asarray(vectors))
-    queries = (np.asarray(vectors[near]) +
+    from realm_tf.retrieval.row_blocks import gather_rows  # pylint: disable=g-import-not-at-top
+    queries = (gather_rows(index.embedding_blocks, near) +
                rng.standard_normal((args.queries, DIMENSION), np.float32)).astype(np.float32)
     hits = 0
     for i in range(0, args.queries, 100):
       q = tf.constant(queries[i:i + 100])
-      _, exact_rows = exact.top_k(q, 5)
-      found = searcher.search(q, 5)
+      _, exact_rows = index.embedding_blocks.top_k(q, 5)
+      found = module.index.search(q, 5)
       hits += sum(len(set(e) & set(f)) for e, f in
-                  zip(exact_rows.numpy().tolist(), served.rows(found.block_ids).numpy().tolist()))
+                  zip(exact_rows.numpy().tolist(), found.rows.numpy().tolist()))
     recall = hits / (5 * args.queries)
-    del exact
-  del vectors
   out = os.path.join(work, "models")
   shutil.rmtree(os.path.join(out, kind), ignore_errors=True)  # a reused work_dir's export
-  provenance = dict(kind=kind, benchmark="benchmarks/scale.py", blocks=args.blocks)
+  provenance = dict(kind=kind, benchmark="benchmarks/scale.py", blocks=args.blocks,
+                    **search.describe())
   warmup = [dict(question=["who wrote the iliad?"]),
             dict(question=list(exporter.WARMUP_QUESTIONS))]
   save_start = time.time()
   published = exporter.save_export(module, out, kind, 1, provenance, warmup)
   seconds = time.time() - start
   return dict(kind=kind, published=published, build_and_export_seconds=round(seconds, 1),
-              scann_build_seconds=round(scann_seconds, 1),
+              assembly_seconds=round(assembly_seconds, 1),
               save_seconds=round(time.time() - save_start, 1),
               export_peak_rss_bytes=peak_rss_bytes(), disk_bytes=du_bytes(published),
               saved_model_pb_bytes=os.path.getsize(os.path.join(published, "saved_model.pb")),
@@ -494,6 +489,7 @@ def trainer_phase(args, work: str, index_root: str = "", blocks: int = 0) -> dic
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import index_export  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.knowledge_index import KnowledgeIndex  # pylint: disable=g-import-not-at-top
+  from realm_tf.tasks.openqa import reader_body_length  # pylint: disable=g-import-not-at-top
   from realm_tf.text.tokenization import Tokenizer  # pylint: disable=g-import-not-at-top
   n = blocks or args.trainer_blocks
   # Two logical CPUs, as the tests' multi-replica path (before any op runs).
@@ -501,7 +497,7 @@ def trainer_phase(args, work: str, index_root: str = "", blocks: int = 0) -> dic
       tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
   strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
   index_dir = index_root or os.path.join(work, "trainer_index")
-  body_length = max(args.reader_seq_length - 3, args.block_seq_length)
+  body_length = reader_body_length(scale_config(args))
   ids = np.arange(n, dtype=np.int64)
   rng = np.random.default_rng(SEED)
   publish = {}
@@ -546,8 +542,7 @@ def trainer_phase(args, work: str, index_root: str = "", blocks: int = 0) -> dic
 
 def trainer_gcs(args, work: str) -> dict:
   """trainer_phase against gs:// in the emulator's namespaces, or why it could not run."""
-  sys.path.insert(0, harness.REPO)
-  from tests import gcs_emulator  # pylint: disable=g-import-not-at-top
+  from benchmarks import gcs_emulator  # pylint: disable=g-import-not-at-top
   reason = gcs_emulator.unavailable_reason()
   if reason:
     return dict(skipped=reason)

@@ -25,9 +25,10 @@ Each step runs in its own process, so one step's memory never inflates the next:
             (scann_params_for: int8 reordering), built one shard at a time: seconds and
             the building process's peak memory;
   export    per kind (realm_qa, realm_qa_scann), the QA SavedModel as
-            `python -m realm_tf.export` builds it (the ScaNN kind serves the version's
-            shards, realm_tf.export.exporter.version_scann_shards; the process also holds
-            the index's float32 embeddings, as the exporter's loaded run does): peak
+            `python -m realm_tf.export` builds it (realm_tf.export.assembly, each kind's
+            default search: the ScaNN kind serves the version's shards without their int8
+            reordering and re-scores their candidates from float16; the process also
+            holds the index's float32 embeddings, as the exporter's loaded run does): peak
             memory, seconds, disk, the checkpoint's parts;
   recall    recall@5 against exact search on --queries queries, per shard merged as
             served, for the shipped configuration and the REALM authors' (ORQA's
@@ -46,6 +47,7 @@ after every step; figures that grow with N are also extrapolated to 13,353,718 b
 labelled so.
 """
 import argparse
+import dataclasses
 import gc
 import json
 import os
@@ -217,57 +219,43 @@ def _config(args, dimension: int):
 
 
 def export_phase(args, work: str) -> dict:
-  """One QA export (--kind) over the corpus and its index version, published as version 1."""
+  """One QA export (--kind) over the corpus and its index version, published as version 1:
+  the task's model and index with the version swapped in, the module assembled by
+  realm_tf.export.assembly as `python -m realm_tf.export` assembles it (realm_qa_scann:
+  the version's shards, its candidates re-scored from float16; the process holds the
+  index's float32 embeddings for either kind, as the exporter's loaded run does)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf import tasks  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import block_texts  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import exporter, qa, served_index  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import assembly, exporter  # pylint: disable=g-import-not-at-top
   from realm_tf.io import versioned  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.index_loading import version_scann_shards  # pylint: disable=g-import-not-at-top
-  from realm_tf.retrieval.row_blocks import RowBlocks  # pylint: disable=g-import-not-at-top
-  from realm_tf.tasks import openqa_evaluation as evaluation  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling.factory import set_precision  # pylint: disable=g-import-not-at-top
   kind = args.kind
   start = time.time()
-  vectors = _embeddings(work)
-  config = _config(args, vectors.shape[1])
+  config = scale.served_config(_config(args, _embeddings(work).shape[1]), work)
   set_precision(config)
   # Seeded: both kinds' exports get the same initial weights (the projection is not in the
   # pretrained encoder), so their answers differ only by their search.
   tf.keras.utils.set_random_seed(SEED)
   task = tasks.get_task(config, "")
   model = task.build_model()
-  block_ids = np.arange(args.blocks, dtype=np.int64)
-  texts = block_texts.BlockTexts(os.path.join(work, "texts"))
-  # The exporter's loaded run holds the index's float32 embeddings for either kind.
-  embeddings = RowBlocks.from_array(np.asarray(vectors, np.float32))
-  searcher, handles = None, ()
-  if kind == "realm_qa_scann":
-    version = versioned.latest_version(os.path.join(work, "index"))
-    searcher, handles = scann_index.graph_searcher(
-        version_scann_shards(version, embeddings, block_ids), vectors.shape[1])
-  c = config.task.openqa
-  served = served_index.ServedIndex(
-      embeddings if searcher is None else None, block_ids, texts, task.tokenizer,
-      config.model.retriever.block_seq_length,
-      max(c.reader_seq_length - 3, config.model.retriever.block_seq_length), version=1,
-      searcher=searcher)
-  num_retrieved = min(max(max(evaluation.RECALL_AT), c.num_candidates), args.blocks)
-  module = qa.QAModule(model, served, task.tokenizer, c.query_seq_length, num_retrieved,
-                       c.num_candidates, searcher=searcher, scann_handles=handles, kind=kind,
-                       max_blocks_per_pass=exporter.MAX_BLOCKS_PER_PASS,
-                       reader_length_step=exporter.READER_LENGTH_STEP)
-  module.predict(tf.constant(["what is the capital of france?"]))  # builds the networks
+  index = task.build_index(tf.distribute.get_strategy())
+  index.swap(versioned.latest_version(os.path.join(work, "index")))
+  # The networks' variables exist once they have run (as exporter.load_run builds them).
+  assembly.served_qa_module(model, index, task.tokenizer, config).predict(
+      tf.constant(["what is the capital of france?"]))
+  search = exporter.DEFAULT_SEARCHES[kind]
+  module = assembly.served_qa_module(model, index, task.tokenizer, config, search)
   out = os.path.join(work, "models")
   shutil.rmtree(os.path.join(out, kind), ignore_errors=True)
   warmup = [dict(question=["who wrote the iliad?"]),
             dict(question=list(exporter.WARMUP_QUESTIONS))]
   published = exporter.save_export(module, out, kind, 1, dict(
-      kind=kind, benchmark="benchmarks/scann_scale.py", blocks=args.blocks), warmup)
+      kind=kind, benchmark="benchmarks/scann_scale.py", blocks=args.blocks,
+      **search.describe()), warmup)
   return dict(kind=kind, seconds=round(time.time() - start, 1),
               export_peak_rss_bytes=harness.peak_rss_bytes(), disk_bytes=du_bytes(published),
-              component_bytes=scale.saved_components(published), shards=len(handles))
+              component_bytes=scale.saved_components(published),
+              shards=len(module.scann_handles), search=search.describe())
 
 
 def _queries(args, work: str, vectors) -> np.ndarray:
@@ -337,12 +325,15 @@ def recall_phase(args, work: str) -> dict:
 
 
 def memory_phase(args, work: str) -> dict:
-  """Resident bytes per block of one served ScaNN shard of --memory_blocks seeded rows in
-  the shipped configuration for that size: its state's variables (what the SavedModel
-  restores) and the searcher the TensorsToScann op builds from them, each read as the
-  growth of this process's trimmed RSS. One large shard, so that per-shard constants
-  (graphs, codebooks, the tree) do not pass for per-block cost as they do at small N."""
+  """Resident bytes per block of one served ScaNN shard of --memory_blocks seeded rows,
+  built in the shipped configuration for that size and served as the default
+  realm_qa_scann serves it (assembly.served_shards: without its int8 reordering): its
+  state's variables (what the SavedModel restores) and the searcher the TensorsToScann
+  op builds from them, each read as the growth of this process's trimmed RSS. One large
+  shard, so that per-shard constants (graphs, codebooks, the tree) do not pass for
+  per-block cost as they do at small N."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import assembly, exporter  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
   n = args.memory_blocks
   dimension = _embeddings(work).shape[1]
@@ -352,20 +343,24 @@ def memory_phase(args, work: str) -> dict:
   vectors = centroids[rng.integers(0, 5000, size=n)]
   vectors += rng.standard_normal((n, dimension), np.float32)
   params = scann_index.scann_params_for(n)
+  search = exporter.DEFAULT_SEARCHES["realm_qa_scann"]
   before = scale.trimmed_rss()
-  # Built, serialised and the builder's searcher released: what stays is the state.
-  state = scann_index.scann_state(vectors, params)
+  # Built, serialised and the builder's searcher released, then as served: what stays is
+  # the served state.
+  (shard,) = assembly.served_shards([scann_index.ScannShard(
+      scann_index.scann_state(vectors, params), np.arange(n, dtype=np.int64))], search)
+  state = shard.state
   state_rss = scale.trimmed_rss() - before
   del vectors
   before = scale.trimmed_rss()
-  searcher = scann_index.host_searcher(
-      scann_index.ScannShard(state, np.arange(n, dtype=np.int64)), dimension)
+  searcher = scann_index.host_searcher(shard, dimension)
   searcher.search(tf.zeros([1, dimension]), 5)
   # (with its [n] int64 block ids, 8 bytes a block, which a served shard holds too)
   searcher_rss = scale.trimmed_rss() - before
   variables = sum(int(np.prod(v.shape)) * v.dtype.size for v in state.variables
                   if v.dtype != tf.string)
-  return dict(blocks=n, params=params.to_dict(), state_variable_bytes=variables,
+  return dict(blocks=n, params=params.to_dict(), served=search.describe(),
+              served_layout=dataclasses.asdict(shard.layout), state_variable_bytes=variables,
               state_rss_bytes=state_rss, searcher_rss_bytes=searcher_rss,
               bytes_per_block=dict(state_variables=round(variables / n, 1),
                                    state_rss=round(state_rss / n, 1),
@@ -532,9 +527,12 @@ def markdown(result: dict) -> str:
               "authors': `" + json.dumps(r["authors_params"], sort_keys=True) + "`."]
   if "memory" in result:
     m = result["memory"]
+    served = m.get("served")  # absent from runs that measured the shard as built
+    served_as = ("" if not served else "; served as realm_qa_scann serves it, " + (
+        "without its reordering data" if served.get("rescore_dtype") else "as built"))
     lines += ["", f"One shipped ScaNN shard of {m['blocks']:,} seeded rows "
               f"({m['params']['mode']}, {m['params']['num_leaves']} leaves, "
-              f"{m['params']['reorder_dtype']} reordering), resident bytes per block "
+              f"{m['params']['reorder_dtype']} reordering{served_as}), resident bytes per block "
               f"(measured): state variables {m['bytes_per_block']['state_rss']} "
               f"({m['bytes_per_block']['state_variables']} as stored), the searcher built "
               f"from them {m['bytes_per_block']['searcher_rss']}."]
@@ -548,11 +546,16 @@ def markdown(result: dict) -> str:
                    f"{s.get('p99_ms', '')} |")
   if "answers" in result:
     a = result["answers"]
+    # Runs before the export recorded its search served ScaNN's own int8-reordered scores.
+    search = result.get("exports", {}).get("realm_qa_scann", {}).get("search")
+    scores = ("int8-reordered scores" if not search else
+              f"ScaNN's candidates re-scored from {search['rescore_dtype']} embeddings"
+              if search.get("rescore_dtype") else "ScaNN's own scores")
     lines += ["", f"Answers of {a['questions']} questions, ScaNN export against exact: the "
               f"answer differs on {a['answer_differs']}, the top-5 on {a['top5_differs']}; "
               + (f"with the same top-5 the answer differs on "
                  f"{a['answer_differs_with_same_top5']} (p(z|x) within "
-                 f"{a['max_abs_prob_difference_with_same_top5']}: int8-reordered scores)."
+                 f"{a['max_abs_prob_difference_with_same_top5']}: {scores})."
                  if a["top5_differs"] < a["questions"] else
                  "no question had the same top-5 (these questions' query embeddings are "
                  "far from the seeded blocks, where the shipped tree finds few of exact's "

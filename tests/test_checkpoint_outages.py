@@ -9,7 +9,7 @@ the bound's plumbing (runtime.storage_outage_seconds → refuse_damaged) and the
 GCS emulator's fault injection.
 
 System tier (tests/conftest.py's SYSTEM_TIER): `python -m realm_tf.train` with model_dir on
-the GCS emulator (tests/gcs_emulator.py), 503s and stalls injected on the newest
+the GCS emulator (benchmarks/gcs_emulator.py), 503s and stalls injected on the newest
 checkpoint's reads for longer than TF's own retries: the run resumes from it and nothing is
 moved to damaged/; an outage longer than the bound stops the trainer with the storage error
 naming the checkpoint.
@@ -29,7 +29,7 @@ from realm_tf.configs import ConfigValueError
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.io import storage
 from realm_tf.training import checkpoints, train_lib
-from tests import gcs_emulator
+from benchmarks import gcs_emulator
 
 # The reader's error when gs:// answered a 503 or nothing, after TF's retries (as the
 # emulator shows it): a ValueError, as for some damage.
@@ -365,7 +365,7 @@ def _train(gcs, repo_dir, corpus, model_dir, steps, *extra_overrides, check=True
 def test_a_gcs_outage_on_the_newest_checkpoint_is_waited_out_not_set_aside(
     tmp_path, repo_dir, corpus):
   """503s, then stalls, on every read of the newest checkpoint's files, more of them than
-  TF's client retries (tests/gcs_emulator.py's TF_RETRY_ENV: 4 attempts per call), so
+  TF's client retries (benchmarks/gcs_emulator.py's TF_RETRY_ENV: 4 attempts per call), so
   the errors reach refuse_damaged: the trainer waits them out, resumes from that checkpoint
   and moves nothing; an outage longer than runtime.storage_outage_seconds stops it with the
   storage error naming the checkpoint (exit 1), nothing moved either."""

@@ -19,6 +19,7 @@ from tensorflow_serving.apis import prediction_log_pb2
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
 from realm_tf.export import exporter, qa
+from realm_tf.export.assembly import ScannSearch
 from realm_tf.io import layout, versioned
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.training import train_lib
@@ -218,6 +219,39 @@ def test_search_options_signature_follows_the_client_contract(exported):
   assert set(signature.structured_outputs) == set(client.PER_QUESTION + client.PER_BLOCK)
 
 
+@pytest.mark.parametrize("kind", ["realm_qa", "realm_qa_scann"])
+def test_retrieve_signature_returns_the_blocks_answer_reads(exported, kind):
+  """`retrieve` (no reader): the blocks `answer` retrieves, best first, their titles and
+  the scores whose softmax is answer's retrieval_probs; for realm_qa the knowledge index's
+  exact top-k (evaluation's search), for realm_qa_scann its searcher's (candidates
+  re-scored from float16 embeddings), each computed here in process."""
+  loaded = tf.saved_model.load(exported["published"][kind])
+  signature = loaded.signatures[qa.RETRIEVE_SIGNATURE]
+  _, inputs = signature.structured_input_signature
+  assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == {
+      qa.QUESTION: (tf.string, [None])}
+  assert {k: v.dtype for k, v in signature.structured_outputs.items()} == dict(
+      block_ids=tf.int64, block_titles=tf.string, retrieval_scores=tf.float32)
+  questions = exported["questions"]
+  got = {k: v.numpy() for k, v in signature(question=tf.constant(questions)).items()}
+  answered = _outputs(loaded, questions)
+  np.testing.assert_array_equal(got["block_ids"], answered["block_ids"])
+  np.testing.assert_array_equal(got["block_titles"], answered["block_titles"])
+  np.testing.assert_allclose(tf.nn.softmax(got["retrieval_scores"]).numpy(),
+                             answered["retrieval_probs"], rtol=1e-4, atol=1e-5)
+  run = exporter.load_run(exported["model_dir"])
+  query = run.model.retriever.embed_queries(run.tokenizer.encode(
+      tf.constant(questions), exported["config"].task.openqa.query_seq_length).as_dict(),
+      training=False)
+  index = run.index if kind == "realm_qa" else exporter.build_module(run, kind).index
+  found = index.search(query, run.num_retrieved)
+  np.testing.assert_array_equal(got["block_ids"], found.block_ids.numpy())
+  np.testing.assert_allclose(got["retrieval_scores"], found.scores.numpy(), rtol=1e-5,
+                             atol=1e-5)
+  titles = np.array(run.index.store.title_strings, object)[found.rows.numpy()]
+  assert [[t.decode() for t in row] for row in got["block_titles"]] == titles.tolist()
+
+
 def test_reader_export_reads_blocks_like_the_model(exported):
   """Given the blocks the model retrieved, the reader export chooses the span the model's
   reader scores best (its own span scores: the reader export has no retrieval score)."""
@@ -409,8 +443,8 @@ def test_stock_export_uses_only_ops_of_a_stock_model_server(exported):
   assert found["scann+text"] and all(op.startswith("Scann") for op in found["scann+text"])
   signatures = {kind: set(tf.saved_model.load(exported["published"][kind]).signatures)
                 for kind in ("realm_qa", "realm_qa_scann")}
-  assert signatures == {"realm_qa": {"serving_default", "answer"},
-                        "realm_qa_scann": {"serving_default", "answer",
+  assert signatures == {"realm_qa": {"serving_default", "answer", qa.RETRIEVE_SIGNATURE},
+                        "realm_qa_scann": {"serving_default", "answer", qa.RETRIEVE_SIGNATURE,
                                            qa.SEARCH_OPTIONS_SIGNATURE}}
 
 
@@ -428,18 +462,21 @@ def test_scann_searcher_is_built_once_not_per_call(exported, tmp_path):
   while the same change before the first call does reverse them. (An export that ranks by
   the searcher's scores: re-scoring from embeddings would put the reversal right.)"""
   path = exporter.export_run(exported["model_dir"], str(tmp_path), ["realm_qa_scann"],
-                             scann_rescore_dtype="none")["realm_qa_scann"]
+                             searches=[ScannSearch(rescore_dtype=None)])["realm_qa_scann"]
   question = exported["questions"][:1]
   loaded = tf.saved_model.load(path)
   first = _outputs(loaded, question)
   _negate_scann_data(loaded)
   np.testing.assert_array_equal(_outputs(loaded, question)["block_ids"], first["block_ids"])
-  # answer_with_search_options shares the searcher serving_default built (one function
-  # under both): its first call does not read the changed data either.
+  # answer_with_search_options and retrieve share the searchers serving_default built (one
+  # function makes them for every signature): their first calls do not read the changed
+  # data either. Brute-force shards without re-scoring: options that say so.
   tuned = loaded.signatures[qa.SEARCH_OPTIONS_SIGNATURE](
       question=tf.constant(question), leaves_fraction=tf.constant(1.0),
-      reorder_num_neighbors=tf.constant(1000))
+      reorder_num_neighbors=tf.constant(exporter.read_provenance(path)["num_retrieved"]))
   np.testing.assert_array_equal(tuned["block_ids"].numpy(), first["block_ids"])
+  retrieved = loaded.signatures[qa.RETRIEVE_SIGNATURE](question=tf.constant(question))
+  np.testing.assert_array_equal(retrieved["block_ids"].numpy(), first["block_ids"])
   # The control: the same change before the first call reaches the searcher.
   fresh = tf.saved_model.load(path)
   _negate_scann_data(fresh)

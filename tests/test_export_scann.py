@@ -1,20 +1,25 @@
-"""The ScaNN QA export at small size: it serves the ScaNN shards its index version carries
-(built shard by shard where the version has none), holds no embeddings of its own, and,
+"""The QA exports' one assembly (realm_tf.export.assembly) at small size: each search
+retrieves what a NumPy reference (or its searcher) finds; the ScaNN export serves the
+ScaNN shards its index version carries (built shard by shard where the version has none),
+ranked by ScaNN's scores without embeddings of its own or re-scored from float16 ones, and,
 question by question, answers as the exact export does whenever ScaNN's top-k is exact's
-and its scores are exact (float32 reordering)."""
+and its scores are exact (float32 reordering); its search options each change the served
+answer or are refused, over gRPC."""
 import os
 
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import prediction_service_pb2_grpc
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from realm_tf.corpus import published, schema
-from realm_tf.export import exporter
+from realm_tf.export import assembly, exporter, served_index
+from realm_tf.export.assembly import ScannSearch
 from realm_tf.io import versioned
 from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.index_export import ShardData, write_export
+from realm_tf.tasks.openqa import retrieved_blocks
 from serving import client
 from serving.server import ModelServer, ServerOptions
 from tests import task_fixtures as tf_
@@ -26,6 +31,8 @@ DIMENSION = 16  # configs/tiny.yaml's projection
 # are then (almost always) exact's. A tree would miss more, but its k-means is not seeded:
 # which questions it misses changes from run to run.
 AH_FLOAT32 = dict(mode="ah_reorder", training_sample_size=NUM_BLOCKS, reorder_dtype="float32")
+# The shards as built, ranked by ScaNN's own scores: no re-scoring embeddings.
+OWN_SCORES = ScannSearch(rescore_dtype=None)
 _WORDS = ("river", "capital", "league", "harbour", "mountain", "poet", "bridge", "market",
           "festival", "railway", "castle", "island")
 
@@ -138,11 +145,11 @@ def _before_and_after_saving(corpus, module, name: str) -> tuple[dict, dict]:
 
 def test_scann_export_serves_the_index_versions_shards(corpus):
   """Three shards carrying ScaNN states: the export searches exactly those (no searcher
-  built over the whole corpus), keeps no embedding table with scann_rescore_dtype 'none',
+  built over the whole corpus), keeps no embedding table without re-scoring,
   and answers as the exact export on every question where its search found exact's top-k
   with exact's scores."""
   run = _swap_in(corpus, "index_with_scann", 3, True, **AH_FLOAT32)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
   assert scann.index.embeddings is None
   export = run.index.export
   assert len(scann.scann_handles) == 3
@@ -163,13 +170,12 @@ def test_scann_export_serves_the_index_versions_shards(corpus):
 
 
 def test_without_index_shards_the_export_builds_them_shard_by_shard(corpus):
-  """An index version without ScaNN states: shards of at most scann_rows_per_shard rows
+  """An index version without ScaNN states: shards of at most rows_per_shard rows
   are built (never one over all blocks), and with brute-force float32 shards every
   question's search is exact, so every answer is the exact export's."""
   run = _swap_in(corpus, "index_without_scann", 2, False)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rows_per_shard=250,
-                                scann_overrides=dict(reorder_dtype="float32"),
-                                scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=ScannSearch(
+      rescore_dtype=None, rows_per_shard=250, overrides=dict(reorder_dtype="float32")))
   sizes = [int(tf.shape(h.state.dataset)[0]) for h in scann.scann_handles]
   assert sizes == [250, 250, 100]
   covered = np.concatenate([s.block_ids.numpy() for s in scann.index.searcher.shards])
@@ -186,7 +192,7 @@ def test_int8_shards_hold_a_quarter_of_the_reordering_data(corpus):
   exact's blocks, with exact's scores to float16 rounding."""
   run = _swap_in(corpus, "index_int8", 1, True, mode="ah_reorder",
                  training_sample_size=NUM_BLOCKS)
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
   state = scann.scann_handles[0].state
   assert state.dataset.shape.rank == 0  # ScaNN's placeholder: no float32 dataset
   assert state.int8_dataset.dtype == tf.int8
@@ -248,6 +254,24 @@ def test_scann_shards_refuse_bad_input(corpus):
         NUM_BLOCKS, reorder_dtype="int4"))
 
 
+def _tree_layout(module) -> scann_index.ShardLayout:
+  """The one layout of a module's shards (three of 200 rows: one fraction fits them all)."""
+  layouts = {s.layout for s in module.index.searcher.shards}
+  assert len(layouts) == 1, layouts
+  return layouts.pop()
+
+
+def _start_server(corpus, module, name: str) -> ModelServer:
+  """`module` published as realm_qa_scann version 1 under <root>/<name>, served by
+  serving.server on a free port."""
+  root = os.path.join(corpus["root"], name)
+  exporter.save_export(module, root, "realm_qa_scann", 1, {},
+                       warmup=[dict(question=["who wrote the iliad?"])])
+  return ModelServer(ServerOptions(
+      model_name="realm_qa_scann", model_base_path=os.path.join(root, "realm_qa_scann"),
+      file_system_poll_wait_seconds=0, port=0)).start()
+
+
 def test_served_search_options_over_grpc(corpus):
   """A tree export's answer_with_search_options over gRPC (serving.client's flags' path):
   given each shard's build-time leaves (a fraction rounding up to them) and reorder count,
@@ -257,18 +281,11 @@ def test_served_search_options_over_grpc(corpus):
                  reorder_dtype="float32", training_sample_size=NUM_BLOCKS)
   # The shards as built (re-scoring would serve them without their reordering, which
   # this test varies), float32, so that searching everything is exact.
-  scann = exporter.build_module(run, "realm_qa_scann", scann_rescore_dtype="none")
-  layouts = {s.layout for s in scann.index.searcher.shards}
-  assert len(layouts) == 1, layouts  # three shards of 200: one fraction fits them all
-  layout = layouts.pop()
+  scann = exporter.build_module(run, "realm_qa_scann", search=OWN_SCORES)
+  layout = _tree_layout(scann)
   assert layout.num_leaves > 1 and layout.reorder_num_neighbors == 100
   assert "answer_with_search_options" in scann.signatures()
-  root = os.path.join(corpus["root"], "served_tree")
-  exporter.save_export(scann, root, "realm_qa_scann", 1, {},
-                       warmup=[dict(question=["who wrote the iliad?"])])
-  server = ModelServer(ServerOptions(
-      model_name="realm_qa_scann", model_base_path=os.path.join(root, "realm_qa_scann"),
-      file_system_poll_wait_seconds=0, port=0)).start()
+  server = _start_server(corpus, scann, "served_tree")
   questions = _questions()
   own_fraction = (layout.num_leaves_to_search - 0.5) / layout.num_leaves
   try:
@@ -297,5 +314,155 @@ def test_served_search_options_over_grpc(corpus):
                      leaves_fraction=fraction, reorder_num_neighbors=reorder)
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert named in refused.value.details()
+  finally:
+    server.stop(grace=0.5)
+
+
+# ------------------------------------------------------------------- the one assembly
+
+
+def _query(run, questions) -> np.ndarray:
+  """[Q, P] query embeddings of `questions` under the run's query tower."""
+  features = run.tokenizer.encode(tf.constant(questions),
+                                  run.config.task.openqa.query_seq_length).as_dict()
+  return run.model.retriever.embed_queries(features, training=False).numpy()
+
+
+def _numpy_top_k(queries: np.ndarray, rows: np.ndarray, k: int):
+  """(rows [Q, k], scores [Q, k]) of the k largest inner products, in NumPy."""
+  scores = queries @ rows.T
+  order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+  return order, np.take_along_axis(scores, order, axis=1)
+
+
+def _retrieved(module, questions) -> dict:
+  return {k: v.numpy() for k, v in module.search(tf.constant(questions)).items()}
+
+
+def test_one_assembly_for_each_search(corpus, tmp_path):
+  """assembly.served_qa_module with each search: exact search (float32, and float16 as
+  rounded) retrieves the NumPy top-k of the embeddings with their titles and scores; ScaNN
+  re-scoring from float16 serves the shards without their int8 reordering beside a float16
+  copy and, every candidate re-scored, retrieves the NumPy top-k of that copy; ScaNN's own
+  scores serve the shards as built, no copy, and retrieve what its searcher finds. The
+  blocks retrieved and read are the task's rule's; a search of another kind, a bad dtype
+  and an index built for other bodies are refused."""
+  run = _swap_in(corpus, "index_assembly", 2, True, mode="ah_reorder",
+                 training_sample_size=NUM_BLOCKS)
+  questions, vectors, ids = _questions(), corpus["vectors"], corpus["ids"]
+  titles = np.array(run.index.store.title_strings, object)
+  query = _query(run, questions)
+  k = retrieved_blocks(run.config.task.openqa, NUM_BLOCKS, training=False)
+  assert k == run.num_retrieved == 20  # recall@20 (evaluation's), of 600 blocks
+
+  def assemble(search):
+    return assembly.served_qa_module(run.model, run.index, run.tokenizer, run.config, search)
+
+  def check(found, rows, scores, tolerance):
+    np.testing.assert_array_equal(found["block_ids"], ids[rows])
+    assert [[t.decode() for t in r] for r in found["block_titles"]] == titles[rows].tolist()
+    np.testing.assert_allclose(found["retrieval_scores"], scores, rtol=tolerance,
+                               atol=tolerance)
+
+  half_rows = vectors.astype(np.float16).astype(np.float32)
+  for dtype, served_rows, tolerance in (("float32", vectors, 1e-5),
+                                        ("float16", half_rows, 1e-3)):
+    exact = assemble(assembly.ExactSearch(dtype))
+    assert (exact.kind, exact.num_retrieved, exact.num_read) == ("realm_qa", k, run.num_read)
+    assert set(exact.signatures()) == {"serving_default", "answer", "retrieve"}
+    assert exact.index.embeddings.dtype == dtype and exact.index.searcher is None
+    check(_retrieved(exact, questions), *_numpy_top_k(query, served_rows, k), tolerance)
+
+  rescored = assemble(assembly.ScannSearch())
+  assert rescored.kind == "realm_qa_scann" and rescored.index.embeddings.dtype == tf.float16
+  assert "answer_with_search_options" in rescored.signatures()
+  assert [s.layout.reorder_num_neighbors for s in rescored.index.searcher.shards] == [0, 0]
+  assert rescored.rescores and not rescored.searches_leaves  # AH without a tree
+  every = scann_index.SearchOptions(reorder_num_neighbors=NUM_BLOCKS)
+  with scann_index.searching_with(every):
+    check(_retrieved(rescored, questions), *_numpy_top_k(query, half_rows, k), 1e-3)
+
+  own = assemble(OWN_SCORES)
+  assert own.index.embeddings is None
+  assert [s.layout.reorder_num_neighbors for s in own.index.searcher.shards] == [100, 100]
+  found = own.index.searcher.search(tf.constant(query), k)
+  got = _retrieved(own, questions)
+  np.testing.assert_array_equal(got["block_ids"], found.block_ids.numpy())
+  np.testing.assert_allclose(got["retrieval_scores"], found.scores.numpy(), rtol=1e-5,
+                             atol=1e-5)
+
+  with pytest.raises(ValueError, match="cannot serve"):
+    exporter.build_module(run, "realm_qa", search=assembly.ScannSearch())
+  with pytest.raises(TypeError, match="ExactSearch or a ScannSearch"):
+    assemble("exact")
+  with pytest.raises(ValueError, match="embedding_dtype"):
+    assembly.ExactSearch("bfloat16")
+  with pytest.raises(ValueError, match="rescore_dtype"):
+    assembly.ScannSearch("int8")
+  other = run.config.replace(task=dict(openqa=dict(reader_seq_length=56)))
+  with pytest.raises(ValueError, match="bodies of 61 wordpieces.*53"):
+    assembly.served_qa_module(run.model, run.index, run.tokenizer, other)
+
+
+def test_default_export_search_options_over_grpc(corpus):
+  """The default ScaNN export (float16 re-scoring, shards without their int8 reordering)
+  over gRPC: its own leaves and candidate count answer as serving_default; a tiny leaves
+  fraction changes the blocks retrieved; reorder_num_neighbors is the number of ScaNN's
+  candidates re-scored, so every leaf and every block re-scored is the NumPy top-k of the
+  float16 embeddings, and only the k best by ScaNN's scores re-scored is not; options out
+  of range are INVALID_ARGUMENT naming the option. `retrieve` answers over gRPC too."""
+  run = _swap_in(corpus, "index_default_tree", 3, True, mode="tree_ah_reorder",
+                 training_sample_size=NUM_BLOCKS)
+  scann = exporter.build_module(run, "realm_qa_scann")
+  layout = _tree_layout(scann)
+  assert layout.num_leaves > 2 and layout.reorder_num_neighbors == 0  # stripped
+  assert scann.index.embeddings.dtype == tf.float16
+  k = scann.num_retrieved
+  server = _start_server(corpus, scann, "served_default")
+  questions = _questions()
+  own_fraction = (layout.num_leaves_to_search - 0.5) / layout.num_leaves
+
+  def blocks(answers):
+    return [[b["block_id"] for b in a["blocks"]] for a in answers]
+
+  try:
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+      stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+
+      def ask(fraction=None, reorder=None, batch=questions):
+        return client.ask(stub, batch, "realm_qa_scann", timeout=60,
+                          leaves_fraction=fraction, reorder_num_neighbors=reorder)
+
+      default = ask()
+      own = ask(own_fraction, k * served_index.RESCORED_PER_NEIGHBOUR)
+      assert {a["model"]["signature"] for a in own} == {"answer_with_search_options"}
+      assert blocks(own) == blocks(default)
+      np.testing.assert_allclose([[b["retrieval_prob"] for b in a["blocks"]] for a in own],
+                                 [[b["retrieval_prob"] for b in a["blocks"]]
+                                  for a in default], atol=1e-6)
+      assert blocks(ask(1e-6, k * served_index.RESCORED_PER_NEIGHBOUR)) != blocks(default)
+      rows, _ = _numpy_top_k(_query(run, questions),
+                             corpus["vectors"].astype(np.float16).astype(np.float32), k)
+      everything = blocks(ask(1.0, NUM_BLOCKS))
+      assert everything == corpus["ids"][rows].tolist()
+      assert blocks(ask(1.0, k)) != everything
+      for fraction, reorder, named in (
+          (0.0, 100, "leaves_fraction"), (1.5, 100, "leaves_fraction"),
+          (1.0, k - 1, "reorder_num_neighbors"),
+          (1.0, scann_index.MAX_REORDER_NUM_NEIGHBORS + 1, "reorder_num_neighbors")):
+        with pytest.raises(grpc.RpcError) as refused:
+          ask(fraction, reorder, questions[:1])
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert named in refused.value.details()
+      request = predict_pb2.PredictRequest()
+      request.model_spec.name = "realm_qa_scann"
+      request.model_spec.signature_name = "retrieve"
+      request.inputs["question"].CopyFrom(tf.make_tensor_proto(np.array(
+          [q.encode() for q in questions], object)))
+      retrieved = stub.Predict(request, timeout=60)
+      # The module's own retrieval of the same batch: a tree's batched search can choose
+      # other leaves for a question than the groups `answer` reads it in (ScaNN's).
+      np.testing.assert_array_equal(tf.make_ndarray(retrieved.outputs["block_ids"]),
+                                    scann.retrieve(tf.constant(questions))["block_ids"])
   finally:
     server.stop(grace=0.5)

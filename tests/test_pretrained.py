@@ -12,7 +12,7 @@ from realm_tf.modeling.networks import build_encoder
 from realm_tf.pretrained import (
     WeightLoadingError, load_google_bert_checkpoint, load_minilm, minilm)
 from realm_tf.pretrained.name_maps import bert_encoder_map, masked_lm_map
-from tests.bert_reference import bert_forward
+from benchmarks.bert_reference import bert_forward
 
 
 @pytest.fixture(scope="module")

@@ -324,9 +324,9 @@ def killed_writers_on_gcs(repo_dir: str, root: str, work: str) -> None:
 
 @pytest.mark.fault
 def test_what_killed_writers_leave_on_gcs_is_refused_by_every_command(repo_dir, tmp_path):
-  """The same on the GCS emulator (tests/gcs_emulator.py), TensorFlow's gs:// client
+  """The same on the GCS emulator (benchmarks/gcs_emulator.py), TensorFlow's gs:// client
   reading and writing."""
-  from tests import gcs_emulator  # noqa: PLC0415  starts nothing on import; system tier only
+  from benchmarks import gcs_emulator  # noqa: PLC0415  starts nothing on import; system tier only
   reason = gcs_emulator.unavailable_reason()
   if reason:
     pytest.skip(f"GCS emulator namespace unavailable: {reason}")

@@ -14,7 +14,8 @@ from realm_tf.retrieval import (
     write_export, write_shard)
 from realm_tf.retrieval.index_export import ExportError, commit_export
 from realm_tf.retrieval.scann_index import (
-    SearchOptions, ShardLayout, check_search_options, leaves_to_search, searching_with)
+    MAX_REORDER_NUM_NEIGHBORS, SearchOptions, ShardLayout, check_search_options,
+    leaves_to_search, searching_with)
 from realm_tf.retrieval.synthetic import clustered_vectors, queries_near
 
 
@@ -169,14 +170,22 @@ def test_leaves_holding_fewer_points_than_k_still_give_k_results():
 
 def test_search_options_out_of_range_are_refused_by_name():
   """InvalidArgument naming the option: a fraction of 0 or above 1, fewer candidates
-  reordered than the neighbours asked for."""
-  for fraction, reorder, named in ((0.0, 10, "leaves_fraction"),
-                                   (1.5, 10, "leaves_fraction"),
-                                   (0.5, 9, "reorder_num_neighbors")):
+  reordered than the neighbours asked for or more than MAX_REORDER_NUM_NEIGHBORS; and an
+  option the search cannot vary (no tree, nothing re-scored) unless it has the value that
+  says what the search does anyway."""
+  too_many = MAX_REORDER_NUM_NEIGHBORS + 1
+  for fraction, reorder, named, how in (
+      (0.0, 10, "leaves_fraction", {}), (1.5, 10, "leaves_fraction", {}),
+      (0.5, 9, "reorder_num_neighbors", {}), (0.5, too_many, "reorder_num_neighbors", {}),
+      (0.5, 10, "leaves_fraction: no shard", dict(has_tree=False)),
+      (1.0, 20, "reorder_num_neighbors: nothing", dict(rescores=False))):
     with pytest.raises(tf.errors.InvalidArgumentError, match=named):
-      check_search_options(fraction, reorder, k=10)
-  checked = check_search_options(1.0, 10, k=10)
-  assert (float(checked.leaves_fraction), int(checked.reorder_num_neighbors)) == (1.0, 10)
+      check_search_options(fraction, reorder, k=10, **how)
+  for how in ({}, dict(has_tree=False), dict(rescores=False)):
+    checked = check_search_options(1.0, 10, k=10, **how)
+    assert (float(checked.leaves_fraction), int(checked.reorder_num_neighbors)) == (1.0, 10)
+  checked = check_search_options(0.5, MAX_REORDER_NUM_NEIGHBORS, k=10)
+  assert int(checked.reorder_num_neighbors) == MAX_REORDER_NUM_NEIGHBORS
 
 
 def test_a_shard_without_a_tree_or_reordering_ignores_the_options():

@@ -14,6 +14,7 @@ from realm_tf.data import block_texts
 from realm_tf.data.block_store import BlockStore
 from realm_tf.export import served_index
 from realm_tf.export.exporter import copy_asset_files
+from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex, token_dtype, type_ids_of
 from realm_tf.retrieval.searcher import Searcher, SearchResult
 
@@ -194,8 +195,8 @@ def test_a_searchers_candidates_are_rescored_by_the_embeddings(tokenizer, index)
   """With embeddings and a searcher, the searcher proposes RESCORED_PER_NEIGHBOUR x k
   candidates and the embeddings rank and score them: here every block is a candidate,
   so the result is exact search's (ids, rows and scores), where the searcher's own order
-  is not; with 'none' the searcher's order and scores are served. A short result's padding
-  stays last."""
+  is not; with no embedding dtype the searcher's order and scores are served. A short
+  result's padding stays last."""
   embeddings = index.embedding_blocks.numpy()
   ids = index.store.block_ids
   assert 3 * served_index.RESCORED_PER_NEIGHBOUR >= len(ids)  # every block proposed
@@ -204,7 +205,7 @@ def test_a_searchers_candidates_are_rescored_by_the_embeddings(tokenizer, index)
   rescored = served_index.served_index_from(index, tokenizer, searcher=proposer,
                                             embedding_dtype="float32")
   own = served_index.served_index_from(index, tokenizer, searcher=proposer,
-                                       embedding_dtype="none")
+                                       embedding_dtype=None)
   assert own.embeddings is None and rescored.embeddings is not None
   queries = tf.random.stateless_normal([6, P], seed=[7, 8])
   want = exact.search(queries, 3)
@@ -224,4 +225,42 @@ def test_a_searchers_candidates_are_rescored_by_the_embeddings(tokenizer, index)
   assert (result.scores.numpy()[:, :2] > tf.float32.min).all()
   assert (result.scores.numpy()[:, 2] == tf.float32.min).all()
   with pytest.raises(ValueError, match="needs a searcher"):
-    served_index.served_index_from(index, tokenizer, embedding_dtype="none")
+    served_index.served_index_from(index, tokenizer, embedding_dtype=None)
+
+
+def test_a_request_chooses_how_many_candidates_are_rescored(tokenizer, index):
+  """reorder_num_neighbors bound by scann_index.searching_with is the number of the
+  searcher's candidates the embeddings re-score: k of them gives the searcher's own top k
+  ranked by exact scores (a NumPy reference), every block gives exact search's top k; a
+  count in a tensor (a served request's) chooses the same in a traced function, and 0
+  there leaves k x RESCORED_PER_NEIGHBOUR."""
+  embeddings = index.embedding_blocks.numpy()
+  ids = index.store.block_ids
+  proposer = _Proposer(embeddings, ids)
+  rescored = served_index.served_index_from(index, tokenizer, searcher=proposer,
+                                            embedding_dtype="float32")
+  queries = tf.random.stateless_normal([6, P], seed=[7, 8])
+  k = 3
+  assert served_index.rescored_candidates(k, len(ids)) == len(ids)  # 60 clipped to N
+  assert served_index.rescored_candidates(k, 1000, 7) == 7
+  assert served_index.rescored_candidates(k, 1000, 1) == k
+  proposed = proposer.search(queries, k).block_ids.numpy()  # the searcher's own top k
+  exact_scores = queries.numpy() @ embeddings.T  # [6, N]
+  row_of = {int(b): r for r, b in enumerate(ids)}
+  want = [sorted(row, key=lambda b, q=q: -exact_scores[q, row_of[int(b)]])
+          for q, row in enumerate(proposed)]
+  with scann_index.searching_with(scann_index.SearchOptions(reorder_num_neighbors=k)):
+    few = rescored.search(queries, k)
+  np.testing.assert_array_equal(few.block_ids.numpy(), want)
+  everything = rescored.search(queries, k).block_ids.numpy()  # N candidates by default
+  order = np.argsort(-exact_scores, axis=1, kind="stable")[:, :k]
+  np.testing.assert_array_equal(everything, ids[order])
+  assert not np.array_equal(few.block_ids.numpy(), everything)
+
+  @tf.function(input_signature=[tf.TensorSpec([], tf.int32)])
+  def served(reorder):
+    with scann_index.searching_with(scann_index.SearchOptions(reorder_num_neighbors=reorder)):
+      return rescored.search(queries, k).block_ids
+
+  np.testing.assert_array_equal(served(tf.constant(k)).numpy(), want)
+  np.testing.assert_array_equal(served(tf.constant(0)).numpy(), everything)

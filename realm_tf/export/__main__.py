@@ -36,25 +36,28 @@ flags.DEFINE_integer("reader_length_step", 32,
                      "wordpieces that holds its longest question + block (up to the model's "
                      "reader length). 0: always the full length.")
 flags.DEFINE_enum("embedding_dtype", "float32", ["float32", "float16"],
-                  "QA exports: the served block embeddings. float16 halves the largest "
-                  "part of a loaded version (6.4 to 3.2 GiB at 13.35M blocks: "
-                  "docs/scale.md); retrieval scores then carry float16 rounding.")
+                  "realm_qa: the served block embeddings. float16 halves the largest "
+                  "part of a loaded version (docs/scale.md); retrieval scores then carry "
+                  "float16 rounding.")
 flags.DEFINE_enum("scann_rescore_dtype", "float16", ["float16", "float32", "none"],
                   "realm_qa_scann: the embeddings that re-score ScaNN's candidates (its "
                   "int8 scores misorder near-ties), the shards then served without "
-                  "their int8 reordering data (float16: 3.2 GiB at 13.35M blocks, in "
-                  "place of int8 data held twice); none: the shards as built, ScaNN's "
-                  "own scores.")
+                  "their int8 reordering data (a float16 copy held once, in place of int8 "
+                  "data held twice: docs/scale.md); none: no re-scoring, the shards as "
+                  "built, ranked by ScaNN's own scores.")
 FLAGS = flags.FLAGS
 
 
 def main():
   """Exports the kinds named by the flags; returns {kind: published directory}."""
+  from realm_tf.export.assembly import ExactSearch, ScannSearch  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  rescore = FLAGS.scann_rescore_dtype
+  searches = [ExactSearch(FLAGS.embedding_dtype),
+              ScannSearch(rescore_dtype=None if rescore == "none" else rescore)]
   return export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
                     FLAGS.version, FLAGS.blocks, FLAGS.index_dir, FLAGS.max_blocks_per_pass,
-                    FLAGS.reader_length_step, FLAGS.embedding_dtype,
-                    FLAGS.scann_rescore_dtype)
+                    FLAGS.reader_length_step, searches)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,11 @@ Kinds (strings in, strings out, tokenization in graph):
   query_encoder   question [B] → embeddings [B, P]            (QueryEncoder)
   doc_encoder     (title [B], text [B]) → embeddings [B, P]   (BlockEncoder)
   reader          question [B], block_titles/texts [B, K] → answer, score, block_scores
-  realm_qa        question [B] → answer + top-k blocks, exact search (stock TF ops)
+  realm_qa        question [B] → answer + top-k blocks, exact search (stock TF ops);
+                  `retrieve`: question [B] → the top-k blocks alone (no reader)
   realm_qa_scann  the same with ScaNN's TensorFlow ops (a ScaNN-enabled model server)
+The QA kinds are assembled by realm_tf.export.assembly.served_qa_module, the one assembly
+the benchmarks measure too.
 
 Tokenization uses tensorflow_text's FastBertNormalize / FastWordpieceTokenize and trimmer
 ops. Those are not custom ops for TF Serving: tensorflow_model_server links tf.text's
@@ -40,30 +43,22 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export.qa import QAModule, ReaderModule
-from realm_tf.export.served_index import served_index_from
+from realm_tf.export.assembly import (MAX_BLOCKS_PER_PASS, READER_LENGTH_STEP, ExactSearch,
+                                      ScannSearch, Search, served_qa_module)
+from realm_tf.export.qa import ReaderModule
 from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
 from realm_tf.modeling.factory import set_precision
 from realm_tf.retrieval.encoders import BlockEncoder, QueryEncoder
-from realm_tf.retrieval import scann_index
-from realm_tf.retrieval.index_loading import version_scann_shards
 from realm_tf.retrieval.knowledge_index import KnowledgeIndex
+from realm_tf.tasks.openqa import reader_body_length
 
 KINDS = ("query_encoder", "doc_encoder", "reader", "realm_qa", "realm_qa_scann")
 PROVENANCE_FILE = "realm_provenance.json"
 STAGING = ".staging"
 WARMUP_QUESTIONS = ("who wrote the iliad?", "what is the capital of france?")
-# Blocks per reader pass of a QA export (QAModule's max_blocks_per_pass): on a CPU a block
-# costs the same in passes of up to about 20 blocks and more per block in larger ones
-# (benchmarks/results/serving.md, "cost per block"), so a request of many questions is
-# read 20 blocks at a time. 0 for accelerators whose throughput grows with the pass.
-MAX_BLOCKS_PER_PASS = 20
-# A QA export reads each request at the shortest multiple of this many wordpieces that holds
-# its longest question + block (QAModule's reader_length_step; 0: always the full length):
-# most reader inputs are far shorter than the reader's length (benchmarks/results/
-# serving.md, "reader input used").
-READER_LENGTH_STEP = 32
+# The search each QA kind serves unless told otherwise.
+DEFAULT_SEARCHES = {"realm_qa": ExactSearch(), "realm_qa_scann": ScannSearch()}
 
 
 @dataclasses.dataclass
@@ -197,21 +192,12 @@ def load_run(model_dir: str, checkpoint: str = "", blocks: str = "",
   status = tf.train.Checkpoint(model=run.model, global_step=step_var).read(path)
   status.expect_partial()
   # The networks' variables exist once they have run: one question builds them all.
-  QAModule(run.model, served_index_from(run.index, run.tokenizer), run.tokenizer,
-           config.task.openqa.query_seq_length, run.num_retrieved,
-           run.num_read).predict(tf.constant(["?"]))
+  served_qa_module(run.model, run.index, run.tokenizer, run.config).predict(
+      tf.constant(["?"]))
   status.assert_existing_objects_matched()
   run.step = int(step_var.numpy())
   logging.info("Loaded %s (step %d), index version %s", path, run.step, run.index.version)
   return run
-
-
-def index_scann_shards(index: KnowledgeIndex, rows_per_shard: int = 0,
-                       **overrides) -> list[scann_index.ScannShard]:
-  """The ScaNN shards a ScaNN export of the run's index serves: those of its committed
-  version (or, with none, shards built from its embeddings; version_scann_shards)."""
-  return version_scann_shards(index.export, index.embedding_blocks, index.store.block_ids,
-                              rows_per_shard, **overrides)
 
 
 def index_embeddings(index: KnowledgeIndex) -> np.ndarray:
@@ -239,9 +225,7 @@ class ServingBlockEncoder(BlockEncoder):
 def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP,
-                 embedding_dtype: str = "float32", scann_rows_per_shard: int = 0,
-                 scann_overrides: Optional[dict] = None,
-                 scann_rescore_dtype: str = "float16") -> tf.Module:
+                 search: Optional[Search] = None) -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -250,23 +234,14 @@ def build_module(run: ServingRun, kind: str,
       answer, exact search in graph) or 'realm_qa_scann' (the same with ScaNN's TF ops).
     max_blocks_per_pass: QA kinds: blocks read per reader pass at most (0: no limit).
     reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
-    embedding_dtype: realm_qa: the served embeddings, float32 (scores as evaluated) or
-      float16 (half the memory of the largest part of a loaded version).
-    scann_rows_per_shard: realm_qa_scann: rows of a ScaNN shard built here at most, where
-      the index version carries none (0: row_blocks.ROWS_PER_BLOCK).
-    scann_overrides: realm_qa_scann: ScannParams fields of the shards built here.
-    scann_rescore_dtype: realm_qa_scann, which serves the index version's ScaNN shards
-      (index_scann_shards): the embeddings that re-score their candidates, float16 (3.2
-      GiB at 13.35M blocks; served_index.RESCORED_PER_NEIGHBOUR says what it gains) or
-      float32, the shards then served without their int8 reordering
-      (scann_index.without_reordering); or 'none': the shards as built, ScaNN's own
-      scores, no embeddings.
+    search: QA kinds: how the module searches (assembly.ExactSearch for realm_qa,
+      assembly.ScannSearch for realm_qa_scann); default DEFAULT_SEARCHES[kind].
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
 
   Raises:
-    ValueError: an unknown kind.
+    ValueError: an unknown kind, or a search of another kind than `kind`.
   """
   c = run.config
   if kind == "query_encoder":
@@ -277,21 +252,13 @@ def build_module(run: ServingRun, kind: str,
                                c.model.retriever.block_seq_length)
   if kind == "reader":
     return ReaderModule(run.model, run.tokenizer, c.task.openqa.query_seq_length,
-                        c.task.openqa.reader_seq_length - 3)
-  if kind in ("realm_qa", "realm_qa_scann"):
-    searcher, handles = None, ()
-    if kind == "realm_qa_scann":
-      shards = index_scann_shards(run.index, scann_rows_per_shard, **(scann_overrides or {}))
-      if scann_rescore_dtype != "none":  # its own re-scoring replaces ScaNN's
-        shards = [scann_index.without_reordering(shard) for shard in shards]
-      searcher, handles = scann_index.graph_searcher(shards, run.index.dimension)
-    served = served_index_from(run.index, run.tokenizer, searcher=searcher,
-                               embedding_dtype=(scann_rescore_dtype if searcher is not None
-                                                else embedding_dtype))
-    return QAModule(run.model, served, run.tokenizer, c.task.openqa.query_seq_length,
-                    run.num_retrieved, run.num_read, searcher=searcher,
-                    scann_handles=handles, kind=kind, max_blocks_per_pass=max_blocks_per_pass,
-                    reader_length_step=reader_length_step)
+                        reader_body_length(c))
+  if kind in DEFAULT_SEARCHES:
+    search = DEFAULT_SEARCHES[kind] if search is None else search
+    if search.kind != kind:
+      raise ValueError(f"a {kind} export cannot serve {search!r}, which is {search.kind}'s")
+    return served_qa_module(run.model, run.index, run.tokenizer, c, search,
+                            max_blocks_per_pass, reader_length_step)
   raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -402,8 +369,7 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                index_dir: str = "",
                max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                reader_length_step: int = READER_LENGTH_STEP,
-               embedding_dtype: str = "float32",
-               scann_rescore_dtype: str = "float16") -> dict[str, str]:
+               searches: Sequence[Search] = ()) -> dict[str, str]:
   """`python -m realm_tf.export`: loads a run once and publishes each export kind.
 
   Args:
@@ -416,36 +382,41 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     index_dir: the committed index of `blocks`.
     max_blocks_per_pass: QA kinds: blocks per reader pass at most (QAModule).
     reader_length_step: QA kinds: the reader-length step (QAModule).
-    embedding_dtype: realm_qa: float32 or float16 served embeddings (build_module).
-    scann_rescore_dtype: realm_qa_scann: the embeddings that re-score ScaNN's candidates
-      (build_module).
+    searches: how the QA kinds search, at most one per kind (an assembly.ExactSearch for
+      realm_qa, a ScannSearch for realm_qa_scann); a kind without one searches as
+      DEFAULT_SEARCHES says.
 
   Returns:
     Kind → published directory.
 
   Raises:
-    ValueError: an unknown kind (before anything is loaded), or as load_run and
-      save_export raise.
+    ValueError: an unknown kind or two searches for one kind (before anything is
+      loaded), or as load_run and save_export raise.
   """
   unknown = [k for k in kinds if k not in KINDS]
   if unknown:
     raise ValueError(f"unknown export kinds {unknown}; kinds are {', '.join(KINDS)}")
+  chosen = {}
+  for search in searches:
+    if search.kind in chosen:
+      raise ValueError(f"two searches for {search.kind}: {chosen[search.kind]!r} and "
+                       f"{search!r}")
+    chosen[search.kind] = search
   run = load_run(model_dir, checkpoint, blocks, index_dir)
   version = run.step if version is None else version
   published = {}
   for kind in kinds:
     provenance = run.provenance(kind)
-    if kind in ("realm_qa", "realm_qa_scann"):
+    search = chosen.get(kind, DEFAULT_SEARCHES.get(kind))
+    if search is not None:
       provenance.update(max_blocks_per_pass=max_blocks_per_pass,
-                        reader_length_step=reader_length_step,
-                        embedding_dtype=(embedding_dtype if kind == "realm_qa"
-                                         else scann_rescore_dtype))
-    module = build_module(run, kind, max_blocks_per_pass, reader_length_step,
-                          embedding_dtype, scann_rescore_dtype=scann_rescore_dtype)
+                        reader_length_step=reader_length_step, **search.describe())
+    module = build_module(run, kind, max_blocks_per_pass, reader_length_step, search)
     published[kind] = save_export(module, output_dir, kind, version, provenance,
                                   warmup_requests(kind, run))
   return published
 
 
-__all__ = ["KINDS", "ServingRun", "build_module", "build_run", "export_run",
-           "load_run", "read_provenance", "save_export", "warmup_requests"]
+__all__ = ["DEFAULT_SEARCHES", "KINDS", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP",
+           "ServingRun", "build_module", "build_run", "export_run", "load_run",
+           "read_provenance", "save_export", "warmup_requests"]

@@ -24,25 +24,36 @@ Outputs (the QA contract of serving/client.py; B questions, K retrieved blocks):
 Retrieval is either exact search (stock TensorFlow ops: exact_top_k's matmuls and top_k)
 or ScaNN's TensorFlow ops (realm_tf.retrieval.scann_index's ScannHandle: the searcher is
 deserialised by the first call, which the export's warm-up makes at load time, and reused
-by every later call). A ScaNN
-export serves the per-shard ScaNN states of its index version (or states built shard by
-shard where the version has none). By default ScaNN proposes candidates and float16
-embeddings re-score them (served_index.RESCORED_PER_NEIGHBOUR: int8 scores misorder
-near-ties), so p(z|x)'s logits are inner products as exact search computes them, to
-float16 rounding, and the shards are served without their int8 reordering
-(scann_index.without_reordering); with scann_rescore_dtype 'none' they are served as
-built, it holds no embeddings and the logits are the searcher's reordered scores. Either way its answers are the exact export's
-wherever its top-k and scores are (tests/test_export_scann.py).
-A ScaNN export has a third signature, `answer_with_search_options` (question [B],
+by every later call of every signature). A ScaNN export serves the per-shard ScaNN states
+of its index version (or states built shard by shard where the version has none). By
+default ScaNN proposes candidates and float16 embeddings re-score them
+(served_index.RESCORED_PER_NEIGHBOUR: int8 scores misorder near-ties), so p(z|x)'s logits
+are inner products as exact search computes them, to float16 rounding, and the shards are
+served without their int8 reordering (scann_index.without_reordering); without re-scoring
+(realm_tf.export.assembly.ScannSearch(rescore_dtype=None)) they are served as built, it
+holds no embeddings and the logits are the searcher's reordered scores. Either way its
+answers are the exact export's wherever its top-k and scores are
+(tests/test_export_scann.py). realm_tf.export.assembly.served_qa_module is the one place
+a QA module is assembled, for the exporter and every benchmark.
+
+Every QA export has a `retrieve` signature: question [B] → the K blocks `answer` retrieves,
+best first, without reading them: block_ids int64 [B, K], block_titles string [B, K],
+retrieval_scores float32 [B, K] (the relevance logits whose softmax is retrieval_probs).
+For users debugging retrieval, and for reading a served export's recall cheaply.
+
+A ScaNN export has one more signature, `answer_with_search_options` (question [B],
 leaves_fraction [] float32, reorder_num_neighbors [] int32): the same outputs, searching
-that fraction of each shard's leaves and re-scoring that many candidates, chosen per
-request without rebuilding a shard. Its scalar inputs make it unbatchable, so
+that fraction of each shard's leaves and re-scoring that many candidates (the default
+export: ScaNN's candidates its embeddings re-score; without re-scoring: each shard's
+reordering), chosen per request without rebuilding a shard. An option this export cannot
+vary (no shard with a tree, nothing re-scored) is refused unless it has the value that
+says so (scann_index.check_search_options). Its scalar inputs make it unbatchable, so
 serving_default stays question-only.
 
 `ReaderModule` exports the reader alone: a question and K (title, text) blocks in, the
 best span's text, its score and each block's best span score out.
 """
-from typing import Optional, Sequence
+from typing import Sequence
 
 import tensorflow as tf
 
@@ -50,7 +61,6 @@ from realm_tf.modeling import spans
 from realm_tf.export.served_index import ServedIndex
 from realm_tf.modeling.models.openqa import BERT_KEYS, OpenQAModel
 from realm_tf.retrieval import scann_index
-from realm_tf.retrieval.searcher import Searcher
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.text.tokenization import Tokenizer
 
@@ -60,6 +70,9 @@ QUESTION = "question"
 SEARCH_OPTIONS_SIGNATURE = "answer_with_search_options"
 LEAVES_FRACTION = "leaves_fraction"
 REORDER_NUM_NEIGHBORS = "reorder_num_neighbors"
+# Every QA export's retrieval-only signature and its outputs (QAModule.retrieve).
+RETRIEVE_SIGNATURE = "retrieve"
+RETRIEVE_OUTPUTS = ("block_ids", "block_titles", "retrieval_scores")
 # The QA signature's outputs and their dtypes (the contract of serving/client.py).
 _QA_DTYPES = dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
                   block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
@@ -106,10 +119,12 @@ class QAModule(tf.Module):
 
   def __init__(self, model: OpenQAModel, index: ServedIndex, tokenizer: Tokenizer,
                query_seq_length: int, num_retrieved: int, num_read: int,
-               searcher: Optional[Searcher] = None,
                scann_handles: Sequence[scann_index.ScannHandle] = (), kind: str = "realm_qa",
                max_blocks_per_pass: int = 0, reader_length_step: int = 0):
-    """index: the corpus as served (served_index.served_index_from a KnowledgeIndex), with
+    """Built by realm_tf.export.assembly.served_qa_module, which says what each argument
+    comes from.
+
+    index: the corpus as served (served_index.served_index_from a KnowledgeIndex), with
     the ScaNN variant's searcher attached; scann_handles: that searcher's handles.
 
     max_blocks_per_pass: at most this many blocks (questions x num_read) go through the
@@ -121,8 +136,8 @@ class QAModule(tf.Module):
     reader_length_step: the reader reads each request at the shortest multiple of this
     step (up to the model's reader_seq_length) that holds its longest `[CLS] question
     [SEP] body [SEP]`, instead of always at reader_seq_length; 0: always the full length.
-    Why: most blocks are shorter than the reader's length (57% of the demo reader's 160
-    positions held text, benchmarks/serving.py), and padding costs as much as text."""
+    Why: most blocks are shorter than the reader's length (benchmarks/results/serving.md,
+    "reader input used"), and padding costs as much as text."""
     super().__init__(name=kind)
     if max_blocks_per_pass < 0:
       raise ValueError(f"max_blocks_per_pass must be 0 (no limit) or positive, got "
@@ -133,16 +148,17 @@ class QAModule(tf.Module):
     if not 1 <= num_read <= num_retrieved <= index.num_blocks:
       raise ValueError(f"need 1 <= num_read ({num_read}) <= num_retrieved "
                        f"({num_retrieved}) <= blocks ({index.num_blocks})")
-    if searcher is not None and index.searcher is not searcher:
-      raise ValueError("pass the ScaNN searcher to the ServedIndex (served_index_from's "
-                       "searcher) as well")
+    if scann_handles and index.searcher is None:
+      raise ValueError("ScaNN handles without a searcher in the served index: attach the "
+                       "searcher they belong to (served_index_from's searcher)")
     self.kind = kind
     self._held = _Untracked(model=model)
     self.tokenizer = tokenizer
     # Everything answering reads: not the document tower, whose work the index holds (the
-    # blocks' embeddings). Saved, it would be restored at every load for nothing: 438 MB at
-    # BERT-base, which took the ScaNN version at 13.35M blocks over its 8 GiB. A function
-    # that did read it would make tf.saved_model.save refuse the untracked variable.
+    # blocks' embeddings). Saved, it would be restored at every load for nothing: a whole
+    # BERT tower in every loaded version, against the served memory targets of
+    # benchmarks/released_scale.py. A function that did read it would make
+    # tf.saved_model.save refuse the untracked variable.
     documents = (set() if model.retriever.shares_towers else
                  {id(v) for v in model.retriever.document_embedder.variables})
     self.model_variables = [v for v in model.variables if id(v) not in documents]
@@ -159,6 +175,16 @@ class QAModule(tf.Module):
                        f"{reader_length_step}")
     self.reader_lengths = reader_lengths(model.reader_seq_length, self.query_seq_length,
                                          reader_length_step)
+    # Every signature binds the searchers this one function makes, so they share one
+    # searcher per shard (scann_index.searcher_function). Untracked: the signatures that
+    # call it are what is saved.
+    self._held.make_searchers = (scann_index.searcher_function(self.scann_handles)
+                                 if self.scann_handles else None)
+    layouts = [scann_index.ShardLayout.of_state(h.state) for h in self.scann_handles]
+    # What a request's search options can change (check_search_options refuses the rest).
+    self.searches_leaves = any(layout.num_leaves for layout in layouts)
+    self.rescores = (index.embeddings is not None
+                     or any(layout.reorder_num_neighbors for layout in layouts))
     if self.scann_handles:
       # Only where there is something to tune: an exact export has no such function.
       self.answer_with_search_options = tf.function(
@@ -181,6 +207,30 @@ class QAModule(tf.Module):
     text store's chunks; exporter.save_export copies them)."""
     return self.served.texts.asset_files
 
+  def _encode(self, question: tf.Tensor) -> dict:
+    """The model's features of [B] questions (the query tower's BERT inputs)."""
+    return {"query": self.tokenizer.encode(question, self.query_seq_length).as_dict()}
+
+  def search(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The `retrieve` computation: [B] questions → the num_retrieved blocks `predict`
+    retrieves (the same query tower and index search), without gathering or reading them.
+
+    Args:
+      question: [B] tf.string questions.
+
+    Returns:
+      block_ids int64 [B, K], block_titles string [B, K] (read from the text store for
+      these rows only) and retrieval_scores float32 [B, K] (the search's inner products:
+      the relevance logits, to float rounding, whose softmax is `predict`'s
+      retrieval_probs), best first.
+    """
+    query = self.model.retriever.embed_queries(self._encode(question)["query"],
+                                               training=False)  # [B, P]
+    found = self.index.search(query, self.num_retrieved)
+    titles, _ = self.index.texts.lookup(found.rows)  # [B, K] each
+    return dict(block_ids=tf.cast(found.block_ids, tf.int64), block_titles=titles,
+                retrieval_scores=tf.cast(found.scores, tf.float32))
+
   def predict(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
     """The `answer` computation, callable eagerly or inside another tf.function.
 
@@ -191,7 +241,7 @@ class QAModule(tf.Module):
       The QA outputs of the module docstring (answer [B], score [B], answer_block [B],
       block_ids / block_titles / block_texts / retrieval_probs [B, K]).
     """
-    features = {"query": self.tokenizer.encode(question, self.query_seq_length).as_dict()}
+    features = self._encode(question)
     model = self.model
     rows, logits, blocks = model.retrieve(features, self.index, self.num_retrieved,
                                           training=False, num_live=self.num_read)
@@ -260,15 +310,23 @@ class QAModule(tf.Module):
     """[B] questions → the QA outputs (see predict), ScaNN searching with the given
     options, where a value of 0 or less is each shard's own (scann_index.SearchOptions).
 
-    Why one function under both signatures: each graph that makes a ScannHandle's op
-    builds a searcher of its own when it first runs, so `answer` and
-    `answer_with_search_options` each calling this one function share one searcher per
-    shard instead of holding two (tests/test_export_qa.py checks it)."""
+    One function under both signatures, so they read alike; the searchers it binds are
+    made by the module's one searcher function, which `retrieve` binds too, so every
+    signature searches with one searcher per shard (scann_index.searcher_function;
+    tests/test_export_qa.py checks it)."""
     options = scann_index.SearchOptions(leaves_fraction, reorder_num_neighbors)
-    with scann_index.bound_handles(self.scann_handles), scann_index.searching_with(options):
+    with scann_index.bound_handles(self.scann_handles, self._held.make_searchers), \
+        scann_index.searching_with(options):
       if self.questions_per_pass:
         return self.predict_in_groups(question)
       return self.predict(question)
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
+  def retrieve(self, question):
+    """The `retrieve` signature: [B] questions → the blocks `answer` retrieves, best
+    first, unread (see search); each ScaNN shard searching as it was built."""
+    with scann_index.bound_handles(self.scann_handles, self._held.make_searchers):
+      return self.search(question)
 
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
   def answer(self, question):
@@ -282,24 +340,30 @@ class QAModule(tf.Module):
 
     Args:
       question: [B] tf.string questions.
-      leaves_fraction: [] float32 in (0, 1]; shards without a tree ignore it.
-      reorder_num_neighbors: [] int32, at least num_retrieved; shards without
-        reordering ignore it.
+      leaves_fraction: [] float32 in (0, 1]; shards without a tree search every block
+        (with none, only 1 is taken).
+      reorder_num_neighbors: [] int32, from num_retrieved to
+        scann_index.MAX_REORDER_NUM_NEIGHBORS: the candidates the embeddings re-score, or
+        without them each shard's reordering (with nothing re-scored, only num_retrieved
+        is taken).
 
     Returns:
       The QA outputs of predict.
 
     Raises:
-      tf.errors.InvalidArgumentError: an option out of range, named.
+      tf.errors.InvalidArgumentError: an option out of range, or one this export cannot
+        vary given another value than the one that says so; named.
     """
-    options = scann_index.check_search_options(leaves_fraction, reorder_num_neighbors,
-                                               self.num_retrieved)
+    options = scann_index.check_search_options(
+        leaves_fraction, reorder_num_neighbors, self.num_retrieved,
+        has_tree=self.searches_leaves, rescores=self.rescores)
     return self.search_and_read(question, *options)
 
   def signatures(self) -> dict:
-    """serving_default and `answer`, both the `answer` function, and in a ScaNN export
-    `answer_with_search_options` too."""
-    signatures = {"serving_default": self.answer, "answer": self.answer}
+    """serving_default and `answer`, both the `answer` function, `retrieve`, and in a
+    ScaNN export `answer_with_search_options` too."""
+    signatures = {"serving_default": self.answer, "answer": self.answer,
+                  RETRIEVE_SIGNATURE: self.retrieve}
     if self.scann_handles:
       signatures[SEARCH_OPTIONS_SIGNATURE] = self.answer_with_search_options
     return signatures

@@ -1,10 +1,10 @@
 """What a QA export holds of the corpus, laid out to be served at Wikipedia scale.
 
-At 13,353,718 blocks (REALM's Wikipedia) the training-time KnowledgeIndex cannot be saved
-as is: its token tables are N x (Lc + Lb) int32 (46 GB at Lc = 288, Lb = 286) and the
-block texts and titles as one string variable are ~17 GB, all resident in every loaded
-version (benchmarks/scale.py measures each part). A served question needs only the k
-blocks it retrieves, so an export holds:
+At REALM's Wikipedia size the training-time KnowledgeIndex cannot be saved as is: its
+token tables are N x (Lc + Lb) ids and the block texts and titles one string variable,
+all resident in every loaded version (benchmarks/scale.py measures each part, per block
+and extrapolated to 13,353,718 blocks: benchmarks/results/scale.md). A served question
+needs only the k blocks it retrieves, so an export holds:
 
   - the embeddings [N, P] (float32 as evaluated, or float16 at half the memory) and the
     block ids [N] int64, as variables: what exact search scans on every question (a ScaNN
@@ -29,6 +29,7 @@ import tensorflow as tf
 
 from realm_tf.data import block_texts as block_texts_lib
 from realm_tf.data.block_texts import BlockTexts
+from realm_tf.retrieval import scann_index
 from realm_tf.retrieval.row_blocks import RowBlocks
 from realm_tf.retrieval.searcher import Searcher, SearchResult
 from realm_tf.text.tokenization import Tokenizer
@@ -45,15 +46,35 @@ class ServedBlocks(NamedTuple):
 
 
 # With a searcher and embeddings, the searcher proposes this many candidates per neighbour
-# asked for and the embeddings re-score them. At two shards of 1.03M generated rows
-# (benchmarks/results/scann_rescoring.md), ScaNN's int8-reordered top 5 held 0.968 of the
-# exact top 5, its merged top 100 re-scored from float16 0.990 (float32 0.990, bfloat16
-# 0.984), and asymmetric hashing's top 100 without int8 reordering, re-scored from
-# float16, 0.984 (what a ScaNN export serves: scann_index.without_reordering): int8
-# scores misorder near-ties that float16 ones do not; at REALM's 13.35M blocks in 13
-# shards, 0.972 served against 0.920 (benchmarks/results/released_scale.md). Candidates
-# are cheap (100 rows of 256 bytes a question), so the margin is generous.
+# asked for (unless a request chooses the number: rescored_candidates) and the embeddings
+# re-score them. The design: quantized scores misorder near-ties that float16 ones do
+# not, so the embeddings rank a generous candidate list, which is cheap (k x 20 rows a
+# question); benchmarks/results/scann_rescoring.md measures recall@5 ranked each way, at
+# other leaf fractions and with and without ScaNN's int8 reordering before it, and
+# benchmarks/results/released_scale.md at REALM's full index.
 RESCORED_PER_NEIGHBOUR = 20
+
+
+def rescored_candidates(k: int, num_blocks: int, reorder_num_neighbors=None):
+  """How many of a searcher's candidates the embeddings re-score for k neighbours.
+
+  Args:
+    k: the neighbours asked for.
+    num_blocks: N, the blocks searched.
+    reorder_num_neighbors: the number a request chose (scann_index.SearchOptions): None, a
+      number, or a scalar int32 tensor (0 or less: not chosen).
+
+  Returns:
+    k x RESCORED_PER_NEIGHBOUR where none was chosen, else the number chosen; at least k
+    and at most N either way: an int, or an int32 tensor for a tensor choice.
+  """
+  default = min(k * RESCORED_PER_NEIGHBOUR, num_blocks)
+  if reorder_num_neighbors is None:
+    return default
+  if not isinstance(reorder_num_neighbors, tf.Tensor):
+    return min(max(int(reorder_num_neighbors), k), num_blocks)
+  chosen = tf.clip_by_value(tf.cast(reorder_num_neighbors, tf.int32), k, num_blocks)
+  return tf.where(reorder_num_neighbors > 0, chosen, default)
 
 
 class ServedIndex(tf.Module):
@@ -62,13 +83,15 @@ class ServedIndex(tf.Module):
   Search is exact over the embeddings' row blocks (the KnowledgeIndex's exact search on one
   replica, so an export answers as evaluation does), or an attached in-graph Searcher
   (ScaNN's ops) covering the same block ids, in one of two ways:
-    - with embeddings (float16 is enough), the searcher proposes RESCORED_PER_NEIGHBOUR
-      candidates per neighbour and the embeddings re-score them: the top k are then ranked
-      and scored by the embeddings' inner products, as exact search scores them;
+    - with embeddings (float16 is enough), the searcher proposes rescored_candidates
+      (RESCORED_PER_NEIGHBOUR per neighbour, or as many as a request's
+      reorder_num_neighbors: scann_index.searching_with) and the embeddings re-score
+      them: the top k are then ranked and scored by the embeddings' inner products, as
+      exact search scores them;
     - without (`embeddings=None`), gathered blocks carry none and the model takes the
       searcher's scores as the relevance logits (OpenQAModel.retrieve): a ScaNN searcher
-      already holds its own quantized copy of every embedding, and a float16 one is
-      3.2 GiB more per loaded version at REALM's 13.35M blocks.
+      already holds its own quantized copy of every embedding, and a float16 one is 2P
+      bytes more per block in every loaded version.
   """
 
   def __init__(self, embeddings, block_ids: np.ndarray, texts: BlockTexts,
@@ -125,8 +148,8 @@ class ServedIndex(tf.Module):
       raise ValueError(f"k={k} is not within the {self.num_blocks} blocks of the index")
     queries = tf.cast(queries, tf.float32)
     if self.searcher is not None:
-      fetch = k if self.embeddings is None else min(k * RESCORED_PER_NEIGHBOUR,
-                                                    self.num_blocks)
+      fetch = k if self.embeddings is None else rescored_candidates(
+          k, self.num_blocks, scann_index.bound_options().reorder_num_neighbors)
       found = self.searcher.search(queries, fetch)
       # ScaNN's ops give no static shapes; the gathers downstream need the rank.
       block_ids = tf.reshape(found.block_ids, [-1, fetch])  # [B, fetch]
@@ -158,7 +181,7 @@ class ServedIndex(tf.Module):
 
 def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
                       searcher: Optional[Searcher] = None,
-                      embedding_dtype: str = "float32",
+                      embedding_dtype: Optional[str] = "float32",
                       blocks_per_chunk: int = block_texts_lib.BLOCKS_PER_CHUNK
                       ) -> ServedIndex:
   """The ServedIndex of a loaded exact-search KnowledgeIndex (its corpus and embeddings).
@@ -174,12 +197,16 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
       directory that lives as long as the returned index.
     searcher: an in-graph Searcher over the same blocks (the ScaNN variant).
     embedding_dtype: float32 (scores as evaluated) or float16 (half the memory); with a
-      searcher, the copy that re-scores its candidates, or 'none': no embeddings, the
+      searcher, the copy that re-scores its candidates, or None: no embeddings, the
       searcher's scores (ServedIndex).
     blocks_per_chunk: tables layout: blocks per compressed chunk of the text store.
 
   Returns:
     The ServedIndex, with the KnowledgeIndex's version.
+
+  Raises:
+    ValueError: the index is not an exact-search index on one replica with embeddings,
+      or no embedding_dtype without a searcher.
   """
   if index.backend != "exact":
     raise ValueError("the QA export searches in graph: build the KnowledgeIndex with "
@@ -198,11 +225,11 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     block_texts_lib.store_from_blocks(texts_dir, store, blocks_per_chunk)
     texts = BlockTexts(texts_dir)
     texts._owner = owner  # removes a temporary directory with the store  # pylint: disable=protected-access
-  if embedding_dtype == "none" and searcher is None:
-    raise ValueError("embedding_dtype 'none' needs a searcher: exact search scans the "
-                     "embeddings")
+  if embedding_dtype is None and searcher is None:
+    raise ValueError("a served index without embeddings needs a searcher: exact search "
+                     "scans the embeddings")
   embeddings = None
-  if embedding_dtype != "none":
+  if embedding_dtype is not None:
     blocks = index.embedding_blocks
     if embedding_dtype == "float32" and blocks.dtype == tf.float32:
       embeddings = blocks  # evaluation's variables, served as they are
@@ -210,4 +237,4 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
       embeddings = blocks.cast(embedding_dtype)
   return ServedIndex(embeddings, store.block_ids, texts, tokenizer,
                      index.block_seq_length, index.body_length, index.version, searcher,
-                     "float32" if embedding_dtype == "none" else embedding_dtype)
+                     embedding_dtype or "float32")

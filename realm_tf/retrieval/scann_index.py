@@ -38,14 +38,20 @@ from realm_tf.retrieval.sharded import ShardedSearcher
 # (AH) + exact reordering below ~100k, partitioning tree + AH + reordering above.
 BRUTE_FORCE_BELOW = 20_000
 TREE_ABOVE = 100_000
-# A tree's leaves searched by default (about sqrt(N) leaves). Chosen from the recall curve
-# at one full-size shard (1.03M rows of embeddings generated to match real ones:
-# benchmarks/results/synthetic_embeddings.md): recall@5 about 0.92 at a twentieth (ScaNN's
-# usual starting point), 0.95 at a tenth and 0.965 at a fifth, each still a few percent of
-# exact search's time. A fifth keeps REALM's full index above 0.95 with a margin for what
-# the generator does not capture; a served request can ask for fewer
+# A tree's leaves searched by default (it has about sqrt(N) leaves). The design: the
+# smallest round fraction whose recall@5 against exact search meets the target
+# (benchmarks.released_scale's TARGETS) while the search stays a small part of exact
+# search's time, read from the recall curves at full-size shards of embeddings generated
+# to match real ones (benchmarks/results/synthetic_embeddings.md) and at REALM's full
+# index (benchmarks/results/released_scale.md, which says whether the target is met with
+# what a ScaNN export serves). A served request can ask for fewer or more leaves
 # (answer_with_search_options) without a rebuild.
 SEARCHED_LEAVES_FRACTION = 0.2
+# The most candidates a request may ask to have re-scored (reorder_num_neighbors): a
+# re-scoring export gathers [questions, candidates, P] embeddings per request, so the
+# bound keeps one request from taking the server's memory; far above any default
+# (served_index.RESCORED_PER_NEIGHBOUR per neighbour, a shard's reorder_num_neighbors).
+MAX_REORDER_NUM_NEIGHBORS = 10_000
 REORDER_TYPES = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8,
                  "bfloat16": ReorderType.BFLOAT16}
 
@@ -56,12 +62,12 @@ class ScannParams:
 
   reorder_dtype: the data the candidates are re-scored with (and brute force scores with):
   'int8' by default ('float32' for brute force, scann_params_for), 'float32' or
-  'bfloat16'. Why int8: a served searcher holds its
-  reordering data twice (the state's variables and the searcher its op builds from them),
-  and float32 data is 512 bytes a block at P = 128, 6.4 GiB twice at REALM's 13,353,718
-  blocks; int8 is a quarter of it (benchmarks/scann_scale.py measures both, and the recall
-  each gives). The served scores (p(z|x)'s logits in a ScaNN export) are then int8 inner
-  products, not float32 ones.
+  'bfloat16'. Why int8: a searcher holds its reordering data twice (the state's variables
+  and the searcher its op builds from them), and float32 data is 4 bytes per dimension and
+  block against int8's 1 (benchmarks/scann_scale.py measures both, and the recall each
+  gives). ScaNN's own scores are then int8 inner products, not float32 ones; a ScaNN QA
+  export re-scores its candidates from embeddings of its own instead and serves the
+  shards without this data (without_reordering).
   reorder_num_neighbors: candidates re-scored; 0 keeps asymmetric hashing's scores (no
   reordering, as the REALM authors' searcher).
   anisotropic_quantization_threshold: None is ScaNN's own default (no anisotropic loss).
@@ -247,11 +253,11 @@ def without_reordering(shard: ScannShard) -> ScannShard:
   tree, codes and codebook kept. A shard without reordering is returned as it is.
 
   Why: a QA export that re-scores the candidates from embeddings of its own
-  (served_index.RESCORED_PER_NEIGHBOUR) gains nothing from ScaNN's int8 re-scoring, whose
-  data a served version holds twice (the restored variables and the searcher built from
-  them), 3.2 GiB at REALM's 13.35M blocks; float16 re-scoring of asymmetric hashing's
-  candidates kept recall@5 at 0.984 (0.990 after int8 reordering; 0.968 int8 alone:
-  benchmarks/results/scann_rescoring.md). The index's own shards keep their reordering
+  (served_index.RESCORED_PER_NEIGHBOUR) gains little from ScaNN's int8 re-scoring before
+  it, whose data a served version holds twice (the restored variables and the searcher
+  built from them) where its own float16 copy is held once; benchmarks/results/
+  scann_rescoring.md measures recall@5 with and without the int8 step, each re-scored
+  from float16, float32 and bfloat16 rows. The index's own shards keep their reordering
   (the trainer's host search uses it).
   """
   s = shard.state
@@ -273,9 +279,11 @@ def build_shards(embeddings, block_ids: np.ndarray, rows: Optional[np.ndarray] =
   at a time: where an index version carries no ScaNN shards, and in benchmarks.
 
   Why shard by shard: ScaNN's builder copies its dataset more than once, so one searcher
-  over REALM's 13.35M blocks needs about 30 GiB in the building process; a shard of
-  ROWS_PER_BLOCK rows needs about 2 GiB, and each builder's searcher is released once its
-  state is taken. The shards are searched together and merged (ShardedSearcher).
+  over all of REALM's blocks needs several times their embeddings in the building
+  process, more than a 24 GB machine holds; a shard of ROWS_PER_BLOCK rows needs that for
+  its own rows only, and each builder's searcher is released once its state is taken
+  (benchmarks/results/released_scale.md records the import's build). The shards are
+  searched together and merged (ShardedSearcher).
 
   Args:
     embeddings: [N, P] in row order (a RowBlocks, or an array or memmap).
@@ -321,8 +329,10 @@ class SearchOptions(NamedTuple):
   leaves searches max(1, ceil(fraction × L)) of them. A fraction rather than a number of
   leaves because shards differ in size and each has about sqrt(n) leaves (scann_params_for),
   so one number would mean a different share of each shard. Shards without a tree ignore it.
-  reorder_num_neighbors: candidates re-scored exactly (at least the neighbours asked for);
-  shards without reordering ignore it.
+  reorder_num_neighbors: candidates re-scored (at least the neighbours asked for): by a
+  shard's exact reordering, or, in a QA export that re-scores ScaNN's candidates from
+  embeddings of its own (served_index.ServedIndex), the candidates it takes from ScaNN
+  and re-scores; shards without reordering ignore it.
 
   Each is None (every shard's own), a number, or a scalar tensor (float32, int32). A
   tensor that is 0 or less also means every shard's own: a served graph's `answer` passes
@@ -334,6 +344,11 @@ class SearchOptions(NamedTuple):
 
 
 _bound = threading.local()
+
+
+def bound_options() -> SearchOptions:
+  """The SearchOptions bound by the innermost searching_with (all None outside any)."""
+  return getattr(_bound, "options", None) or SearchOptions()
 
 
 @contextlib.contextmanager
@@ -353,30 +368,56 @@ def searching_with(options: SearchOptions):
     _bound.options = previous
 
 
-def check_search_options(leaves_fraction, reorder_num_neighbors, k: int) -> SearchOptions:
+def check_search_options(leaves_fraction, reorder_num_neighbors, k: int,
+                         has_tree: bool = True, rescores: bool = True) -> SearchOptions:
   """Validated options from a caller, as tensors that run after their checks.
+
+  An option that cannot change the search it is given to is refused rather than ignored,
+  unless it has the one value that says what that search does anyway: a leaves_fraction
+  of 1 where no shard has a tree (each scores every block), reorder_num_neighbors of `k`
+  where nothing re-scores candidates (ScaNN's own scores of the k found).
 
   Args:
     leaves_fraction: scalar float32, in (0, 1].
-    reorder_num_neighbors: scalar int32, at least `k`.
+    reorder_num_neighbors: scalar int32, from `k` to MAX_REORDER_NUM_NEIGHBORS.
     k: the neighbours every search asks for.
+    has_tree: whether any shard searched has a tree (leaves to choose from).
+    rescores: whether anything re-scores candidates (a shard's reordering, or embeddings
+      that re-score ScaNN's candidates).
 
   Returns:
     SearchOptions of the two values (each searched with only once its checks pass).
 
   Raises:
-    tf.errors.InvalidArgumentError: naming the option out of range (when the check runs:
-      at once eagerly or for constants, else when the graph runs).
+    tf.errors.InvalidArgumentError: naming the option refused (when the check runs: at
+      once eagerly or for constants, else when the graph runs).
   """
   fraction = tf.convert_to_tensor(leaves_fraction, tf.float32)
   reorder = tf.convert_to_tensor(reorder_num_neighbors, tf.int32)
-  checks = [
-      tf.debugging.assert_greater(fraction, 0.0, message="leaves_fraction must be in (0, 1]"),
-      tf.debugging.assert_less_equal(fraction, 1.0,
-                                     message="leaves_fraction must be in (0, 1]"),
-      tf.debugging.assert_greater_equal(
-          reorder, tf.constant(k, tf.int32),
-          message=f"reorder_num_neighbors must be at least the {k} neighbours searched for")]
+  k_tensor = tf.constant(k, tf.int32)
+  if has_tree:
+    checks = [
+        tf.debugging.assert_greater(fraction, 0.0,
+                                    message="leaves_fraction must be in (0, 1]"),
+        tf.debugging.assert_less_equal(fraction, 1.0,
+                                       message="leaves_fraction must be in (0, 1]")]
+  else:
+    checks = [tf.debugging.assert_equal(
+        fraction, 1.0, message="leaves_fraction: no shard of this export has a tree (each "
+        "scores every block), so it can only be 1")]
+  if rescores:
+    checks += [
+        tf.debugging.assert_greater_equal(
+            reorder, k_tensor,
+            message=f"reorder_num_neighbors must be at least the {k} neighbours searched for"),
+        tf.debugging.assert_less_equal(
+            reorder, tf.constant(MAX_REORDER_NUM_NEIGHBORS, tf.int32),
+            message=f"reorder_num_neighbors must be at most {MAX_REORDER_NUM_NEIGHBORS:,}")]
+  else:
+    checks.append(tf.debugging.assert_equal(
+        reorder, k_tensor, message=f"reorder_num_neighbors: nothing in this export "
+        f"re-scores candidates (ScaNN's own scores), so it can only be the {k} neighbours "
+        "searched for"))
   with tf.control_dependencies(checks):
     return SearchOptions(tf.identity(fraction), tf.identity(reorder))
 
@@ -410,8 +451,9 @@ def _reorder_count(reorder, layout: ShardLayout, fetch: int):
   it re-scores, so fewer would shorten the result)."""
   if reorder is None or not layout.reorder_num_neighbors:
     return -1
-  if not isinstance(reorder, tf.Tensor):
+  if not isinstance(reorder, tf.Tensor) and not isinstance(fetch, tf.Tensor):
     return max(int(reorder), fetch)
+  reorder = tf.convert_to_tensor(reorder, tf.int32)
   return tf.where(reorder > 0, tf.maximum(reorder, fetch), -1)
 
 
@@ -486,16 +528,20 @@ class ScannSearcher(Searcher):
   # Plain TensorFlow calls, no tensor-dependent Python: autograph's conversion of it in a
   # saved QA module's trace failed, calling another method's converted code (TypeError).
   @tf.autograph.experimental.do_not_convert
-  def search(self, queries: tf.Tensor, k: int, overfetch: int = 4) -> SearchResult:
-    """Approximate top-k of `queries` [Q, P]; see Searcher.search. The bound
-    SearchOptions (searching_with), if any, say how many leaves and candidates.
+  def search(self, queries: tf.Tensor, k, overfetch: int = 4) -> SearchResult:
+    """Approximate top-k of `queries` [Q, P]; see Searcher.search (k may be a scalar
+    int32 tensor). The bound SearchOptions (searching_with), if any, say how many leaves
+    and candidates.
 
     With rescore_embeddings, k * overfetch candidates are fetched and re-scored exactly.
     """
     k = self._check_k(k)
     queries = tf.cast(queries, tf.float32)
-    fetch = min(k * overfetch, self.num_blocks) if self.rescore_embeddings is not None else k
-    options = getattr(_bound, "options", None) or SearchOptions()
+    fetch = k
+    if self.rescore_embeddings is not None:
+      fetch = (tf.minimum(k * overfetch, self.num_blocks) if isinstance(k, tf.Tensor)
+               else min(k * overfetch, self.num_blocks))
+    options = bound_options()
     indices, scores = self._searcher.search_batched(
         queries, final_num_neighbors=fetch,
         pre_reorder_num_neighbors=_reorder_count(options.reorder_num_neighbors,
@@ -562,8 +608,8 @@ class ScannHandle(tf.Module):
   One op per graph: every op node has a kernel, and so a searcher, of its own, so a graph
   whose searches sit in several branches (a cond, a loop's body) would build one per
   branch. `bound_handles` makes each handle's op once, at the top of the traced function,
-  for every branch to capture (and signatures that should share a searcher call one
-  function that does). Eagerly, TensorFlow caches one kernel per op signature, which every
+  for every branch to capture; signatures that should share a searcher bind the handles
+  made by one function they all call (searcher_function). Eagerly, TensorFlow caches one kernel per op signature, which every
   shard's op would share (each shard would search the first one's data): an eager call
   makes the op in a function of the handle's own.
   """
@@ -591,17 +637,47 @@ class ScannHandle(tf.Module):
     return self._make()
 
 
+def searcher_function(handles: Sequence[ScannHandle]):
+  """One tf.function (no inputs) that makes every handle's searcher, its TensorsToScann
+  op, and returns their resource handles: for bound_handles' `make`.
+
+  Why one function: each shard's searcher is then built by one op, once, whichever
+  signature runs first, and every graph that calls the function searches with it
+  (tests/test_export_qa.py checks that a signature's first call builds none of its own).
+  Graphs that each made the ops themselves were seen to share searchers too in a loaded
+  SavedModel, but by where an op stands in its graph rather than by the state it reads:
+  two signatures that made two shards' ops in opposite orders searched each other's
+  shards (TensorFlow 2.20, ScaNN 1.4.2). One function leaves one op per shard.
+
+  Args:
+    handles: the ScannHandles (graph_searcher's).
+
+  Returns:
+    The tf.function; each call returns a list of resource tensors, one per handle.
+  """
+  # pylint: disable-next=protected-access
+  return tf.function(lambda: [handle._make() for handle in handles], input_signature=[])
+
+
 @contextlib.contextmanager
-def bound_handles(handles: Sequence[ScannHandle]):
-  """Within: each handle's TensorsToScann op is made once, in the graph being traced, and
-  every search of that graph (its branches included) uses it (see ScannHandle)."""
-  for handle in handles:
-    handle._made.bound = handle._make()  # pylint: disable=protected-access
+def bound_handles(handles: Sequence[ScannHandle], make=None):
+  """Within: each handle's searcher handle is made once, in the graph being traced, and
+  every search of that graph (its branches included) uses it (see ScannHandle).
+
+  Args:
+    handles: the ScannHandles searched.
+    make: a searcher_function of `handles`, called once here, so that every graph that
+      binds it shares its searchers; None: each handle's op is made in this graph.
+  """
+  # pylint: disable=protected-access
+  made = make() if make is not None else [handle._make() for handle in handles]
+  for handle, tensor in zip(handles, made):
+    handle._made.bound = tensor
   try:
     yield
   finally:
     for handle in handles:
-      handle._made.bound = None  # pylint: disable=protected-access
+      handle._made.bound = None
 
 
 class _GraphScann:
@@ -622,8 +698,9 @@ def graph_searcher(shards: Sequence[ScannShard], dimension: int
   """A Searcher over in-graph ScaNN handles, one per shard, merged (ShardedSearcher).
 
   Its scores are ScaNN's (reordered inner products in the shards' reorder_dtype); a QA
-  export re-scores its candidates with embeddings of its own, or, with none
-  (scann_rescore_dtype 'none'), takes them as p(z|x)'s logits.
+  export re-scores its candidates with embeddings of its own, or, keeping none
+  (realm_tf.export.assembly.ScannSearch without a rescore_dtype), takes them as p(z|x)'s
+  logits.
 
   Args:
     shards: the ScaNN states and their block ids (an index version's, or build_shards').

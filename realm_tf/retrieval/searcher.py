@@ -47,7 +47,11 @@ class Searcher(tf.Module, abc.ABC):
       ValueError: k < 1.
     """
 
-  def _check_k(self, k: int) -> int:
+  def _check_k(self, k):
+    """k, at most num_blocks. A scalar int32 tensor (a count chosen per request, e.g. the
+    candidates a served index re-scores) is clipped in graph; its caller checked it."""
+    if isinstance(k, tf.Tensor):
+      return tf.minimum(k, self.num_blocks)
     if k < 1:
       raise ValueError(f"k must be positive, got {k}")
     return min(k, self.num_blocks)

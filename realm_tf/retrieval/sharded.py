@@ -36,8 +36,9 @@ class ShardedSearcher(Searcher):
     """P, the shards' embedding width."""
     return self.shards[0].dimension
 
-  def search(self, queries: tf.Tensor, k: int) -> SearchResult:
-    """Each shard's top-k of `queries` [Q, P], merged; see Searcher.search."""
+  def search(self, queries: tf.Tensor, k) -> SearchResult:
+    """Each shard's top-k of `queries` [Q, P], merged; see Searcher.search (k may be a
+    scalar int32 tensor where the shards take one)."""
     k = self._check_k(k)
     results = [shard.search(queries, k) for shard in self.shards]
     if len(results) == 1:

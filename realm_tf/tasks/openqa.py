@@ -38,6 +38,45 @@ from realm_tf.tasks import openqa_evaluation as evaluation
 best_spans = evaluation.best_spans
 
 
+def reader_body_length(experiment) -> int:
+  """Lb, the body wordpieces an Open-QA index keeps per block: the reader's room for a
+  body (reader_seq_length - 3: [CLS], [SEP], [SEP]), or the document tower's length where
+  that is longer. Why whole bodies: a block's body is shorter than its document-tower
+  input, so the retriever's labels (an answer anywhere in the body) see the whole block
+  even when the reader reads less. The task's index and every served index keep this.
+
+  Args:
+    experiment: the ExperimentConfig (model.retriever.block_seq_length,
+      task.openqa.reader_seq_length).
+
+  Returns:
+    The body length.
+  """
+  return max(experiment.task.openqa.reader_seq_length - 3,
+             experiment.model.retriever.block_seq_length)
+
+
+def retrieved_blocks(openqa_config, num_blocks: int, training: bool) -> int:
+  """R, the blocks a question retrieves: in training the retriever beam (ORQA's
+  retriever_beam_size, at least the blocks read); in evaluation, and so in every served
+  QA export, enough for recall@20 and the blocks read (the retriever loss reported in
+  validation is over those, and p(z|x) of an export is evaluation's). Never more than
+  the corpus holds.
+
+  Args:
+    openqa_config: task.openqa (num_candidates, retriever_beam).
+    num_blocks: blocks of the index searched.
+    training: the training step's R rather than evaluation's.
+
+  Returns:
+    R.
+  """
+  k = openqa_config.num_candidates
+  wanted = (max(k, openqa_config.retriever_beam) if training
+            else max(max(evaluation.RECALL_AT), k))
+  return min(wanted, num_blocks)
+
+
 def restore_from_pretraining(model: OpenQAModel, path: str) -> str:
   """The retriever and the reader's BERT from a REALM pre-training checkpoint.
 
@@ -181,11 +220,9 @@ class OpenQATask(base.RetrievalTask):
     else:
       store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(i.blocks),
                                                     i.unpublished_blocks)
-    # Bodies are stored whole (a block's body is shorter than its document-tower input),
-    # so the retriever's labels see the whole block even when the reader reads less.
     self.index = KnowledgeIndex(
         store, self.tokenizer, m.retriever.block_seq_length,
-        body_length=max(self.task_config.reader_seq_length - 3, m.retriever.block_seq_length),
+        body_length=reader_body_length(self.experiment),
         dimension=factory.retriever_output_size(self.experiment), strategy=strategy,
         backend=i.backend, embedding_dtype=i.embedding_dtype, rescore=i.rescore,
         texts=texts)
@@ -251,12 +288,8 @@ class OpenQATask(base.RetrievalTask):
   # ------------------------------------------------------------------------- the step
 
   def num_retrieved(self, training: bool) -> int:
-    """Training: the retriever beam (ORQA's retriever_beam_size); evaluation: enough for
-    recall@20 (the retriever loss reported in validation is over those)."""
-    c = self.task_config
-    k = c.num_candidates
-    wanted = max(k, c.retriever_beam) if training else max(max(evaluation.RECALL_AT), k)
-    return min(wanted, self.index.num_blocks)
+    """The blocks a question retrieves from the task's index (retrieved_blocks)."""
+    return retrieved_blocks(self.task_config, self.index.num_blocks, training)
 
   def gold_rows(self, features, training: bool):
     """[B] gold rows to read first during the reading-comprehension stage, else None.

@@ -23,7 +23,7 @@ Laid out as docs/released_models.md's download (benchmarks.released_nq reads it 
                                  one block string / its title per record
   resplit/NaturalQuestions.resplit.test.jsonl
                                  questions {question, answer: [...]}
-The reference: BERT (tests/bert_reference.py), pooled [CLS] → dense → LayerNorm for the
+The reference: BERT (benchmarks/bert_reference.py), pooled [CLS] → dense → LayerNorm for the
 towers (the authors' ICT module / HF's RealmEmbedder), and orqa_model.read's span scoring
 (dense → split halves → relu(start + end) → LayerNorm → dense_1, plus the retrieval score).
 """
@@ -35,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf.pretrained import minilm_vocab_file
-from tests.bert_reference import bert_forward
+from benchmarks.bert_reference import bert_forward
 
 SIZES = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
              max_position_embeddings=512, type_vocab_size=2, projection_size=16,

@@ -375,7 +375,7 @@ async def _fail(rule: dict, writer: asyncio.StreamWriter) -> None:
     await asyncio.sleep(rule["stall_seconds"])
     return
   body = json.dumps({"error": {"code": rule["status"], "message": "injected by "
-                               "tests/gcs_emulator.py"}}).encode()
+                               "benchmarks/gcs_emulator.py"}}).encode()
   writer.write(b"HTTP/1.1 %d Injected\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s"
                % (rule["status"], len(body), body))
