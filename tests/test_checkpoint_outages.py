@@ -86,6 +86,16 @@ def _op_error(kind):
   return lambda: kind(None, None, "injected: the store did not answer")
 
 
+def _newest_kept(tmp_path, prefixes, caplog) -> "FakeClock":
+  """refuse_damaged on a fake clock, warnings captured: it keeps the newest checkpoint.
+  Returns the clock (its sleeps)."""
+  clock = FakeClock()
+  caplog.set_level(logging.WARNING)
+  assert checkpoints.refuse_damaged(str(tmp_path), sleep=clock.sleep, clock=clock) \
+      == prefixes[-1]
+  return clock
+
+
 @pytest.mark.parametrize("error", checkpoints.OUTAGE_ERRORS, ids=lambda e: e.__name__)
 def test_each_unavailability_error_is_waited_out_and_the_newest_checkpoint_kept(
     tmp_path, monkeypatch, caplog, error):
@@ -94,10 +104,7 @@ def test_each_unavailability_error_is_waited_out_and_the_newest_checkpoint_kept(
   reader = _failing(tf.compat.v1.train.NewCheckpointReader, 3, _op_error(error),
                     match=lambda prefix: prefix == prefixes[-1])
   monkeypatch.setattr(tf.compat.v1.train, "NewCheckpointReader", reader)
-  clock = FakeClock()
-  caplog.set_level(logging.WARNING)
-  assert checkpoints.refuse_damaged(str(tmp_path), sleep=clock.sleep, clock=clock) \
-      == prefixes[-1]
+  clock = _newest_kept(tmp_path, prefixes, caplog)
   assert reader.failed == 3 and clock.sleeps == [1.0, 2.0, 4.0]  # backoff, then it answered
   assert _files(tmp_path) == before  # nothing moved, the state file untouched
   assert tf.train.latest_checkpoint(str(tmp_path)) == prefixes[-1]
@@ -120,10 +127,7 @@ def test_the_readers_damage_like_error_is_checked_on_a_copy_before_anything_move
   copy = _failing(tf.io.gfile.copy, 1, _op_error(tf.errors.AbortedError))
   monkeypatch.setattr(tf.compat.v1.train, "NewCheckpointReader", reader)
   monkeypatch.setattr(tf.io.gfile, "copy", copy)
-  clock = FakeClock()
-  caplog.set_level(logging.WARNING)
-  assert checkpoints.refuse_damaged(str(tmp_path), sleep=clock.sleep, clock=clock) \
-      == prefixes[-1]
+  clock = _newest_kept(tmp_path, prefixes, caplog)
   assert reader.failed == 2 and copy.failed == 1 and clock.sleeps == [1.0]
   assert _files(tmp_path) == before
   messages = [r.getMessage() for r in caplog.records]
@@ -142,10 +146,7 @@ def test_a_failed_read_whose_copy_reads_back_whole_is_kept(tmp_path, monkeypatch
                                               "HTTP response code 503", tf.errors.UNKNOWN),
                     match=lambda prefix: prefix == prefixes[-1])
   monkeypatch.setattr(tf.compat.v1.train, "NewCheckpointReader", reader)
-  clock = FakeClock()
-  caplog.set_level(logging.WARNING)
-  assert checkpoints.refuse_damaged(str(tmp_path), sleep=clock.sleep, clock=clock) \
-      == prefixes[-1]
+  clock = _newest_kept(tmp_path, prefixes, caplog)
   assert reader.failed == 1 and clock.sleeps == []
   assert _files(tmp_path) == before
   kept = [r.getMessage() for r in caplog.records if "not damage; it is kept" in r.getMessage()]

@@ -6,6 +6,7 @@ The watchdog is tested here on real processes and real sockets, with stand-in tr
 one per task of a two-task TF_CONFIG on 127.0.0.1, each the parent of its trainer. The
 whole job with TensorFlow's collectives is tests/test_multi_worker.py (system tier).
 """
+import contextlib
 import functools
 import itertools
 import json
@@ -365,18 +366,31 @@ def test_a_starved_worker_is_named_as_stuck_in_its_input_pipeline(tmp_path):
   assert f'File "<string>", line {starving + 1} in <module>' in _stacks(job.line(1))
 
 
+@contextlib.contextmanager
+def _watchdog_of(tmp_path, monkeypatch, index: int, seconds: int):
+  """A Watchdog of worker `index` of a 2-worker job over a trainer that sleeps `seconds`,
+  its heartbeat directory under tmp_path; killed and its signal handlers restored after."""
+  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
+      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
+      task=dict(type="worker", index=index))), TMPDIR=str(tmp_path))
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
+  dog = watchdog.Watchdog([sys.executable, "-c", f"import time; time.sleep({seconds})"], env)
+  try:
+    yield dog
+  finally:
+    dog._kill()
+    dog.server.shutdown()
+    for signum, handler in handlers.items():
+      signal.signal(signum, handler)
+
+
 def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_in(
     tmp_path, monkeypatch):
   """The race behind a starved worker's job naming its peer "stopped": a peer's question
   answered while this watchdog freezes its trainer. Here the answer is held inside its
   heartbeat read until the freeze has happened (or 2 s, if the freeze must wait for it);
   it must describe the running trainer either way, never the frozen one."""
-  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
-      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
-      task=dict(type="worker", index=0))), TMPDIR=str(tmp_path))
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
-  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(60)"], env)
   in_answer, frozen, answers = threading.Event(), threading.Event(), []
   read = heartbeat.read
 
@@ -386,8 +400,8 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
       frozen.wait(2)
     return read(directory)
 
-  monkeypatch.setattr(heartbeat, "read", held_read)
-  try:
+  with _watchdog_of(tmp_path, monkeypatch, 0, 60) as dog:
+    monkeypatch.setattr(heartbeat, "read", held_read)
     asker = threading.Thread(target=lambda: answers.append(watchdog.ask(
         f"127.0.0.1:{dog.server.server_address[1]}", timeout=HANG_GUARD)))
     asker.start()
@@ -400,11 +414,6 @@ def test_a_peer_asking_while_the_trainer_is_frozen_is_told_the_state_it_stalled_
     asker.join(HANG_GUARD)
     assert answers and answers[0]["trainer"] == "running", answers
     assert dog.status()["trainer"] == "running"  # and what is served from now on
-  finally:
-    dog._kill()
-    dog.server.shutdown()
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
 
 
 def test_a_trainer_continued_after_its_watchdogs_verdict_writes_no_line_of_its_own(
@@ -413,13 +422,7 @@ def test_a_trainer_continued_after_its_watchdogs_verdict_writes_no_line_of_its_o
   fails on the peers the verdict ended (TensorFlow: connection reset), and it would write
   a second "training stopped" line (seen in make test-system: worker:1's own line after
   its watchdog's). The watchdog's line is written for it first; its exit line is empty."""
-  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
-      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
-      task=dict(type="worker", index=1))), TMPDIR=str(tmp_path))
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
-  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(60)"], env)
-  try:
+  with _watchdog_of(tmp_path, monkeypatch, 1, 60) as dog:
     trainer_side = heartbeat.Heartbeat(dog.directory)  # what the trainer reads
     monkeypatch.setattr(heartbeat, "_CURRENT", trainer_side)
     assert not trainer_side.verdict_written()
@@ -429,11 +432,6 @@ def test_a_trainer_continued_after_its_watchdogs_verdict_writes_no_line_of_its_o
       assert f.read().startswith("training stopped (worker:1 of 2 processes)")
     # Before any probe of the peers (the arguments would fail): nothing to write.
     assert peer_failures.lost_peer_line(RuntimeError("reset"), None, None, "") == ""
-  finally:
-    dog._kill()
-    dog.server.shutdown()
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
 
 
 def test_a_trainer_woken_by_the_stacks_request_is_still_told_as_it_stalled(
@@ -441,12 +439,6 @@ def test_a_trainer_woken_by_the_stacks_request_is_still_told_as_it_stalled(
   """SIGUSR1 for the stacks can wake a trainer blocked in a system call (pause() holding
   the GIL returns), which then heartbeats again: a peer that asks meanwhile is told the
   state it stalled in (its heartbeat stale: blocked), not the live one."""
-  env = dict(os.environ, TF_CONFIG=json.dumps(dict(
-      cluster={"worker": ["127.0.0.1:7001", "127.0.0.1:7002"]},
-      task=dict(type="worker", index=0))), TMPDIR=str(tmp_path))
-  handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its heartbeat directory
-  dog = watchdog.Watchdog([sys.executable, "-c", "import time; time.sleep(600)"], env)
   watch = dict(task="worker:0", address="127.0.0.1:7001", role="worker:0 of 2 processes",
                stall_seconds=2.0, collective_timeout_seconds=600.0, checkpoint_dir="/runs/ckpt",
                peers={})
@@ -466,15 +458,10 @@ def test_a_trainer_woken_by_the_stacks_request_is_still_told_as_it_stalled(
     answers.append(watchdog.ask(f"127.0.0.1:{dog.server.server_address[1]}", HANG_GUARD))
     return heartbeat.stacks_path(dog.directory)
 
-  monkeypatch.setattr(dog, "_save_stacks", woken)
   stale = watchdog.HEARTBEAT_STALE_SECONDS + 60
-  try:
+  with _watchdog_of(tmp_path, monkeypatch, 0, 600) as dog:
+    monkeypatch.setattr(dog, "_save_stacks", woken)
     assert dog._end_stalled(beat_at(time.time() - stale), (2.0, "the limit")) == 1
-  finally:
-    dog._kill()
-    dog.server.shutdown()
-    for signum, handler in handlers.items():
-      signal.signal(signum, handler)
   assert answers[0]["heartbeat_age"] > stale, answers  # the stalled state
   assert dog._verdict == ["worker:0 (127.0.0.1:7001) is not responding (its Python "
                           "interpreter is blocked)"]
