@@ -285,6 +285,42 @@ def cached(path: str, make, keep=lambda result: True, log=print) -> dict:
   return read_json(path)
 
 
+# What cannot change a measurement: edited while a benchmark runs, it leaves the run at
+# its commit (git pathspecs).
+NOT_MEASURED = (":!tests", ":!docs", ":!*.md")
+
+
+def commit() -> str:
+  """The checkout's commit (git rev-parse HEAD), with '+modified' when a tracked file that
+  can change a measurement (all but NOT_MEASURED) differs from it: a result says what code
+  made it. '' outside a git checkout."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                              ".", *NOT_MEASURED],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return ""
+  return head + ("+modified" if changed.strip() else "")
+
+
+def recorded(make):
+  """make, recording how it ran: a function that calls make() -> dict and returns it with
+  `provenance`: the commit, when it started (ISO 8601), its wall seconds and the load
+  average (1, 5, 15 minutes) at its start and end, which say whether other work shared
+  the machine. For `cached`: a kept step keeps the provenance of the run that made it."""
+  def run() -> dict:
+    start_load, started, start = os.getloadavg(), time.strftime("%Y-%m-%dT%H:%M:%S%z"), \
+        time.perf_counter()
+    result = make()
+    return dict(result, provenance=dict(
+        commit=commit(), started=started, seconds=round(time.perf_counter() - start, 1),
+        load_average_at_start=[round(x, 2) for x in start_load],
+        load_average_at_end=[round(x, 2) for x in os.getloadavg()]))
+  return run
+
+
 def run_process(command: list, log_path: str, env: dict | None = None) -> dict:
   """`command` run from the repository as a process of its own, its output (stdout and
   stderr) into `log_path`, with the repository on its PYTHONPATH and TensorFlow's C++ log
