@@ -311,11 +311,11 @@ def recorded(make):
   average (1, 5, 15 minutes) at its start and end, which say whether other work shared
   the machine. For `cached`: a kept step keeps the provenance of the run that made it."""
   def run() -> dict:
-    start_load, started, start = os.getloadavg(), time.strftime("%Y-%m-%dT%H:%M:%S%z"), \
-        time.perf_counter()
+    made_by, start_load = commit(), os.getloadavg()  # the code as it was when it started
+    started, start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
     result = make()
     return dict(result, provenance=dict(
-        commit=commit(), started=started, seconds=round(time.perf_counter() - start, 1),
+        commit=made_by, started=started, seconds=round(time.perf_counter() - start, 1),
         load_average_at_start=[round(x, 2) for x in start_load],
         load_average_at_end=[round(x, 2) for x in os.getloadavg()]))
   return run

@@ -812,9 +812,11 @@ def served_curve(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
       layout = shards[0].layout
   out = []
   for fraction, recalls in zip(SHIPPED_FRACTIONS, builds):
-    searched = scann_index.leaves_to_search(fraction, layout)
-    out.append(dict(leaf_fraction=searched / layout.num_leaves, leaves=layout.num_leaves,
-                    leaves_searched=searched, rescored_candidates=fetch,
+    # A shard without a tree (brute force) scores every block, whatever the fraction.
+    searched = (scann_index.leaves_to_search(fraction, layout) if layout.num_leaves else 0)
+    out.append(dict(leaf_fraction=searched / layout.num_leaves if layout.num_leaves else 1.0,
+                    leaves=layout.num_leaves, leaves_searched=searched,
+                    rescored_candidates=fetch,
                     recall_at_5=float(np.mean(recalls)), builds=recalls))
   return out
 
