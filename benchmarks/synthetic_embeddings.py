@@ -791,9 +791,10 @@ def served_curve(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
   ids = np.arange(len(vectors), dtype=np.int64)
   fetch = served_index.rescored_candidates(K, len(ids))
   builds = [[] for _ in SHIPPED_FRACTIONS]
-  with tempfile.TemporaryDirectory(prefix="served-texts-") as texts_dir:
+  with tempfile.TemporaryDirectory(prefix="served-texts-") as scratch:
     # A ServedIndex reads the retrieved blocks' texts from a store; recall reads ids only,
     # so every block's title and text are empty.
+    texts_dir = os.path.join(scratch, "texts")
     block_texts.write_block_texts(texts_dir, ((i, "", "") for i in ids.tolist()), len(ids))
     texts, tokenizer = block_texts.BlockTexts(texts_dir), Tokenizer()
     for _ in range(repeats):
