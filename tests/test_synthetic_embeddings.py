@@ -754,3 +754,43 @@ def test_the_recall_leaves_the_checked_rows_out_of_both_searches():
   found = np.array([[7, 0, 3, 9, 4, 5, 6], [0, 890, 1, 2, 3, 4, 8], [0, 890, 5, 0, 890, 0, 1]])
   got = released_scale.without(found, [0, 890], k=5)
   np.testing.assert_array_equal(got, [[7, 3, 9, 4, 5], [1, 2, 3, 4, 8], [5, 1, -1, -1, -1]])
+
+
+def test_released_recall_rows_say_whether_their_generator_was_validated(tmp_path,
+                                                                        monkeypatch):
+  """benchmarks.released_scale.generator_validation: '' only for a run drawn from the
+  generator synthetic_embeddings validated, with the verdict 'trusted'; else 'generator
+  not validated' and why. The Markdown reads the committed validation: its ScaNN section
+  says so, and so does the recall target's measured figure, no other target's."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  check = released_scale.generator_validation
+  run = dict(steps=dict(release=dict(generator_fingerprint="abc")))
+  trusted = dict(verdict="trusted", generator=dict(fingerprint="abc"))
+  assert check(run, trusted) == ""
+  for validation, why in ((dict(trusted, verdict="not trusted"), "verdict is 'not trusted'"),
+                          (dict(trusted, generator=dict(fingerprint="xyz")),
+                           "drew from generator abc, the validated one is xyz"),
+                          ({}, "holds no out-of-sample validation")):
+    assert check(run, validation).startswith("generator not validated: ")
+    assert why in check(run, validation)
+  assert "records no generator fingerprint" in check(dict(steps=dict(release={})), trusted)
+
+  recall = dict(questions=10, shards=1, leaves=[4], leaves_searched=[1], rows_left_out=0,
+                exact_p50_ms=2.0, settings=[dict(leaves_fraction=None,
+                                                 reorder_num_neighbors=None, recall_at_5=0.9,
+                                                 p50_ms=1.0, p99_ms=1.5, p50_over_exact=0.5)])
+  result = dict(blocks=40, steps=dict(release=dict(generator_fingerprint="abc"),
+                                      scann_recall=recall),
+                targets=[dict(what=f"{released_scale.RECALL_TARGET} >= 0.95 (10 questions)",
+                              measured="0.900", met=False),
+                         dict(what="disk <= 70.0 GB", measured="1 GB", met=True)])
+  monkeypatch.setattr(se.harness, "RESULTS_DIR", str(tmp_path))
+  se.harness.write_json(str(tmp_path / "synthetic_embeddings.json"), trusted)
+  text = released_scale.markdown(result)
+  assert "Generator validated out of sample" in text and "not validated" not in text
+  se.harness.write_json(str(tmp_path / "synthetic_embeddings.json"),
+                        dict(trusted, verdict="not trusted"))
+  text = released_scale.markdown(result)
+  assert "**Generator not validated: the out-of-sample validation's verdict is" in text
+  assert "| 0.900 (generator not validated) | **no** |" in text
+  assert "| 1 GB | yes |" in text
