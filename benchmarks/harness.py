@@ -28,7 +28,8 @@ would end after its time budget, naming them:
     arms.finish()                   # partial only if the budget skipped an arm
 
 Steps. A benchmark whose steps take long keeps each step's result in its work directory
-(`cached`: a rerun there reads it back instead of doing the step again), and one that reads
+(`cached`: a rerun there reads it back instead of doing the step again; `recorded` adds how
+the step ran: its commit, start, seconds and the machine's load), and one that reads
 memory runs each step in a process of its own (`Phases`: the child is the benchmark's own
 module, called with its flags and --phase):
 
