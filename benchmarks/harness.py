@@ -288,7 +288,7 @@ def cached(path: str, make, keep=lambda result: True, log=print) -> dict:
 
 # What cannot change a measurement: edited while a benchmark runs, it leaves the run at
 # its commit (git pathspecs).
-NOT_MEASURED = (":!tests", ":!docs", ":!*.md")
+NOT_MEASURED = (":!tests", ":!docs", ":!*.md", ":!benchmarks/results")
 
 
 def commit() -> str:

@@ -182,10 +182,12 @@ def _git(repo, *args) -> str:
 
 def test_the_commit_says_when_code_that_measures_differs_from_it(tmp_path, monkeypatch):
   """commit(): HEAD of the checkout, '+modified' once a tracked file that can change a
-  measurement differs from it, not when only tests, docs or Markdown do (NOT_MEASURED)
+  measurement differs from it, not when only tests, docs, Markdown or results do
+  (NOT_MEASURED)
   nor for an untracked file; '' outside a git checkout."""
   repo = tmp_path / "repo"
-  for path in ("benchmarks/b.py", "tests/t.py", "docs/d.txt", "README.md"):
+  for path in ("benchmarks/b.py", "tests/t.py", "docs/d.txt", "README.md",
+               "benchmarks/results/r.json"):
     (repo / path).parent.mkdir(parents=True, exist_ok=True)
     (repo / path).write_text("x = 1\n")
   _git(repo, "init", "-q")
@@ -194,7 +196,7 @@ def test_the_commit_says_when_code_that_measures_differs_from_it(tmp_path, monke
   monkeypatch.setattr(harness, "REPO", str(repo))
   head = _git(repo, "rev-parse", "HEAD")
   assert harness.commit() == head and len(head) == 40
-  for path in ("tests/t.py", "docs/d.txt", "README.md"):
+  for path in ("tests/t.py", "docs/d.txt", "README.md", "benchmarks/results/r.json"):
     (repo / path).write_text("x = 2\n")
   (repo / "benchmarks" / "new.py").write_text("y = 1\n")
   assert harness.commit() == head
