@@ -442,38 +442,59 @@ def encoders_step(work_dir: str) -> dict:
       block_seq_length=int(r.block_seq_length))
 
 
+def _index_rows(directory: str) -> tuple:
+  """(embeddings [n, 384], block ids [n]) of <directory>/index in its row order."""
+  # pylint: disable-next=g-import-not-at-top
+  from realm_tf.retrieval import load_searcher  # noqa: PLC0415  heavy: loads TensorFlow
+  shards = load_searcher(os.path.join(directory, "index"), backend="exact").shards
+  return (np.concatenate([s.embeddings.numpy() for s in shards]),
+          np.concatenate([s.block_ids for s in shards]))
+
+
 def corpus_step(work_dir: str, name: str, parts: tuple, block_encoder: str,
                 batch_size: int) -> dict:
   """One corpus's documents in 128-wordpiece blocks, embedded: <work>/corpora/<name>/
-  blocks.npy [n, 384] in the index's row order and documents.json (each row's
-  document_key)."""
-  # pylint: disable=g-import-not-at-top
-  from realm_tf.data import block_store  # noqa: PLC0415
-  from realm_tf.pipelines import embed, preprocess  # noqa: PLC0415
-  from realm_tf.retrieval import load_searcher  # noqa: PLC0415
-  # pylint: enable=g-import-not-at-top
+  blocks.npy [n, 384] in the index's row order."""
+  # pylint: disable-next=g-import-not-at-top
+  from realm_tf.pipelines import embed, preprocess  # noqa: PLC0415  heavy: Beam, TensorFlow
   directory = os.path.join(work_dir, "corpora", name)
   os.makedirs(directory, exist_ok=True)
   rows = _jsonl(os.path.join(harness.SHARED_DATA, *parts))
   articles = os.path.join(directory, "articles.jsonl")
   harness.write_text(articles, "".join(
       json.dumps(dict(title=row["title"], text=row["text"])) + "\n" for row in rows))
-  corpus = os.path.join(directory, "corpus")
   preprocess.prepare_corpus(preprocess.PreprocessConfig(
-      input_format="jsonl", input=articles, output_dir=corpus, max_block_length=128))
-  index = embed.embed_corpus(embed.EmbedConfig(
-      blocks=corpus, encoder=block_encoder, output_dir=os.path.join(directory, "index"),
-      num_shards=1, batch_size=batch_size, build_scann=False))
-  shards = load_searcher(index, backend="exact").shards
-  blocks = np.concatenate([s.embeddings.numpy() for s in shards])
-  block_ids = np.concatenate([s.block_ids for s in shards])
-  store = block_store.BlockStore.from_tfrecords(block_store.blocks_pattern(corpus))
-  titles = store.title_strings
-  documents = [document_key(titles[row]) for row in store.rows(block_ids)]
+      input_format="jsonl", input=articles, output_dir=os.path.join(directory, "corpus"),
+      max_block_length=128))
+  embed.embed_corpus(embed.EmbedConfig(
+      blocks=os.path.join(directory, "corpus"), encoder=block_encoder,
+      output_dir=os.path.join(directory, "index"), num_shards=1, batch_size=batch_size,
+      build_scann=False))
+  blocks, _ = _index_rows(directory)
   np.save(os.path.join(directory, "blocks.npy"), blocks)
-  harness.write_json(os.path.join(directory, "documents.json"), dict(documents=documents))
-  return dict(file="/".join(parts), rows_read=len(rows), blocks=len(blocks),
-              documents=len(set(documents)))
+  return dict(file="/".join(parts), rows_read=len(rows), blocks=len(blocks))
+
+
+def documents_step(work_dir: str, name: str) -> dict:
+  """Each block's documents, in blocks.npy's row order, into <work>/corpora/<name>/
+  documents.json: `documents`, its title's document_key (what a split keeps on one side:
+  a SQuAD article's paragraphs, and a lead of that title), and `sources`, the text it was
+  cut from (the preprocessing's doc_uid: a lead, a SQuAD paragraph, a news article: the
+  documents the generator is fitted with, as it always was)."""
+  # pylint: disable-next=g-import-not-at-top
+  from realm_tf.data import block_store  # noqa: PLC0415  heavy: loads TensorFlow
+  directory = os.path.join(work_dir, "corpora", name)
+  _, block_ids = _index_rows(directory)
+  store = block_store.BlockStore.from_tfrecords(
+      block_store.blocks_pattern(os.path.join(directory, "corpus")))
+  rows = store.rows(block_ids)
+  titles = store.title_strings
+  documents = [document_key(titles[row]) for row in rows]
+  sources = [uid.decode() if isinstance(uid, bytes) else str(uid)
+             for uid in store.doc_uids[rows]]
+  harness.write_json(os.path.join(directory, "documents.json"),
+                     dict(documents=documents, sources=sources))
+  return dict(documents=len(set(documents)), sources=len(set(sources)))
 
 
 def questions_step(work_dir: str, query_encoder: str) -> dict:
@@ -505,7 +526,8 @@ class RealData(NamedTuple):
   """Every real block and question, corpus after corpus and set after set."""
   blocks: np.ndarray  # [N, D]
   block_corpora: np.ndarray  # [N] str: the corpus's name
-  block_documents: np.ndarray  # [N] str: document_key
+  block_documents: np.ndarray  # [N] str: document_key (of its title)
+  block_sources: np.ndarray  # [N] str: the text it was cut from (documents_step)
   questions: np.ndarray  # [Q, D]
   question_sets: np.ndarray  # [Q] str
   question_documents: np.ndarray  # [Q] str: document_key, '' for none
@@ -514,11 +536,13 @@ class RealData(NamedTuple):
 
 def real_data(work_dir: str) -> RealData:
   """What the corpus and questions steps wrote, read back."""
-  blocks, corpora, documents = [], [], []
+  blocks, corpora, documents, sources = [], [], [], []
   for name, _ in CORPORA:
     directory = os.path.join(work_dir, "corpora", name)
     blocks.append(np.load(os.path.join(directory, "blocks.npy")))
-    documents += harness.read_json(os.path.join(directory, "documents.json"))["documents"]
+    read = harness.read_json(os.path.join(directory, "documents.json"))
+    documents += read["documents"]
+    sources += read["sources"]
     corpora += [name] * len(blocks[-1])
   questions, sets, question_documents, texts = [], [], [], []
   for name, _ in QUESTION_SETS:
@@ -528,7 +552,7 @@ def real_data(work_dir: str) -> RealData:
     texts += read["texts"]
     sets += [name] * len(questions[-1])
   return RealData(np.concatenate(blocks), np.array(corpora), np.array(documents),
-                  np.concatenate(questions), np.array(sets), np.array(question_documents),
+                  np.array(sources), np.concatenate(questions), np.array(sets), np.array(question_documents),
                   np.array(texts))
 
 
@@ -670,7 +694,8 @@ def fit_generator(blocks: np.ndarray, documents: np.ndarray, questions: np.ndarr
 
   Returns:
     (the generator, what the fit found: clusters, rank, residual_scale, calibration,
-    calibration_questions, documents and the smallest and largest cluster's).
+    calibration_questions, documents, blocks_per_document (mean, largest) and the
+    smallest and largest cluster's documents).
   """
   codes = np.unique(documents, return_inverse=True)[1]
   generator = EmbeddingGenerator.fit(blocks, questions, clusters, rank, documents=codes)
@@ -682,6 +707,8 @@ def fit_generator(blocks: np.ndarray, documents: np.ndarray, questions: np.ndarr
   return generator, dict(
       clusters=clusters, rank=rank, residual_scale=scale, calibration=calibration,
       calibration_questions=int(len(rows)), documents=documents_fitted,
+      blocks_per_document=dict(mean=float(generator.document_sizes.mean()),
+                               largest=int(generator.document_sizes.max())),
       smallest_cluster_documents=int(round(generator.weights.min() * documents_fitted)),
       largest_cluster_documents=int(round(generator.weights.max() * documents_fitted)))
 
@@ -689,7 +716,11 @@ def fit_generator(blocks: np.ndarray, documents: np.ndarray, questions: np.ndarr
 def fit_step(work_dir: str, name: str, clusters: int, rank: int, num_queries: int,
              seed: int) -> dict:
   """Split `name`'s fit side: its projection (<work>/<name>/projection.npy) and its
-  generator (<work>/<name>/generator.npz), from the fit side alone."""
+  generator (<work>/<name>/generator.npz), from the fit side alone. The generator's
+  documents are the texts the blocks were cut from (RealData.block_sources), as it was
+  always fitted; the split's are titles, which hold a SQuAD article's paragraphs together
+  on one side. (A first run fitted titles as documents too, a SQuAD article as one
+  document of ~80 blocks: a change the fit side gave no reason for, reverted.)"""
   data = real_data(work_dir)
   split = make_split(name, data, seed)
   directory = os.path.join(work_dir, name)
@@ -697,7 +728,7 @@ def fit_step(work_dir: str, name: str, clusters: int, rank: int, num_queries: in
   basis, energy = projection(data.blocks[split.fit_blocks])
   np.save(os.path.join(directory, "projection.npy"), basis)
   generator, found = fit_generator(
-      data.blocks[split.fit_blocks] @ basis, data.block_documents[split.fit_blocks],
+      data.blocks[split.fit_blocks] @ basis, data.block_sources[split.fit_blocks],
       data.questions[split.fit_questions] @ basis, clusters, rank, num_queries, seed)
   path = generator.save(os.path.join(directory, "generator.npz"))
   return dict(found, split=describe_split(data, split),
@@ -707,11 +738,18 @@ def fit_step(work_dir: str, name: str, clusters: int, rank: int, num_queries: in
 
 # ------------------------------------------------------------------------- validation
 
+# Scores exact_top holds at a time: [questions, rows] float32 of at most this many (256 MiB;
+# 1,024 questions at a time over a 1.03M-row shard held 4 GiB, and the run's peak with its
+# partition's copies went past what the shared machine had free).
+EXACT_CHUNK = 1 << 26
+
+
 def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int) -> tuple:
   """Exact top-k rows and scores by inner product, best first ([Q, k] each)."""
   rows, scores = [], []
-  for start in range(0, len(queries), 1024):
-    s = queries[start:start + 1024] @ vectors.T
+  step = max(1, min(1024, EXACT_CHUNK // max(1, len(vectors))))
+  for start in range(0, len(queries), step):
+    s = queries[start:start + step] @ vectors.T
     top = np.argpartition(-s, k, axis=1)[:, :k]
     order = np.argsort(-np.take_along_axis(s, top, 1), axis=1)
     top = np.take_along_axis(top, order, 1)
@@ -844,7 +882,13 @@ def describe(vectors: np.ndarray, queries: np.ndarray, repeats: int) -> dict:
   rows, scores = exact_top(vectors, queries, K + 1)
   gap = scores[:, K - 1] - scores[:, K]
   norms = np.linalg.norm(vectors, axis=1)
+  # How close a question's top 5 lie together (one article's paragraphs, or five
+  # documents'): the mean cosine of its top 5 blocks' pairs.
+  top = vectors[rows[:, :K]] / norms[rows[:, :K]][:, :, None]  # [Q, K, P]
+  cosines = np.einsum("qip,qjp->qij", top, top)
+  pairs = (cosines.sum(axis=(1, 2)) - K) / (K * (K - 1))
   return dict(
+      top5_pair_cosine_median=float(np.median(pairs)),
       gap_5th_6th_median=float(np.median(gap)),
       gap_5th_6th_median_relative=float(np.median(gap / np.abs(scores[:, 0]))),
       top1_score_median=float(np.median(scores[:, 0])),
@@ -990,7 +1034,11 @@ def _calibration_line(fit: dict) -> str:
           f"{real['leaves_searched']} of its {real['leaves']} leaves finds "
           f"{real['recall_at_5']:.3f} of the real top 5, and as many generated ones " +
           ", ".join(f"{r['recall_at_5']:.3f} at x{r['residual_scale']:.1f}" for r in grid) +
-          f"; interpolated: x{fit['residual_scale']:.3f}.")
+          (f"; interpolated: x{fit['residual_scale']:.3f}." if min(
+              r["recall_at_5"] for r in grid) <= real["recall_at_5"] <= max(
+              r["recall_at_5"] for r in grid) else
+           f"; no scale of the grid reaches the real recall: x{fit['residual_scale']:.3f}, "
+           "its end nearest it."))
 
 
 def _failed_line(check: dict) -> str:
@@ -1027,7 +1075,8 @@ def _split_lines(name: str, split: dict) -> list:
       f"blocks ({100 * fit['projection']['energy_kept']:.1f}% of their energy kept); "
       f"{fit['clusters']} clusters, rank {fit['rank']}, {fit['documents']:,} documents "
       f"({fit['smallest_cluster_documents']}-{fit['largest_cluster_documents']} a "
-      f"cluster); generator {fit['fingerprint']}. Validation: the validation side's blocks "
+      f"cluster) of {fit['blocks_per_document']['mean']:.2f} blocks on average (at most "
+      f"{fit['blocks_per_document']['largest']}); generator {fit['fingerprint']}. Validation: the validation side's blocks "
       f"and questions against as many generated; each recall the mean of {v['repeats']} "
       "ScaNN builds (ScaNN's k-means is not seeded).", "",
       _calibration_line(fit), "",
@@ -1041,6 +1090,7 @@ def _split_lines(name: str, split: dict) -> list:
   for key, label in (("gap_5th_6th_median", "median gap, 5th − 6th exact score"),
                      ("gap_5th_6th_median_relative", "the same / top-1 score"),
                      ("top1_minus_5th_median", "median gap, top-1 − 5th exact score"),
+                     ("top5_pair_cosine_median", "median cosine between a question's top 5"),
                      ("top1_score_median", "median top-1 score")):
     lines.append(f"| {label} | {v['real'][key]:.4f} | {v['synthetic'][key]:.4f} |")
   lines.append(f"| block norm, 5% / 50% / 95% | "
@@ -1051,7 +1101,8 @@ def _split_lines(name: str, split: dict) -> list:
 
 def _provenance_rows(result: dict) -> list:
   steps = [("encoders", result["encoders"])]
-  steps += [(f"corpus {name}", step) for name, step in result["corpora"].items()]
+  for name, step in result["corpora"].items():
+    steps += [(f"corpus {name}", step), (f"documents {name}", step["documents"])]
   steps.append(("questions", result["questions"]))
   for name, split in result["splits"].items():
     steps += [(f"{name} fit", split["fit"]), (f"{name} validate", split["validate"])]
@@ -1077,7 +1128,8 @@ def markdown(result: dict) -> str:
       "steps, the splits, the configurations); the generator is "
       "`benchmarks.synthetic_embeddings.EmbeddingGenerator`. Real: "
       + ", ".join(f"{c['file']} ({c['rows_read']:,} rows, {c['blocks']:,} blocks of "
-                  f"{encoders['block_seq_length']} wordpieces)"
+                  f"{encoders['block_seq_length']} wordpieces, {c['documents']['sources']:,} "
+                  f"texts, {c['documents']['documents']:,} titles)"
                   for c in result["corpora"].values())
       + "; questions: " + ", ".join(f"{q['file']} ({q['questions']:,})"
                                     for q in result["questions"]["sets"].values())
@@ -1191,6 +1243,8 @@ def embedded(work: str, batch_size: int) -> dict:
                                                    encoders["block_encoder"], batch_size),
         keep=lambda r, name=name: os.path.exists(os.path.join(work, "corpora", name,
                                                               "blocks.npy")))
+    result["corpora"][name]["documents"] = step(
+        work, f"documents_{name}", lambda name=name: documents_step(work, name))
   result["questions"] = step(
       work, "questions", lambda: dict(sets=questions_step(work, encoders["query_encoder"])),
       keep=lambda r: "sets" in r)

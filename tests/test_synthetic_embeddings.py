@@ -271,19 +271,21 @@ def exact_builds(monkeypatch):
 
 def _real(dim=16, seed=0) -> se.RealData:
   """RealData named as CORPORA and QUESTION_SETS: 160 Wikipedia leads "Doc i" of 1-3
-  blocks, 12 SQuAD articles of 4-8 paragraph blocks (four titled "DOC  0".."DOC  3": the
-  leads' documents, spelt otherwise), 60 news articles of 1-4 blocks, each document a
-  centre with its blocks around it; questions near a block (of their document, for
-  SQuAD's), 30 of NQ's asked twice."""
+  blocks, 12 SQuAD articles of 4-8 blocks in paragraphs of two (four titled "DOC  0"..
+  "DOC  3": the leads' documents, spelt otherwise), 60 news articles of 1-4 blocks, each
+  document a centre with its blocks around it; questions near a block (of their document,
+  for SQuAD's), 30 of NQ's asked twice."""
   rng = np.random.default_rng(seed)
-  blocks, corpora, documents = [], [], []
+  blocks, corpora, documents, sources = [], [], [], []
 
   def document(corpus, title, count):
     centre = rng.normal(size=dim) * 2
-    for _ in range(count):
+    for i in range(count):
       blocks.append(centre + rng.normal(size=dim) * 0.5)
       corpora.append(corpus)
       documents.append(se.document_key(title))
+      # A SQuAD article's paragraphs are texts of their own, two blocks each.
+      sources.append(f"{corpus}/{title}/{i // 2 if corpus == 'squad' else 0}")
 
   for i in range(160):
     document("wikipedia", f"Doc {i}", rng.integers(1, 4))
@@ -313,7 +315,7 @@ def _real(dim=16, seed=0) -> se.RealData:
   for i in range(20):
     ask("squad_dev", f"how {i}?", squad[10 + i % 2])
   return se.RealData(np.array(blocks, np.float32), np.array(corpora), keys,
-                     np.array(questions, np.float32), np.array(sets), np.array(owners),
+                     np.array(sources), np.array(questions, np.float32), np.array(sets), np.array(owners),
                      np.array(texts))
 
 
@@ -325,7 +327,8 @@ def _write_real(work, data: se.RealData):
     directory.mkdir(parents=True, exist_ok=True)
     np.save(directory / "blocks.npy", data.blocks[rows])
     se.harness.write_json(str(directory / "documents.json"),
-                          dict(documents=data.block_documents[rows].tolist()))
+                          dict(documents=data.block_documents[rows].tolist(),
+                               sources=data.block_sources[rows].tolist()))
   (work / "questions").mkdir(exist_ok=True)
   for name, _ in se.QUESTION_SETS:
     rows = data.question_sets == name
@@ -439,6 +442,10 @@ def test_the_fit_reads_only_its_side_and_the_validation_the_other(tmp_path, monk
     split = se.make_split(name, data, seed=0)
     first = se.fit_step(work, name, clusters=3, rank=2, num_queries=60, seed=0)
     assert first["split"]["fit"]["blocks"] == len(split.fit_blocks)
+    # The generator's documents are the texts the blocks were cut from, not titles.
+    assert first["documents"] == len(np.unique(data.block_sources[split.fit_blocks]))
+    if name == "document_halves":  # SQuAD's articles on the fit side: more texts than titles
+      assert first["documents"] > len(np.unique(data.block_documents[split.fit_blocks]))
     assert first["calibration_questions"] == 30
     basis = np.load(tmp_path / name / "projection.npy")
     rng = np.random.default_rng(1)
@@ -589,6 +596,11 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
                              real[:per], atol=1e-12)
   gap_ratio = _median_gap(synthetic, synthetic_q) / _median_gap(blocks, queries)
   assert v["gap_ratio"] == pytest.approx(gap_ratio, rel=1e-5)
+  top = np.argsort(-(queries @ blocks.T), axis=1)[:, :se.K]
+  unit = blocks / np.linalg.norm(blocks, axis=1, keepdims=True)
+  pairs = [np.mean([unit[a] @ unit[b] for i, a in enumerate(row) for b in row[i + 1:]])
+           for row in top]
+  assert v["real"]["top5_pair_cosine_median"] == pytest.approx(np.median(pairs), rel=1e-5)
   for name, searched in (("served", [2, 3, 6, 11]),  # ceil(f x 55), as a request asks
                          ("host", [1, 3, 6, 11])):  # round(f x 55), as a build is made
     mine = [r for r in rows if r["configuration"] == name]
@@ -634,6 +646,7 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
               documents_by_corpus=dict(news=3000), questions_by_set=dict(nq_open=200))
   fit = dict(_provenance(), clusters=6, rank=2, residual_scale=1.05, calibration_questions=100,
              documents=3000, smallest_cluster_documents=300, largest_cluster_documents=700,
+             blocks_per_document=dict(mean=1.0, largest=1),
              fingerprint=generator.fingerprint(), generator=path,
              projection=dict(dimension=16, energy_kept=1.0),
              split=dict(fit=side, validation=dict(side, blocks_by_corpus=dict(squad=3000))),
@@ -650,7 +663,8 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
   result = dict(
       encoders=dict(_provenance(), encoder="test", block_seq_length=128),
       corpora=dict(news=dict(_provenance(), file="news/bbc.jsonl", rows_read=10, blocks=3000,
-                             documents=3000)),
+                             documents=dict(_provenance(seconds=3.0), documents=2900,
+                                            sources=3000))),
       questions=dict(_provenance(), sets=dict(nq_open=dict(file="openqa/nq.jsonl",
                                                            questions=200))),
       splits=splits, verdict=se.overall_verdict(splits),
@@ -672,8 +686,13 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
   assert text.count("| authors |") == 2 * 4 + len(se.AUTHORS_SEARCHED)
   assert "## Recall curves at one full-size shard (3,000 rows" in text
   assert "0.820 at x1.0, 0.780 at x1.1; interpolated: x1.050." in text
+  fit["calibration"][0]["recall_at_5"] = 0.9  # easier than any scale: the grid's start
+  assert "0.780 at x1.1; no scale of the grid reaches the real recall: x1.050, its end" in (
+      se.markdown(result))
   assert "| document_halves fit | 0123456789ab | 2026-11-29T08:00:00+0000 | 12 |" in text
   assert "| curve | fedcba987654+ |" in text
+  assert "| documents news | 0123456789ab | 2026-11-29T08:00:00+0000 | 3 |" in text
+  assert "news/bbc.jsonl (10 rows, 3,000 blocks of 128 wordpieces, 3,000 texts, 2,900 " in text
 
 
 def _validated_against_draws(drawn_by: se.EmbeddingGenerator,
