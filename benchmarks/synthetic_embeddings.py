@@ -1016,10 +1016,61 @@ def curve_step(generator_path: str, rows: int, num_queries: int, seed: int) -> d
 
 # ----------------------------------------------------------------------------- output
 
+def superseded_runs(work_dir: str) -> dict:
+  """The validations kept in <work>/superseded/<label>/ (a split's fit.json and
+  validate.json as a run left them, and reason.json: why they were superseded), so that a
+  generator changed after a validation is reported beside the verdict of the one it
+  replaced.
+
+  Returns:
+    label → dict(reason, splits: name → dict(verdict, differences: synthetic − real of
+    each row, gap_ratio, calibration: the fit's, residual_scale, commit)).
+  """
+  root = os.path.join(work_dir, "superseded")
+  out = {}
+  for label in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    directory = os.path.join(root, label)
+    splits = {}
+    for name in SPLITS:
+      if not os.path.exists(os.path.join(directory, name, "validate.json")):
+        continue
+      v = harness.read_json(os.path.join(directory, name, "validate.json"))
+      fit = harness.read_json(os.path.join(directory, name, "fit.json"))
+      splits[name] = dict(verdict=v["verdict"], gap_ratio=v["gap_ratio"],
+                          differences=[r["difference"] for r in v["table"]],
+                          calibration=fit["calibration"], residual_scale=fit["residual_scale"],
+                          commit=v["provenance"]["commit"])
+    out[label] = dict(reason=harness.read_json(os.path.join(directory, "reason.json"))["reason"],
+                      splits=splits)
+  return out
+
+
+def _superseded_lines(superseded: dict) -> list:
+  lines = ["## Superseded validations in the work directory", ""]
+  for label, run in superseded.items():
+    lines.append(f"**{label}**: {run['reason']}")
+    for name, split in _in_order(run["splits"], SPLITS):
+      real, *grid = split["calibration"]
+      lines.append(
+          f"- {name}: {split['verdict']}, synthetic − real {min(split['differences']):+.3f} "
+          f"to {max(split['differences']):+.3f} over {len(split['differences'])} rows, gap "
+          f"ratio {split['gap_ratio']:.3f}; calibration: real {real['recall_at_5']:.3f}, "
+          f"generated {min(r['recall_at_5'] for r in grid):.3f}-"
+          f"{max(r['recall_at_5'] for r in grid):.3f} over the grid, scale "
+          f"x{split['residual_scale']:.3f} (at {split['commit'][:12]}).")
+    lines.append("")
+  return lines
+
+
 def overall_verdict(splits: dict) -> str:
   """'trusted' when every split's validation is, else 'not trusted'."""
   trusted = splits and all(s["validate"]["verdict"] == "trusted" for s in splits.values())
   return "trusted" if trusted else "not trusted"
+
+
+def _in_order(mapping: dict, names) -> list:
+  """(name, value) of `mapping` in the order of `names` (a result's JSON sorts its keys)."""
+  return [(name, mapping[name]) for name in names if name in mapping]
 
 
 def _counts(counts: dict) -> str:
@@ -1048,6 +1099,33 @@ def _failed_line(check: dict) -> str:
             f"{check['beyond_tolerance']:.3f} beyond ±{RECALL_TOLERANCE}")
   return (f"median 5th-6th gap, synthetic / real {check['measured']:.3f}: "
           f"{100 * check['beyond_tolerance']:.1f} points beyond ±{100 * GAP_TOLERANCE:.0f}%")
+
+
+def _blocks_per_title(side: dict) -> float:
+  return side["blocks"] / max(1, side["documents"])
+
+
+def _findings(split: dict) -> str:
+  """What the failed checks say of the generator, in its figures: which way the recalls
+  miss and how far, how far a question's top 1 stands above its 5th, how close its top 5
+  lie together, and how many blocks a document holds on each side."""
+  v, sides = split["validate"], split["fit"]["split"]
+  differences = [r["difference"] for r in v["table"]]
+  way = ("easier to find than real ones at every row" if min(differences) > 0 else
+         "harder to find than real ones at every row" if max(differences) < 0 else
+         "easier at some rows, harder at others")
+  real, made = v["real"], v["synthetic"]
+  return (f"What the checks show: generated questions' top 5 are {way} (synthetic − real "
+          f"{min(differences):+.3f} to {max(differences):+.3f}, the tolerance ±"
+          f"{RECALL_TOLERANCE}). A generated question's top 1 stands "
+          f"{made['top1_minus_5th_median']:.2f} above its 5th (median), a real one's "
+          f"{real['top1_minus_5th_median']:.2f}; the median cosine between a question's top "
+          f"5 blocks is {made['top5_pair_cosine_median']:.3f} generated, "
+          f"{real['top5_pair_cosine_median']:.3f} real. The fit side holds "
+          f"{_blocks_per_title(sides['fit']):.1f} blocks a title, the validation side "
+          f"{_blocks_per_title(sides['validation']):.1f}; the generator's documents hold "
+          f"{split['fit']['blocks_per_document']['mean']:.2f} on average (at most "
+          f"{split['fit']['blocks_per_document']['largest']}).")
 
 
 def _split_lines(name: str, split: dict) -> list:
@@ -1096,15 +1174,16 @@ def _split_lines(name: str, split: dict) -> list:
   lines.append(f"| block norm, 5% / 50% / 95% | "
                f"{' / '.join(f'{x:.3f}' for x in v['real']['norm_quantiles'])} | "
                f"{' / '.join(f'{x:.3f}' for x in v['synthetic']['norm_quantiles'])} |")
+  lines += ["", _findings(split)] if v["failed"] else []
   return lines + [""]
 
 
 def _provenance_rows(result: dict) -> list:
   steps = [("encoders", result["encoders"])]
-  for name, step in result["corpora"].items():
+  for name, step in _in_order(result["corpora"], [n for n, _ in CORPORA]):
     steps += [(f"corpus {name}", step), (f"documents {name}", step["documents"])]
   steps.append(("questions", result["questions"]))
-  for name, split in result["splits"].items():
+  for name, split in _in_order(result["splits"], SPLITS):
     steps += [(f"{name} fit", split["fit"]), (f"{name} validate", split["validate"])]
   if "curve" in result:
     steps.append(("curve", result["curve"]))
@@ -1130,9 +1209,10 @@ def markdown(result: dict) -> str:
       + ", ".join(f"{c['file']} ({c['rows_read']:,} rows, {c['blocks']:,} blocks of "
                   f"{encoders['block_seq_length']} wordpieces, {c['documents']['sources']:,} "
                   f"texts, {c['documents']['documents']:,} titles)"
-                  for c in result["corpora"].values())
-      + "; questions: " + ", ".join(f"{q['file']} ({q['questions']:,})"
-                                    for q in result["questions"]["sets"].values())
+                  for _, c in _in_order(result["corpora"], [n for n, _ in CORPORA]))
+      + "; questions: " + ", ".join(
+          f"{q['file']} ({q['questions']:,})"
+          for _, q in _in_order(result["questions"]["sets"], [n for n, _ in QUESTION_SETS]))
       + f"; embedded by {encoders['encoder']}.",
       "",
       f"**Verdict: {result['verdict']}** (every split's every check: recall@5 within "
@@ -1142,7 +1222,7 @@ def markdown(result: dict) -> str:
       f"({result['generator']['fingerprint']}).", "",
       "| split | verdict | recall@5 rows within ±" + f"{RECALL_TOLERANCE} | worst difference "
       "| gap ratio |", "|---|---|---|---|---|"]
-  for name, split in splits.items():
+  for name, split in _in_order(splits, SPLITS):
     v = split["validate"]
     worst = max(v["table"], key=lambda r: abs(r["difference"]))
     within = sum(abs(r["difference"]) <= RECALL_TOLERANCE for r in v["table"])
@@ -1153,7 +1233,7 @@ def markdown(result: dict) -> str:
   lines += ["", "Configurations: " + "; ".join(f"**{name}**: {what}"
                                                for name, what in CONFIGURATIONS.items())
             + ".", ""]
-  for name, split in splits.items():
+  for name, split in _in_order(splits, SPLITS):
     lines += _split_lines(name, split)
   if "curve" in result:
     c = result["curve"]
@@ -1174,6 +1254,8 @@ def markdown(result: dict) -> str:
                      f"{r['ms_per_query_batched']:.3f} | "
                      f"{curve['state_bytes_per_block']:.0f} | {curve['build_seconds']:.0f} |")
     lines.append("")
+  if result.get("superseded"):
+    lines += _superseded_lines(result["superseded"])
   lines += ["## Provenance", "",
             "Each step as it ran (steps an earlier run in the work directory did are kept "
             "with theirs); the machine: "
@@ -1269,6 +1351,7 @@ def run(args) -> dict:
         settings=settings), keep=lambda r: r.get("settings") == settings)
     result["splits"][name] = dict(fit=fit, validate=validated)
   result["verdict"] = overall_verdict(result["splits"])
+  result["superseded"] = superseded_runs(work)
   shipped = result["splits"]["document_halves"]["fit"]
   result["generator"] = dict(path=shipped["generator"], fingerprint=shipped["fingerprint"])
   if args.curve_rows:

@@ -671,6 +671,14 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
       generator=dict(path=path, fingerprint=generator.fingerprint()),
       curve=dict(c, **_provenance(commit="fedcba9876543210+modified")), machine=dict(cpus=2))
   assert result["verdict"] == "not trusted"
+  # An earlier validation kept in the work directory is reported with why it was replaced.
+  kept = tmp_path / "work" / "superseded" / "first_try" / "document_halves"
+  kept.mkdir(parents=True)
+  se.harness.write_json(str(kept / "fit.json"), fit)
+  se.harness.write_json(str(kept / "validate.json"), dict(worse, **_provenance()))
+  se.harness.write_json(str(kept.parent / "reason.json"), dict(reason="it was wrong."))
+  result["superseded"] = se.superseded_runs(str(tmp_path / "work"))
+  assert list(result["superseded"]["first_try"]["splits"]) == ["document_halves"]
   output = se.harness.output_at(str(tmp_path / "out.json"), se.markdown)
   output.write(result)
   text = (tmp_path / "out.md").read_text()
@@ -692,6 +700,16 @@ def test_the_validation_compares_curves_and_gaps_and_renders(tmp_path, monkeypat
   assert "| document_halves fit | 0123456789ab | 2026-11-29T08:00:00+0000 | 12 |" in text
   assert "| curve | fedcba987654+ |" in text
   assert "| documents news | 0123456789ab | 2026-11-29T08:00:00+0000 | 3 |" in text
+  differences = [r["difference"] for r in worse["table"]]
+  assert (f"**first_try**: it was wrong.\n- document_halves: not trusted, synthetic − real "
+          f"{min(differences):+.3f} to {max(differences):+.3f} over 12 rows, gap ratio 1.250; "
+          "calibration: real 0.800, generated 0.780-0.820 over the grid, scale x1.050 (at "
+          "0123456789ab).") in text
+  # A split that failed says what its figures show; one that passed does not.
+  assert text.count("What the checks show: ") == 1 + (v["verdict"] != "trusted")
+  assert (f"the median cosine between a question's top 5 blocks is "
+          f"{worse['synthetic']['top5_pair_cosine_median']:.3f} generated") in text
+  assert "The fit side holds 1.0 blocks a title, the validation side 1.0" in text
   assert "news/bbc.jsonl (10 rows, 3,000 blocks of 128 wordpieces, 3,000 texts, 2,900 " in text
 
 
