@@ -28,7 +28,8 @@ would end after its time budget, naming them:
     arms.finish()                   # partial only if the budget skipped an arm
 
 Steps. A benchmark whose steps take long keeps each step's result in its work directory
-(`cached`: a rerun there reads it back instead of doing the step again), and one that reads
+(`cached`: a rerun there reads it back instead of doing the step again; `recorded` adds how
+the step ran: its commit, start, seconds and the machine's load), and one that reads
 memory runs each step in a process of its own (`Phases`: the child is the benchmark's own
 module, called with its flags and --phase):
 
@@ -283,6 +284,42 @@ def cached(path: str, make, keep=lambda result: True, log=print) -> dict:
       return earlier
   _write_step(path, make())
   return read_json(path)
+
+
+# What cannot change a measurement: edited while a benchmark runs, it leaves the run at
+# its commit (git pathspecs).
+NOT_MEASURED = (":!tests", ":!docs", ":!*.md", ":!benchmarks/results")
+
+
+def commit() -> str:
+  """The checkout's commit (git rev-parse HEAD), with '+modified' when a tracked file that
+  can change a measurement (all but NOT_MEASURED) differs from it: a result says what code
+  made it. '' outside a git checkout."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--",
+                              ".", *NOT_MEASURED],
+                             cwd=REPO, capture_output=True, text=True, check=True).stdout
+  except (OSError, subprocess.CalledProcessError):
+    return ""
+  return head + ("+modified" if changed.strip() else "")
+
+
+def recorded(make):
+  """make, recording how it ran: a function that calls make() -> dict and returns it with
+  `provenance`: the commit, when it started (ISO 8601), its wall seconds and the load
+  average (1, 5, 15 minutes) at its start and end, which say whether other work shared
+  the machine. For `cached`: a kept step keeps the provenance of the run that made it."""
+  def run() -> dict:
+    made_by, start_load = commit(), os.getloadavg()  # the code as it was when it started
+    started, start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.perf_counter()
+    result = make()
+    return dict(result, provenance=dict(
+        commit=made_by, started=started, seconds=round(time.perf_counter() - start, 1),
+        load_average_at_start=[round(x, 2) for x in start_load],
+        load_average_at_end=[round(x, 2) for x in os.getloadavg()]))
+  return run
 
 
 def run_process(command: list, log_path: str, env: dict | None = None) -> dict:

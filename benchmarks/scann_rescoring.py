@@ -3,9 +3,9 @@ scores the candidates are ranked by.
 
     python -m benchmarks.scann_rescoring --generator ../scann52/generator.npz [--shards 2]
 
-Shards of 1,027,209 rows (REALM's 13,353,718 blocks in 13 shards) drawn from the validated
-embedding generator (benchmarks.synthetic_embeddings: shard s is blocks(rows, seed=s), as
-the full-size run draws them), 1,000 generated questions, exact top-5 as the reference.
+Shards of 1,027,209 rows (REALM's 13,353,718 blocks in 13 shards) drawn from the embedding
+generator (benchmarks.synthetic_embeddings, whose results say how far it is validated:
+shard s is blocks(rows, seed=s), as the full-size run draws them), 1,000 generated questions, exact top-5 as the reference.
 Each shard is built as the export ships it (scann_params_for: a tree of about sqrt(n)
 leaves, a fifth searched, asymmetric hashing, int8 reordering of 100) and, beside it,
 without reordering (asymmetric hashing's scores alone). The shards are searched and merged

@@ -3,6 +3,7 @@ JSON as written (a re-render gives the same bytes), arms that are kept, budgeted
 they finish and resumed after a cut, and the shared measurements."""
 import json
 import os
+import subprocess
 import sys
 import time
 
@@ -174,9 +175,61 @@ def test_a_cached_step_is_done_once_and_kept_while_it_holds(tmp_path):
   assert not [f for f in os.listdir(tmp_path) if ".tmp" in f]
 
 
+def _git(repo, *args) -> str:
+  return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                        capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_the_commit_says_when_code_that_measures_differs_from_it(tmp_path, monkeypatch):
+  """commit(): HEAD of the checkout, '+modified' once a tracked file that can change a
+  measurement differs from it, not when only tests, docs, Markdown or results do
+  (NOT_MEASURED)
+  nor for an untracked file; '' outside a git checkout."""
+  repo = tmp_path / "repo"
+  for path in ("benchmarks/b.py", "tests/t.py", "docs/d.txt", "README.md",
+               "benchmarks/results/r.json"):
+    (repo / path).parent.mkdir(parents=True, exist_ok=True)
+    (repo / path).write_text("x = 1\n")
+  _git(repo, "init", "-q")
+  _git(repo, "add", ".")
+  _git(repo, "commit", "-q", "-m", "one")
+  monkeypatch.setattr(harness, "REPO", str(repo))
+  head = _git(repo, "rev-parse", "HEAD")
+  assert harness.commit() == head and len(head) == 40
+  for path in ("tests/t.py", "docs/d.txt", "README.md", "benchmarks/results/r.json"):
+    (repo / path).write_text("x = 2\n")
+  (repo / "benchmarks" / "new.py").write_text("y = 1\n")
+  assert harness.commit() == head
+  (repo / "benchmarks" / "b.py").write_text("x = 2\n")
+  assert harness.commit() == head + "+modified"
+  monkeypatch.setattr(harness, "REPO", str(tmp_path / "nowhere"))
+  assert harness.commit() == ""
+
+
+def test_a_recorded_step_says_what_ran_it_when_and_how_loaded(monkeypatch):
+  """recorded(make)() is make()'s result with its provenance: the commit as the step
+  started, its start, its seconds (an injected clock) and the load average at its start
+  and end."""
+  ticks, loads, seen = iter([100.0, 102.5]), iter([(1.0, 2.0, 3.0), (4.0, 5.0, 6.0)]), []
+  monkeypatch.setattr(harness, "commit", lambda: "c0ffee" if not seen else "later")
+  monkeypatch.setattr(harness.time, "perf_counter", lambda: next(ticks))
+  monkeypatch.setattr(harness.os, "getloadavg", lambda: next(loads))
+  step = harness.recorded(lambda: seen.append(1) or dict(rows=7))
+  result = step()
+  monkeypatch.undo()
+  assert seen == [1] and result["rows"] == 7
+  provenance = result["provenance"]
+  assert provenance["commit"] == "c0ffee"
+  assert provenance["seconds"] == 2.5
+  assert provenance["load_average_at_start"] == [1.0, 2.0, 3.0]
+  assert provenance["load_average_at_end"] == [4.0, 5.0, 6.0]
+  time.strptime(provenance["started"], "%Y-%m-%dT%H:%M:%S%z")
+
+
 _FAKE_BENCHMARK = '''
 import argparse
 import os
+import subprocess
 import sys
 
 from benchmarks import harness
