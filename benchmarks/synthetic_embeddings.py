@@ -18,9 +18,11 @@ commit, start, duration and the machine's load: harness.recorded):
              it), its block and query towers exported once.
   corpus     per real corpus in ../shared/data (CORPORA: Wikipedia leads, SQuAD's
              paragraphs, BBC news): cut into 128-wordpiece blocks (beam's preprocessing)
-             and embedded by the block tower, [n, 384]; each block's document is its title
-             (document_key), so a SQuAD article's paragraphs are one document, and a
-             Wikipedia lead and its article's SQuAD paragraphs the same one.
+             and embedded by the block tower, [n, 384].
+  documents  per corpus, each block's document for the splits, its title (document_key:
+             a SQuAD article's paragraphs are one document, and a Wikipedia lead and its
+             article's SQuAD paragraphs the same one), and the text it was cut from, the
+             generator's documents (a lead, a SQuAD paragraph, a news article).
   questions  every real question set (QUESTION_SETS) embedded by the query tower, [q, 384];
              a SQuAD question belongs to its article (its title), the others to none.
 Then, per split of the real data into a side the generator is fitted on and a side it is
@@ -36,7 +38,8 @@ validated on (SPLITS; nothing of the validation side is read before the validati
             singular vectors (REALM's released embeddings are 128-d, a learned linear map
             of BERT's 768; this fixed map keeps the inner products' dominant structure);
             EmbeddingGenerator.fit on the fit side, its residual_scale calibrated there
-            (calibrate_residual_scale).
+            (calibrate_residual_scale). A generator changed after a validation keeps the
+            earlier one's figures in <work>/superseded/, and the result reports them.
   validate  at the validation side's size, its real blocks and (up to --num_queries) real
             questions against as many generated ones: the median gap between the 5th and
             6th exact scores, and recall@5 against exact search of three ScaNN
