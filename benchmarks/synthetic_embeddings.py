@@ -806,10 +806,10 @@ def served_curve(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
   Served as the one assembly serves it (realm_tf.export.assembly.served_qa_module with the
   default ScannSearch), from its own pieces: the shard built as the index builder builds
   one (scann_index.build_shards; the tree asked for at this size, as in the other rows),
-  stripped of its int8 reordering (assembly.served_shards), searched through in-graph
-  handles (scann_index.graph_searcher), under a ServedIndex that holds the rows in the
-  search's rescore_dtype and re-scores the searcher's rescored_candidates; each fraction
-  asked per call, as a request's leaves_fraction (scann_index.searching_with).
+  stripped of its int8 reordering and searched through in-graph handles
+  (assembly.served_searcher, as the export builds it), under a ServedIndex that holds the
+  rows in the search's rescore_dtype and re-scores the searcher's rescored_candidates; each
+  fraction asked per call, as a request's leaves_fraction (scann_index.searching_with).
 
   Args:
     vectors: [N, P] the rows served.
@@ -839,10 +839,9 @@ def served_curve(vectors: np.ndarray, queries: np.ndarray, truth: np.ndarray,
     block_texts.write_block_texts(texts_dir, ((i, "", "") for i in ids.tolist()), len(ids))
     texts, tokenizer = block_texts.BlockTexts(texts_dir), Tokenizer()
     for _ in range(repeats):
-      shards = assembly.served_shards(
-          scann_index.build_shards(vectors, ids, rows_per_shard=len(ids),
-                                   mode="tree_ah_reorder"), search)
-      searcher, _ = scann_index.graph_searcher(shards, vectors.shape[1])
+      shards = scann_index.build_shards(vectors, ids, rows_per_shard=len(ids),
+                                        mode="tree_ah_reorder")
+      searcher, _ = assembly.served_searcher(shards, vectors.shape[1], search)
       # Lc and Lb matter only to gather, which recall does not call.
       index = served_index.ServedIndex(vectors, ids, texts, tokenizer, 2, 1,
                                        searcher=searcher, embedding_dtype=search.rescore_dtype)

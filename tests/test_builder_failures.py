@@ -1,5 +1,5 @@
 """An index builder that fails every build gives up, publishes its last error, and the
-trainer's wait for an index stops at once with that error (issue 67, part 3).
+trainer's wait for an index stops at once with that error.
 
   builder  FailedBuilds: N failed builds in a row → <model_dir>/INDEX_BUILDER_FAILED and
            exit 3; a committed build resets the count; an old failure is removed when a

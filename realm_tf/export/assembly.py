@@ -130,6 +130,23 @@ def served_shards(shards: Sequence[scann_index.ScannShard],
   return [scann_index.without_reordering(shard) for shard in shards]
 
 
+def served_searcher(shards: Sequence[scann_index.ScannShard], dimension: int,
+                    search: ScannSearch) -> tuple:
+  """The in-graph searcher a ScaNN export serves over `shards` (served_shards, then
+  scann_index.graph_searcher): what served_qa_module builds, and what a benchmark of the
+  served search searches with.
+
+  Args:
+    shards: the index version's (or built) ScannShards.
+    dimension: the embeddings' width.
+    search: the ScannSearch.
+
+  Returns:
+    (searcher, handles): the Searcher, and the ScaNN handles the module keeps tracked.
+  """
+  return scann_index.graph_searcher(served_shards(shards, search), dimension)
+
+
 def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
                      config: ExperimentConfig, search: Search = ExactSearch(),
                      max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
@@ -169,8 +186,7 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
     shards = version_scann_shards(index.export, index.embedding_blocks,
                                   index.store.block_ids, search.rows_per_shard,
                                   **search.overrides)
-    searcher, handles = scann_index.graph_searcher(served_shards(shards, search),
-                                                   index.dimension)
+    searcher, handles = served_searcher(shards, index.dimension, search)
     served = served_index_from(index, tokenizer, searcher=searcher,
                                embedding_dtype=search.rescore_dtype)
   else:
@@ -183,4 +199,4 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
 
 
 __all__ = ["ExactSearch", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "ScannSearch",
-           "Search", "served_qa_module", "served_shards"]
+           "Search", "served_qa_module", "served_searcher", "served_shards"]

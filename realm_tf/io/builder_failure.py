@@ -3,8 +3,8 @@
 An index builder (realm_tf.pipelines.index_builder) retries a failed build at its next
 poll: a snapshot deleted under it or a store that did not answer may do better next time.
 One that fails every build (an encoder snapshot that cannot run, a corpus it cannot read)
-used to retry for ever, while the trainer waited out index.first_index_timeout_seconds (an
-hour) for an index that never came, every worker of a multi-worker job idle with it. So
+would retry for ever, while the trainer waited out index.first_index_timeout_seconds (an
+hour) for an index that never comes, every worker of a multi-worker job idle with it. So
 after its --max_consecutive_failures failed builds in a row a builder publishes its last
 error here and exits non-zero, and the trainer's waits for an index
 (realm_tf.retrieval.refresh.IndexRefresher) read this object at every poll: a builder on

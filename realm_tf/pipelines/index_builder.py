@@ -11,8 +11,8 @@ under it, a store that did not answer: the next try may work). After
 max_consecutive_failures failed builds in a row (a success resets the count) the builder
 gives up: it publishes its last error in <model_dir>/INDEX_BUILDER_FAILED
 (realm_tf.io.builder_failure), which ends the trainer's wait for an index within one poll,
-and exits non-zero (BuilderGaveUp). Without that, a builder that failed every build (an
-encoder snapshot that cannot run, say) kept the trainer waiting out
+and exits non-zero (BuilderGaveUp). Without that, a builder that fails every build (an
+encoder snapshot that cannot run, say) would keep the trainer waiting out
 index.first_index_timeout_seconds. A builder removes an old failure when it starts and when
 it commits an index: there is a builder that may publish again.
 While it waits it watches the trainer (realm_tf.io.trainer_watch): after

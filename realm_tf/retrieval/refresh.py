@@ -17,8 +17,8 @@ early, with one line, when no index will come: this run's builder child exited, 
 builder anywhere gave up after its --max_consecutive_failures failed builds in a row and
 published its last error in <model_dir>/INDEX_BUILDER_FAILED (realm_tf.io.builder_failure:
 read from the store at every poll, so a builder on another machine counts as well as the
-child). Otherwise the trainer waited out index.first_index_timeout_seconds (an hour) and
-then only said to run the index builder.
+child). Otherwise the trainer would wait out index.first_index_timeout_seconds (an hour)
+and then only say to run the index builder.
 
 In a multi-worker job every process has a refresher, but only the chief (realm_tf.io.roles)
 exports snapshots, runs the builder child and writes TRAINING_DONE; index swaps are
