@@ -36,7 +36,9 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam", "beam.*", "serving", "serving.*"]),
     # The uncased WordPiece vocab travels with the package, so Dataflow workers
     # (installed from --setup_file) tokenize without the MiniLM weights package.
-    package_data={"realm_tf": ["demo/*.jsonl", "text/vocab/*.txt"]},
+    package_data={"realm_tf": ["demo/*.jsonl", "text/vocab/*.txt",
+                              # the stock model server's op allow-list (export.model_server_ops)
+                              "export/*.txt"]},
     install_requires=INSTALL_REQUIRES,
     extras_require={
         # import-linter: the layering contract (.importlinter), checked by `lint-imports`;

@@ -1,6 +1,6 @@
 """Serving exports of a fine-tuned tiny Open-QA run: served answers are the evaluated ones,
-TF Serving's layout, warm-up and provenance, stock ops only for realm_qa, a ScaNN handle
-made once per load for realm_qa_scann, and `saved_model_cli show --all`."""
+TF Serving's layout, warm-up and provenance, the stock binary's ops only for realm_qa, a
+ScaNN handle made once per load for realm_qa_scann, and `saved_model_cli show --all`."""
 import fcntl
 import json
 import os
@@ -13,14 +13,14 @@ import sys
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow_serving.apis import prediction_log_pb2
 
 from realm_tf.configs import load_config
 from realm_tf.data.block_store import BlockStore, blocks_pattern
-from realm_tf.export import exporter, qa
+from realm_tf.export import exporter, model_server_ops, qa
 from realm_tf.export.assembly import ScannSearch
 from realm_tf.io import layout, versioned
+from realm_tf.retrieval import scann_index
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.training import train_lib
 from tests import task_fixtures as tf_
@@ -372,75 +372,21 @@ def test_saved_model_cli_lists_every_export(exported):
 # ---------------------------------------------------------------------------- ops
 
 
-def _ops_by_function(path: str) -> tuple[dict[str, set], dict[str, set], set]:
-  """({function: its node ops}, {function: functions it calls}, main graph ops)."""
-  saved = saved_model_pb2.SavedModel()
-  with open(os.path.join(path, "saved_model.pb"), "rb") as f:
-    saved.ParseFromString(f.read())
-  graph = saved.meta_graphs[0].graph_def
-  names = {f.signature.name for f in graph.library.function}
-  ops, calls = {}, {}
-  for function in graph.library.function:
-    name = function.signature.name
-    ops[name], calls[name] = set(), set()
-    for node in function.node_def:
-      ops[name].add(node.op)
-      for attr in node.attr.values():
-        if attr.func.name:
-          calls[name].add(attr.func.name)
-      if node.op in names:
-        calls[name].add(node.op)
-  return ops, calls, {n.op for n in graph.node}
-
-
-# Run in a fresh process so that only TensorFlow's ops are registered, then tf.text's:
-# one process, one TensorFlow import, for every set.
-_UNREGISTERED = """
-import json, sys
-import tensorflow as tf
-from tensorflow.python.framework import op_def_registry
-sets = json.load(sys.stdin)
-def unknown(names):
-  return [n for n in names if op_def_registry.get(n) is None]
-found = {name: unknown(ops) for name, ops in sets.items()}
-import tensorflow_text
-found.update({name + "+text": unknown(ops) for name, ops in sets.items()})
-print(json.dumps(found))
-"""
-
-
-def _unregistered(op_sets: dict[str, set]) -> dict[str, set]:
-  """For each named set of ops, those a process with only TensorFlow does not know (under
-  its name), and those it still does not know once tensorflow_text is imported (under
-  name + "+text")."""
-  result = subprocess.run([sys.executable, "-c", _UNREGISTERED],
-                          input=json.dumps({k: sorted(v) for k, v in op_sets.items()}),
-                          capture_output=True, text=True, timeout=120, check=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-  found = json.loads(result.stdout.strip().splitlines()[-1])
-  return {name: set(ops) for name, ops in found.items()}
-
-
-def test_stock_export_uses_only_ops_of_a_stock_model_server(exported):
-  """realm_qa: core TensorFlow ops plus tf.text's (which tensorflow_model_server links),
-  no ScaNN; realm_qa_scann has ScaNN ops, which this check must catch."""
-  path = exported["published"]["realm_qa"]
-  ops, _, main_ops = _ops_by_function(path)
-  all_ops = set().union(main_ops, *ops.values()) - set(ops)  # function calls are no ops
-  assert "MatMul" in all_ops and "TopKV2" in all_ops
-  assert not any(op.lower().startswith("scann") for op in all_ops)
-  scann_ops_, _, scann_main = _ops_by_function(exported["published"]["realm_qa_scann"])
-  scann_all = set().union(scann_main, *scann_ops_.values()) - set(scann_ops_)
-  found = _unregistered(dict(stock=all_ops, scann=scann_all))
-  not_core = found["stock"]
-  # Tokenization in graph is tf.text's: the only non-core ops, all registered by tf.text.
-  assert any("Wordpiece" in op for op in not_core), not_core
-  assert not found["stock+text"], not_core
-  assert {op for op in found["scann"] if op.startswith("Scann")}
-  # Every signature of the ScaNN export, answer_with_search_options included (its option
-  # checks and leaves arithmetic are core ops), needs only ScaNN's ops beyond those: a
-  # stock model server with ScaNN's op library linked in runs it.
-  assert found["scann+text"] and all(op.startswith("Scann") for op in found["scann+text"])
+def test_exports_use_only_ops_of_the_stock_model_server(exported):
+  """realm_qa: every op of its graph (all functions, called or not) is one the stock
+  tensorflow_model_server 2.20.0 registers (the committed allow-list); realm_qa_scann: those
+  and ScaNN's served ops, nothing else. A new op fails here, named."""
+  stock = model_server_ops.read_allow_list()
+  ops = model_server_ops.saved_model_ops(exported["published"]["realm_qa"])
+  assert {"MatMul", "TopKV2", "FastWordpieceTokenizeWithOffsets"} <= ops  # it read a graph
+  assert not ops - stock, f"realm_qa uses ops the stock binary lacks: {sorted(ops - stock)}"
+  # Every signature of the ScaNN export, answer_with_search_options included, needs only
+  # ScaNN's served ops beyond the stock ones: a model server with ScaNN's ops runs it.
+  scann_ops = model_server_ops.saved_model_ops(exported["published"]["realm_qa_scann"])
+  beyond = scann_ops - stock
+  assert beyond == scann_index.SERVED_SCANN_OPS, (
+      f"realm_qa_scann uses ops beyond the stock binary's and ScaNN's served ones: "
+      f"{sorted(beyond - scann_index.SERVED_SCANN_OPS)}")
   signatures = {kind: set(tf.saved_model.load(exported["published"][kind]).signatures)
                 for kind in ("realm_qa", "realm_qa_scann")}
   assert signatures == {"realm_qa": {"serving_default", "answer", qa.RETRIEVE_SIGNATURE},
@@ -483,9 +429,7 @@ def test_scann_searcher_is_built_once_not_per_call(exported, tmp_path):
   reversed_ids = _outputs(fresh, question)["block_ids"]
   assert not np.array_equal(reversed_ids, first["block_ids"])
   # The signature's graph builds the searcher in one op, then searches with it.
-  ops, _, _ = _ops_by_function(path)
-  assert sum("Scann>TensorsToScann" in o for o in ops.values()) >= 1
-  assert any("Scann>ScannSearchBatched" in o for o in ops.values())
+  assert scann_index.SERVED_SCANN_OPS <= model_server_ops.saved_model_ops(path)
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,12 @@ SEARCHED_LEAVES_FRACTION = 0.2
 # bound keeps one request from taking the server's memory; far above any default
 # (served_index.RESCORED_PER_NEIGHBOUR per neighbour, a shard's reorder_num_neighbors).
 MAX_REORDER_NUM_NEIGHBORS = 10_000
+# The ops of ScaNN's TensorFlow library (scann/scann_ops/cc/_scann_ops.so) a served graph
+# uses: a handle made from a saved state, then a batched search. No stock
+# tensorflow_model_server registers them; a ScaNN-enabled build links them (deploy/README.md),
+# and the export check (realm_tf.export.model_server_ops) allows exactly these beyond its
+# stock list.
+SERVED_SCANN_OPS = frozenset({"Scann>TensorsToScann", "Scann>ScannSearchBatched"})
 REORDER_TYPES = {"float32": ReorderType.FLOAT32, "int8": ReorderType.INT8,
                  "bfloat16": ReorderType.BFLOAT16}
 
