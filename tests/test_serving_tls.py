@@ -9,6 +9,7 @@ import datetime
 import http.client
 import ipaddress
 import json
+import socket
 import ssl
 
 from cryptography import x509
@@ -234,6 +235,16 @@ def test_a_plaintext_client_is_refused_over_grpc_and_rest(tls_server, pki, capsy
   # Refusing them broke nothing: TLS clients are still answered.
   assert _grpc_answer(channel) == ANSWER
   assert _rest_predict(server, pki.https_context())[0] == 200
+
+
+def test_a_rest_client_that_never_starts_its_handshake_holds_up_no_other(tls_server, pki):
+  # The handshake runs in the connection's own handler thread: were it in the accept loop,
+  # the request below would wait there behind the silent connection until the REST
+  # timeout (30 s), past this request's own (10 s).
+  server, _ = tls_server
+  with socket.create_connection(("127.0.0.1", server.rest_port), timeout=RPC_TIMEOUT):
+    status, body = _rest_predict(server, pki.https_context())
+  assert status == 200 and body["predictions"][0]["answer"] == ANSWER.decode()
 
 
 def test_a_client_that_does_not_trust_the_servers_ca_refuses_it(tls_server, capsys):
