@@ -117,6 +117,8 @@ def load_server_tls(path: str) -> ServerTls:
                                    f"itself, as tensorflow_model_server reads it, not a "
                                    f"file name)")
   if config.client_verify and not config.custom_ca.strip():
+    # tensorflow_model_server would check clients against the system's roots; Python's
+    # grpc requires explicit roots for client auth.
     raise config_lib.ConfigError(f"{source}: client_verify needs custom_ca, the CA that "
                                  f"signs the client certificates")
   context = _rest_context(source, config.server_key, config.server_cert, config.custom_ca,
