@@ -145,7 +145,7 @@ def models(built, tmp_path_factory):
 def tls_server(pki, models, tmp_path_factory):
   """realm_qa over TLS on gRPC and REST; client certificates not asked for."""
   config = pki.ssl_config(tmp_path_factory.mktemp("tls") / "ssl.config")
-  with running(models, pki.channel_credentials(), rest_api_port=0,
+  with running(models, channel_credentials=pki.channel_credentials(), rest_api_port=0,
                ssl_config_file=config) as (server, channel):
     yield server, channel
 
@@ -154,7 +154,7 @@ def tls_server(pki, models, tmp_path_factory):
 def verifying_server(pki, models, tmp_path_factory):
   """realm_qa over TLS with client_verify: client certificates signed by custom_ca only."""
   config = pki.ssl_config(tmp_path_factory.mktemp("mtls") / "ssl.config", client_verify=True)
-  with running(models, pki.channel_credentials("client"), rest_api_port=0,
+  with running(models, channel_credentials=pki.channel_credentials("client"), rest_api_port=0,
                ssl_config_file=config) as (server, channel):
     yield server, channel
 
