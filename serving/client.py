@@ -3,6 +3,7 @@
     python -m serving.client --server localhost:8500 "who wrote the iliad?" ["..." ...]
         [--model realm_qa] [--signature serving_default] [--timeout 10] [--top_blocks 5]
         [--json] [--leaves_fraction 0.1 --reorder_num_neighbors 200]
+        [--tls] [--ssl_ca_file ca.pem] [--ssl_cert_file client.pem --ssl_key_file client.key]
 
 Uses only the official tensorflow-serving-api stubs, so it works the same against
 `python -m serving.server` and a real tensorflow_model_server. The contract of the QA
@@ -22,6 +23,11 @@ contract plus two scalar inputs chosen per request: leaves_fraction (float32, in
 the fraction of each ScaNN shard's tree leaves searched) and reorder_num_neighbors
 (int32, at least the blocks retrieved: the candidates re-scored). --leaves_fraction and
 --reorder_num_neighbors (both or neither) send them, to that signature by default.
+
+TLS (a server started with --ssl_config_file): --ssl_ca_file is the CA that signed the
+server's certificate (default: the system's roots, with --tls); --ssl_cert_file and
+--ssl_key_file are this client's certificate and key, for a server that checks them
+(client_verify). Any of the three implies --tls.
 """
 import argparse
 import json
@@ -154,6 +160,39 @@ def format_answer(answer: dict, top_blocks: int) -> str:
   return "\n".join(lines)
 
 
+def channel_credentials(ca_file: Optional[str] = None, cert_file: Optional[str] = None,
+                        key_file: Optional[str] = None) -> grpc.ChannelCredentials:
+  """TLS credentials for a channel to a server with --ssl_config_file.
+
+  Args:
+    ca_file: PEM file of the CA(s) to trust for the server's certificate; None: the
+      system's roots (gRPC's default).
+    cert_file: with key_file, this client's PEM certificate (for client_verify servers).
+    key_file: this client's PEM private key, unencrypted.
+
+  Returns:
+    grpc.ssl_channel_credentials over the files' contents.
+
+  Raises:
+    ValueError: only one of cert_file and key_file, or a file that cannot be read (named).
+  """
+  if (cert_file is None) != (key_file is None):
+    raise ValueError("a client certificate needs both --ssl_cert_file and --ssl_key_file")
+
+  def read(flag, path):
+    if path is None:
+      return None
+    try:
+      with open(path, "rb") as f:
+        return f.read()
+    except OSError as e:
+      raise ValueError(f"{flag} {path}: cannot read: {e.strerror}") from None
+
+  return grpc.ssl_channel_credentials(root_certificates=read("--ssl_ca_file", ca_file),
+                                      private_key=read("--ssl_key_file", key_file),
+                                      certificate_chain=read("--ssl_cert_file", cert_file))
+
+
 def build_parser() -> argparse.ArgumentParser:
   """The command line of `python -m serving.client` (see the module docstring)."""
   parser = argparse.ArgumentParser(prog="python -m serving.client", description=__doc__,
@@ -173,6 +212,16 @@ def build_parser() -> argparse.ArgumentParser:
   parser.add_argument("--reorder_num_neighbors", type=int, default=None,
                       help="ScaNN exports: candidates re-scored, at least the blocks "
                       "retrieved (with --leaves_fraction)")
+  parser.add_argument("--tls", action="store_true",
+                      help="connect with TLS (implied by the --ssl_* options)")
+  parser.add_argument("--ssl_ca_file", default=None,
+                      help="PEM CA certificate(s) to trust for the server's certificate "
+                      "(default with --tls: the system's roots)")
+  parser.add_argument("--ssl_cert_file", default=None,
+                      help="this client's PEM certificate, for a server with client_verify "
+                      "(with --ssl_key_file)")
+  parser.add_argument("--ssl_key_file", default=None,
+                      help="this client's PEM private key (with --ssl_cert_file)")
   return parser
 
 
@@ -191,7 +240,16 @@ def main(argv=None) -> int:
   if (args.leaves_fraction is None) != (args.reorder_num_neighbors is None):
     parser.error("--leaves_fraction and --reorder_num_neighbors go together")
   options = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
-  with grpc.insecure_channel(args.server, options=options) as channel:
+  if args.tls or args.ssl_ca_file or args.ssl_cert_file or args.ssl_key_file:
+    try:
+      credentials = channel_credentials(args.ssl_ca_file, args.ssl_cert_file,
+                                        args.ssl_key_file)
+    except ValueError as e:
+      parser.error(str(e))
+    channel = grpc.secure_channel(args.server, credentials, options=options)
+  else:
+    channel = grpc.insecure_channel(args.server, options=options)
+  with channel:
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     try:
       answers = ask(stub, args.questions, args.model, args.signature, args.timeout,

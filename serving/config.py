@@ -1,14 +1,17 @@
-"""`--model_config_file` and `--batching_parameters_file`, in tensorflow_model_server's formats.
+"""`--model_config_file`, `--batching_parameters_file` and `--ssl_config_file`, in
+tensorflow_model_server's formats.
 
-Both are text protos. The model config is parsed with the official
+All are text protos. The model config is parsed with the official
 `tensorflow_serving.config.model_server_config_pb2.ModelServerConfig`. `BatchingParameters`
-(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) is not shipped in the
-tensorflow-serving-api wheel, so when the official module is missing the message is built
-here from its published field numbers with protobuf's descriptor API: a file that works
+(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) and `SSLConfig`
+(tensorflow_serving/config/ssl_config.proto) are not shipped in the tensorflow-serving-api
+2.20 wheel, so when the official module is missing the message is built here from its
+published field numbers with protobuf's descriptor API (_message_class): a file that works
 with a real tensorflow_model_server parses here identically, and unknown fields are an
 error, as they are there.
 """
 import dataclasses
+import importlib
 import os
 from typing import Optional
 
@@ -27,6 +30,57 @@ DEFAULT_MODEL_PLATFORM = "tensorflow"
 
 class ConfigError(ValueError):
   """A config file (or reload request) that cannot be served; the message names it."""
+
+
+def _read_text_proto(path: str, flag: str, message):
+  """Fills `message` from the text proto at `path`; a ConfigError names `flag` and the file.
+
+  Args:
+    path: the file (any file system tf.io.gfile reads).
+    flag: the command-line flag that named it, for the error message.
+    message: an empty proto message to fill.
+
+  Returns:
+    `message`, filled.
+  """
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      text = f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise ConfigError(f"{flag} {path}: cannot read: {e}") from None
+  try:
+    text_format.Parse(text, message)
+  except text_format.ParseError as e:
+    raise ConfigError(f"{flag} {path}: not a {message.DESCRIPTOR.name} text proto: "
+                      f"{e}") from None
+  return message
+
+
+def _message_class(official_module: str, file_proto: descriptor_pb2.FileDescriptorProto,
+                   name: str, dependencies=()):
+  """TF Serving's generated message class if the installed wheel ships it, else the same
+  message built from `file_proto` (its published field numbers) in a private pool, which
+  never collides with an official definition loaded later.
+
+  Args:
+    official_module: the generated module's import path (…_pb2).
+    file_proto: the .proto file's descriptor, written here from the published .proto.
+    name: the message's name within `file_proto`'s package.
+    dependencies: generated modules of the files `file_proto` imports.
+
+  Returns:
+    The message class.
+  """
+  try:
+    return getattr(importlib.import_module(official_module), name)
+  except ImportError:
+    pass
+  pool = descriptor_pool.DescriptorPool()
+  for module in dependencies:
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(module.DESCRIPTOR.serialized_pb))
+  pool.Add(file_proto)
+  return message_factory.GetMessageClass(
+      pool.FindMessageTypeByName(f"{file_proto.package}.{name}"))
 
 
 # ---------------------------------------------------------------------------------------
@@ -107,18 +161,8 @@ def validate_model_server_config(config: model_server_config_pb2.ModelServerConf
 
 def read_model_server_config(path: str) -> model_server_config_pb2.ModelServerConfig:
   """Parses a --model_config_file (text proto); errors name the file."""
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      text = f.read()
-  except (tf.errors.OpError, OSError) as e:
-    raise ConfigError(f"--model_config_file {path}: cannot read: {e}") from None
-  config = model_server_config_pb2.ModelServerConfig()
-  try:
-    text_format.Parse(text, config)
-  except text_format.ParseError as e:
-    raise ConfigError(f"--model_config_file {path}: not a ModelServerConfig text proto: "
-                      f"{e}") from None
-  return config
+  return _read_text_proto(path, "--model_config_file",
+                          model_server_config_pb2.ModelServerConfig())
 
 
 def single_model_config(name: str, base_path: str) -> model_server_config_pb2.ModelServerConfig:
@@ -140,12 +184,7 @@ def default_allowed_roots(specs) -> list:
 # Batching parameters.
 
 
-def _build_batching_parameters_class():
-  try:
-    from tensorflow_serving.servables.tensorflow import session_bundle_config_pb2  # noqa: PLC0415  not in every tensorflow-serving-api wheel: falls back below
-    return session_bundle_config_pb2.BatchingParameters
-  except ImportError:
-    pass
+def _batching_parameters_file_proto() -> descriptor_pb2.FileDescriptorProto:
   field = descriptor_pb2.FieldDescriptorProto
   file_proto = descriptor_pb2.FileDescriptorProto(
       name="tensorflow_serving/servables/tensorflow/session_bundle_config.proto",
@@ -162,15 +201,12 @@ def _build_batching_parameters_class():
                     type=field.TYPE_INT64)
   message.field.add(name="pad_variable_length_inputs", number=7,
                     label=field.LABEL_OPTIONAL, type=field.TYPE_BOOL)
-  # A private pool: never collides with an official definition loaded later.
-  pool = descriptor_pool.DescriptorPool()
-  pool.Add(descriptor_pb2.FileDescriptorProto.FromString(wrappers_pb2.DESCRIPTOR.serialized_pb))
-  pool.Add(file_proto)
-  return message_factory.GetMessageClass(
-      pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+  return file_proto
 
 
-BatchingParameters = _build_batching_parameters_class()
+BatchingParameters = _message_class(
+    "tensorflow_serving.servables.tensorflow.session_bundle_config_pb2",
+    _batching_parameters_file_proto(), "BatchingParameters", dependencies=(wrappers_pb2,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,15 +257,41 @@ def read_batching_parameters(path: Optional[str]) -> BatchingOptions:
   """Parses a --batching_parameters_file (text proto); none means the defaults."""
   if not path:
     return BatchingOptions()
-  source = f"--batching_parameters_file {path}"
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      text = f.read()
-  except (tf.errors.OpError, OSError) as e:
-    raise ConfigError(f"{source}: cannot read: {e}") from None
-  params = BatchingParameters()
-  try:
-    text_format.Parse(text, params)
-  except text_format.ParseError as e:
-    raise ConfigError(f"{source}: not a BatchingParameters text proto: {e}") from None
-  return batching_options_from_proto(params, source)
+  params = _read_text_proto(path, "--batching_parameters_file", BatchingParameters())
+  return batching_options_from_proto(params, f"--batching_parameters_file {path}")
+
+
+# ---------------------------------------------------------------------------------------
+# SSL config.
+
+
+def _ssl_config_file_proto() -> descriptor_pb2.FileDescriptorProto:
+  field = descriptor_pb2.FieldDescriptorProto
+  file_proto = descriptor_pb2.FileDescriptorProto(
+      name="tensorflow_serving/config/ssl_config.proto", package="tensorflow.serving",
+      syntax="proto3")
+  message = file_proto.message_type.add(name="SSLConfig")
+  for name, number, kind in (("server_key", 1, field.TYPE_STRING),
+                             ("server_cert", 2, field.TYPE_STRING),
+                             ("custom_ca", 3, field.TYPE_STRING),
+                             ("client_verify", 4, field.TYPE_BOOL)):
+    message.field.add(name=name, number=number, label=field.LABEL_OPTIONAL, type=kind)
+  return file_proto
+
+
+# The PEM texts themselves (not file names) go in the fields, as tensorflow_model_server
+# hands them to gRPC as they are.
+SSLConfig = _message_class("tensorflow_serving.config.ssl_config_pb2",
+                           _ssl_config_file_proto(), "SSLConfig")
+
+
+def read_ssl_config(path: str):
+  """Parses an --ssl_config_file (SSLConfig text proto); errors name the file.
+
+  Args:
+    path: the file.
+
+  Returns:
+    The SSLConfig message (server_key, server_cert, custom_ca: PEM texts; client_verify).
+  """
+  return _read_text_proto(path, "--ssl_config_file", SSLConfig())

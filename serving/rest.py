@@ -10,7 +10,8 @@
 Strings travel as JSON strings (UTF-8), or as {"b64": "..."} for binary; an output whose
 name ends in `_bytes`, or that is not valid UTF-8, is returned as {"b64": ...}. Written
 on the standard library's http.server (a pool-bounded ThreadingHTTPServer) because the
-server needs no web framework for five routes.
+server needs no web framework for five routes; with an `ssl_context` (serving.tls) it
+serves HTTPS.
 """
 import base64
 import binascii
@@ -20,6 +21,7 @@ import logging
 import re
 import reprlib
 import socket
+import ssl
 import threading
 import urllib.parse
 from typing import Optional
@@ -321,10 +323,31 @@ class _BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
   # serving.py) would be reset where gRPC queues them.
   request_queue_size = socket.SOMAXCONN
 
-  def __init__(self, address, handler, num_threads: int, api: "RestApi"):
+  def __init__(self, address, handler, num_threads: int, api: "RestApi",
+               ssl_context: Optional[ssl.SSLContext] = None):
     self._slots = threading.BoundedSemaphore(num_threads)
     self.api = api
+    self.ssl_context = ssl_context
     super().__init__(address, handler)
+
+  def finish_request(self, request, client_address):
+    """With TLS, the handshake runs here, in the request's own thread and bounded by the
+    REST timeout, not in the accept loop (wrapping the listening socket would do it there,
+    so one silent client would stall every other); a failed handshake (a plaintext client,
+    no or an untrusted client certificate) closes the connection."""
+    if self.ssl_context is None:
+      super().finish_request(request, client_address)
+      return
+    request.settimeout(self.api.timeout_seconds)
+    try:
+      tls_request = self.ssl_context.wrap_socket(request, server_side=True)
+    except (ssl.SSLError, OSError) as e:  # OSError: a reset or a timeout mid-handshake
+      log.info("REST %s: TLS handshake refused: %s", client_address[0], e)
+      return
+    try:
+      super().finish_request(tls_request, client_address)
+    finally:
+      self.shutdown_request(tls_request)  # `request` was detached into it
 
   def process_request(self, request, client_address):
     self._slots.acquire()  # the accept loop waits: excess connections stay in the backlog
@@ -344,10 +367,12 @@ class _BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
 class RestApi:
   """The REST routes' logic, over the same Predictor and manager as gRPC."""
 
-  def __init__(self, predictor: Predictor, max_body_bytes: int, timeout_seconds: float):
+  def __init__(self, predictor: Predictor, max_body_bytes: int, timeout_seconds: float,
+               ssl_context: Optional[ssl.SSLContext] = None):
     self.predictor = predictor
     self.max_body_bytes = max_body_bytes
     self.timeout_seconds = timeout_seconds
+    self.ssl_context = ssl_context  # None: plain HTTP; else HTTPS (serving.tls)
     self._server: Optional[_BoundedThreadingHTTPServer] = None
     self._thread: Optional[threading.Thread] = None
 
@@ -407,7 +432,7 @@ class RestApi:
     server_class = _BoundedThreadingHTTPServer
     if ":" in host:  # an IPv6 literal
       server_class = type("V6Server", (server_class,), {"address_family": socket.AF_INET6})
-    self._server = server_class((host, port), handler, num_threads, self)
+    self._server = server_class((host, port), handler, num_threads, self, self.ssl_context)
     self._thread = threading.Thread(target=self._server.serve_forever, name="rest",
                                     kwargs={"poll_interval": 0.1}, daemon=True)
     self._thread.start()

@@ -3,6 +3,7 @@
     python -m serving.server --model_config_file=models.config --port=8500 \\
         [--rest_api_port=8501] [--enable_batching --batching_parameters_file=batching.config]
     python -m serving.server --model_name=realm_qa --model_base_path=/models/realm_qa
+        [--ssl_config_file=ssl.config]
 
 Flags carry tensorflow_model_server's names and meanings, so the same command line and
 config files work with a real tensorflow_model_server; the realm_tf safety flags (--host,
@@ -10,6 +11,8 @@ config files work with a real tensorflow_model_server; the realm_tf safety flags
 --max_batch_size, --model_root) and --aspired_version_policy have no counterpart there
 (tensorflow_model_server always preserves availability: see serving.model_manager for what
 each policy costs). The server binds to 127.0.0.1 unless --host says otherwise.
+--ssl_config_file puts TLS on gRPC as in tensorflow_model_server, and on REST too, which
+tensorflow_model_server leaves plain (serving.tls).
 
 In-process use (tests, benchmarks):
 
@@ -55,6 +58,7 @@ from serving import config as config_lib
 from serving import errors
 from serving import paths
 from serving import tensors
+from serving import tls
 from serving.batching import BatchScheduler
 from serving.grpc_service import ModelServicer, PredictionServicer
 from serving.model_manager import ASPIRED_VERSION_POLICIES, ModelManager
@@ -94,6 +98,7 @@ class ServerOptions:
   request_timeout_seconds: float = 30.0
   max_batch_size: int = 256
   aspired_version_policy: str = "availability_preserving"
+  ssl_config_file: str = ""  # an SSLConfig text proto: TLS on gRPC and REST (serving.tls)
 
   def __post_init__(self):
     for name in ("grpc_max_threads", "rest_api_num_threads", "rest_api_timeout_in_ms",
@@ -190,6 +195,9 @@ class ModelServer:
   def start(self) -> "ModelServer":
     """Loads the configured models, then listens; returns once requests can be answered."""
     options = self.options
+    # First: a bad file fails the start before any model is loaded.
+    server_tls = (tls.load_server_tls(options.ssl_config_file) if options.ssl_config_file
+                  else None)
     config, source = self._initial_config()
     specs = config_lib.validate_model_server_config(
         config, source, [paths.resolve_root(options.model_root)] if options.model_root else [])
@@ -224,7 +232,10 @@ class ModelServer:
     health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc_server)
     address = _grpc_address(options.host, options.port)
     try:
-      self.port = self._grpc_server.add_insecure_port(address)
+      if server_tls is None:
+        self.port = self._grpc_server.add_insecure_port(address)
+      else:
+        self.port = self._grpc_server.add_secure_port(address, server_tls.grpc_credentials())
     except RuntimeError as e:
       self.stop()
       raise OSError(f"cannot bind gRPC to {address}: {e}") from None
@@ -234,7 +245,8 @@ class ModelServer:
     self._grpc_server.start()
     if options.rest_api_port is not None:
       self._rest = RestApi(self.predictor, options.max_message_bytes,
-                           options.rest_api_timeout_in_ms / 1000)
+                           options.rest_api_timeout_in_ms / 1000,
+                           server_tls.ssl_context if server_tls else None)
       try:
         self.rest_port = self._rest.start(options.host, options.rest_api_port,
                                           options.rest_api_num_threads)
@@ -246,6 +258,9 @@ class ModelServer:
     log.info("serving gRPC on %s%s; models %s", _grpc_address(options.host, self.port),
              f", REST on port {self.rest_port}" if self.rest_port else "",
              self.manager.model_names())
+    if server_tls is not None:
+      log.info("TLS on gRPC%s%s", " and REST" if self.rest_port else "",
+               "; client certificates required" if server_tls.client_verify else "")
     return self
 
   def stop(self, grace: float = 2.0) -> None:
@@ -299,6 +314,8 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                        "REST requests handled at once.", **define)
   flags.DEFINE_integer("rest_api_timeout_in_ms", defaults.rest_api_timeout_in_ms,
                        "Timeout of a REST request.", **define)
+  flags.DEFINE_string("ssl_config_file", "", "An SSLConfig text proto (PEM texts inline): "
+                      "TLS on the gRPC port, and [realm_tf] on the REST port.", **define)
   flags.DEFINE_string("host", defaults.host, "[realm_tf] Address to bind; 0.0.0.0 exposes "
                       "the server to the network.", **define)
   flags.DEFINE_integer("max_message_bytes", defaults.max_message_bytes,

@@ -82,11 +82,15 @@ def server_config(**models) -> model_server_config_pb2.ModelServerConfig:
 
 
 @contextlib.contextmanager
-def running(config, **options):
+def running(config, channel_credentials=None, **options):
+  """A ModelServer of `config` on free ports (`options`: ServerOptions' fields) and a
+  channel to it: plaintext, or TLS with `channel_credentials`."""
   options.setdefault("port", 0)
   options.setdefault("file_system_poll_wait_seconds", 0)
   server = ModelServer(ServerOptions(model_server_config=config, **options)).start()
-  channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+  address = f"127.0.0.1:{server.port}"
+  channel = (grpc.insecure_channel(address) if channel_credentials is None
+             else grpc.secure_channel(address, channel_credentials))
   try:
     yield server, channel
   finally:
