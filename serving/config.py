@@ -1,8 +1,10 @@
-"""`--model_config_file` and `--batching_parameters_file`, in tensorflow_model_server's formats.
+"""`--model_config_file`, `--batching_parameters_file` and `--monitoring_config_file`, in
+tensorflow_model_server's formats.
 
-Both are text protos. The model config is parsed with the official
+All are text protos. The model config is parsed with the official
 `tensorflow_serving.config.model_server_config_pb2.ModelServerConfig`. `BatchingParameters`
-(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) is not shipped in the
+(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) and `MonitoringConfig`
+(tensorflow_serving/config/monitoring_config.proto) are not shipped in the
 tensorflow-serving-api wheel, so when the official module is missing the message is built
 here from its published field numbers with protobuf's descriptor API: a file that works
 with a real tensorflow_model_server parses here identically, and unknown fields are an
@@ -89,6 +91,16 @@ def validate_model_server_config(config: model_server_config_pb2.ModelServerConf
     if model.name in names:
       raise ConfigError(f"{where}: model {model.name!r} is configured twice")
     names.add(model.name)
+    if model.HasField("logging_config"):
+      # Refused, as tensorflow_model_server refuses it: its request logger writes through a
+      # LogCollector chosen by log_collector_config.type, and the open-source binary
+      # registers no LogCollector (nor a request-logger creator), so any logging_config
+      # fails there with INVALID_ARGUMENT; there is no file format to be faithful to.
+      # Requests are logged one line each on the "serving.access" logger instead.
+      raise ConfigError(f"{where}: model {model.name!r}: logging_config (request logging) is "
+                        f"not supported, as in tensorflow_model_server, which has no log "
+                        f"collector; remove it (every request is logged on the "
+                        f"'serving.access' logger)")
     if model.model_platform not in ("", DEFAULT_MODEL_PLATFORM):
       raise ConfigError(f"{where}: model_platform {model.model_platform!r} is not supported "
                         f"(only {DEFAULT_MODEL_PLATFORM!r})")
@@ -162,12 +174,19 @@ def _build_batching_parameters_class():
                     type=field.TYPE_INT64)
   message.field.add(name="pad_variable_length_inputs", number=7,
                     label=field.LABEL_OPTIONAL, type=field.TYPE_BOOL)
-  # A private pool: never collides with an official definition loaded later.
+  return _private_message_class(file_proto, "tensorflow.serving.BatchingParameters",
+                                [wrappers_pb2.DESCRIPTOR])
+
+
+def _private_message_class(file_proto, full_name: str, dependencies=()):
+  """The message class `full_name` of `file_proto`, built in a private descriptor pool
+  (never colliding with an official definition loaded later); `dependencies` are the file
+  descriptors it imports."""
   pool = descriptor_pool.DescriptorPool()
-  pool.Add(descriptor_pb2.FileDescriptorProto.FromString(wrappers_pb2.DESCRIPTOR.serialized_pb))
+  for dependency in dependencies:
+    pool.Add(descriptor_pb2.FileDescriptorProto.FromString(dependency.serialized_pb))
   pool.Add(file_proto)
-  return message_factory.GetMessageClass(
-      pool.FindMessageTypeByName("tensorflow.serving.BatchingParameters"))
+  return message_factory.GetMessageClass(pool.FindMessageTypeByName(full_name))
 
 
 BatchingParameters = _build_batching_parameters_class()
@@ -233,3 +252,73 @@ def read_batching_parameters(path: Optional[str]) -> BatchingOptions:
   except text_format.ParseError as e:
     raise ConfigError(f"{source}: not a BatchingParameters text proto: {e}") from None
   return batching_options_from_proto(params, source)
+
+
+# ---------------------------------------------------------------------------------------
+# Monitoring config.
+
+# Where tensorflow_model_server serves Prometheus text when prometheus_config.path is empty
+# (PrometheusExporter::kPrometheusPath).
+DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
+
+
+def _build_monitoring_config_class():
+  try:
+    from tensorflow_serving.config import monitoring_config_pb2  # noqa: PLC0415  not in the tensorflow-serving-api wheel: falls back below
+    return monitoring_config_pb2.MonitoringConfig
+  except ImportError:
+    pass
+  field = descriptor_pb2.FieldDescriptorProto
+  file_proto = descriptor_pb2.FileDescriptorProto(
+      name="tensorflow_serving/config/monitoring_config.proto",
+      package="tensorflow.serving", syntax="proto3")
+  prometheus = file_proto.message_type.add(name="PrometheusConfig")
+  prometheus.field.add(name="enable", number=1, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_BOOL)
+  prometheus.field.add(name="path", number=2, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_STRING)
+  monitoring = file_proto.message_type.add(name="MonitoringConfig")
+  monitoring.field.add(name="prometheus_config", number=1, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_MESSAGE,
+                       type_name=".tensorflow.serving.PrometheusConfig")
+  return _private_message_class(file_proto, "tensorflow.serving.MonitoringConfig")
+
+
+MonitoringConfig = _build_monitoring_config_class()
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoringOptions:
+  """A validated MonitoringConfig: whether, and at which REST path, Prometheus text is served."""
+  prometheus_enabled: bool = False
+  prometheus_path: str = DEFAULT_PROMETHEUS_PATH
+
+
+def read_monitoring_config(path: str) -> MonitoringOptions:
+  """Parses a --monitoring_config_file (text proto); errors name the file.
+
+  Args:
+    path: the MonitoringConfig text proto, e.g.
+      `prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }`.
+  Returns:
+    The MonitoringOptions it asks for (an empty path means DEFAULT_PROMETHEUS_PATH).
+  """
+  source = f"--monitoring_config_file {path}"
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      text = f.read()
+  except (tf.errors.OpError, OSError) as e:
+    raise ConfigError(f"{source}: cannot read: {e}") from None
+  config = MonitoringConfig()
+  try:
+    text_format.Parse(text, config)
+  except text_format.ParseError as e:
+    raise ConfigError(f"{source}: not a MonitoringConfig text proto: {e}") from None
+  prometheus = config.prometheus_config
+  metrics_path = prometheus.path or DEFAULT_PROMETHEUS_PATH
+  # The REST routes own /v1/; a metrics path there would hide a model's route (or be hidden).
+  if not metrics_path.startswith("/") or metrics_path.split("?")[0] != metrics_path or (
+      metrics_path == "/v1" or metrics_path.startswith("/v1/")):
+    raise ConfigError(f"{source}: prometheus_config.path {metrics_path!r} must be an absolute "
+                      f"URL path without a query, outside the REST API's /v1/")
+  return MonitoringOptions(prometheus.enable, metrics_path)
