@@ -26,9 +26,10 @@ from tests.serving_harness import (
     prediction_stub, rpc_error, running, server_config)
 
 METRICS_PATH = "/metrics/of/realm"
+MONITORING = f'prometheus_config {{ enable: true, path: "{METRICS_PATH}" }}'
 
 
-def _monitoring_file(tmp_path, text=f'prometheus_config {{ enable: true, path: "{METRICS_PATH}" }}'):
+def _monitoring_file(tmp_path, text=MONITORING):
   path = tmp_path / "monitoring.config"
   path.write_text(text)
   return str(path)
