@@ -25,6 +25,9 @@ INSTALL_REQUIRES = [
     "google-crc32c>=1.5,<2",
     # gRPC health checking for the serving endpoint; same release line as grpcio.
     "grpcio-health-checking>=1.60",
+    # serving/'s Prometheus metrics (--monitoring_config_file): a registry per server and
+    # the text and OpenMetrics exposition formats, instead of writing them by hand.
+    "prometheus_client>=0.20",
     "matplotlib>=3.8",
 ]
 

@@ -22,11 +22,13 @@ import dataclasses
 import logging
 import threading
 import time
+from typing import Optional
 
 import grpc
 import numpy as np
 
 from serving import errors
+from serving import metrics as metrics_lib
 from serving.config import BatchingOptions
 from serving.limits import Deadline
 from serving.servable import ServableVersion, Signature
@@ -40,6 +42,7 @@ class _Task:
   size: int
   deadline: Deadline
   future: concurrent.futures.Future
+  enqueued: float  # time.monotonic() when it entered the queue
 
 
 @dataclasses.dataclass
@@ -66,13 +69,20 @@ def _shape_key(inputs: dict) -> tuple:
 class BatchScheduler:
   """Shared batch threads over per-(version, signature) queues."""
 
-  def __init__(self, options: BatchingOptions):
+  def __init__(self, options: BatchingOptions,
+               metrics: Optional[metrics_lib.ServingMetrics] = None):
+    """Args:
+      options: the batching parameters.
+      metrics: where queue waits, batch sizes and batches run are counted (and the queue
+        depth is exposed); a registry of its own when not given.
+    """
     self.options = options
+    self.metrics = metrics or metrics_lib.ServingMetrics()
+    self.metrics.watch_batching_queue(lambda: self.enqueued_batches)
     self._timeout = options.batch_timeout_micros / 1e6
     self._cond = threading.Condition()
     self._queues = {}  # (servable, signature name) → _Queue
     self._stopped = False
-    self.batches_run = 0
     self.largest_batch = 0
     self._threads = [threading.Thread(target=self._work, daemon=True,
                                       name=f"{options.thread_pool_name}-{i}")
@@ -86,6 +96,11 @@ class BatchScheduler:
       self._cond.notify_all()
     for thread in self._threads:
       thread.join()
+
+  @property
+  def batches_run(self) -> int:
+    """Batches run so far (the metrics' wrapped_run_count)."""
+    return self.metrics.batches_run()
 
   @property
   def enqueued_batches(self) -> int:
@@ -102,7 +117,7 @@ class BatchScheduler:
       raise errors.invalid_argument(
           f"a batch of {size} is larger than the batching max_batch_size "
           f"{self.options.max_batch_size}")
-    task = _Task(inputs, size, deadline, concurrent.futures.Future())
+    task = _Task(inputs, size, deadline, concurrent.futures.Future(), time.monotonic())
     key = (servable, signature.name)
     shape_key = _shape_key(inputs)
     with self._cond:
@@ -128,6 +143,7 @@ class BatchScheduler:
       if last.size >= self.options.max_batch_size:
         last.closed = True
       self._cond.notify()
+    self.metrics.batch_request_queued(size)
     return task.future
 
   # ------------------------------------------------------------------ workers
@@ -189,6 +205,9 @@ class BatchScheduler:
       return
     total = sum(task.size for task in tasks)
     padded = next((s for s in self.options.allowed_batch_sizes if s >= total), total)
+    started = time.monotonic()
+    self.metrics.batch_run(self.options.thread_pool_name,
+                           [started - task.enqueued for task in tasks], total, padded)
     names = list(tasks[0].inputs)
     merged = {}
     for name in names:
@@ -210,7 +229,6 @@ class BatchScheduler:
         task.future.set_exception(error)
       return
     with self._cond:
-      self.batches_run += 1
       self.largest_batch = max(self.largest_batch, total)
     start = 0
     for task in tasks:

@@ -1,12 +1,15 @@
-"""`--model_config_file`, `--batching_parameters_file` and `--ssl_config_file`, in
+"""`--model_config_file`, `--batching_parameters_file`, `--ssl_config_file` and
+`--monitoring_config_file`, in
 tensorflow_model_server's formats.
 
 All are text protos. The model config is parsed with the official
 `tensorflow_serving.config.model_server_config_pb2.ModelServerConfig`. `BatchingParameters`
-(tensorflow_serving/servables/tensorflow/session_bundle_config.proto) and `SSLConfig`
-(tensorflow_serving/config/ssl_config.proto) are not shipped in the tensorflow-serving-api
-2.20 wheel, so when the official module is missing the message is built here from its
-published field numbers with protobuf's descriptor API (_message_class): a file that works
+(tensorflow_serving/servables/tensorflow/session_bundle_config.proto), `SSLConfig`
+(tensorflow_serving/config/ssl_config.proto) and `MonitoringConfig`
+(tensorflow_serving/config/monitoring_config.proto) are not shipped in the
+tensorflow-serving-api 2.20 wheel, so when the official module is missing the message is
+built here from its published field numbers with protobuf's descriptor API
+(_message_class): a file that works
 with a real tensorflow_model_server parses here identically, and unknown fields are an
 error, as they are there.
 """
@@ -143,6 +146,16 @@ def validate_model_server_config(config: model_server_config_pb2.ModelServerConf
     if model.name in names:
       raise ConfigError(f"{where}: model {model.name!r} is configured twice")
     names.add(model.name)
+    if model.HasField("logging_config"):
+      # Refused, as tensorflow_model_server refuses it: its request logger writes through a
+      # LogCollector chosen by log_collector_config.type, and the open-source binary
+      # registers no LogCollector (nor a request-logger creator), so any logging_config
+      # fails there with INVALID_ARGUMENT; there is no file format to be faithful to.
+      # Requests are logged one line each on the "serving.access" logger instead.
+      raise ConfigError(f"{where}: model {model.name!r}: logging_config (request logging) is "
+                        f"not supported, as in tensorflow_model_server, which has no log "
+                        f"collector; remove it (every request is logged on the "
+                        f"'serving.access' logger)")
     if model.model_platform not in ("", DEFAULT_MODEL_PLATFORM):
       raise ConfigError(f"{where}: model_platform {model.model_platform!r} is not supported "
                         f"(only {DEFAULT_MODEL_PLATFORM!r})")
@@ -295,3 +308,60 @@ def read_ssl_config(path: str):
     The SSLConfig message (server_key, server_cert, custom_ca: PEM texts; client_verify).
   """
   return _read_text_proto(path, "--ssl_config_file", SSLConfig())
+
+
+# ---------------------------------------------------------------------------------------
+# Monitoring config.
+
+# Where tensorflow_model_server serves Prometheus text when prometheus_config.path is empty
+# (PrometheusExporter::kPrometheusPath).
+DEFAULT_PROMETHEUS_PATH = "/monitoring/prometheus/metrics"
+
+
+def _monitoring_config_file_proto() -> descriptor_pb2.FileDescriptorProto:
+  field = descriptor_pb2.FieldDescriptorProto
+  file_proto = descriptor_pb2.FileDescriptorProto(
+      name="tensorflow_serving/config/monitoring_config.proto",
+      package="tensorflow.serving", syntax="proto3")
+  prometheus = file_proto.message_type.add(name="PrometheusConfig")
+  prometheus.field.add(name="enable", number=1, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_BOOL)
+  prometheus.field.add(name="path", number=2, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_STRING)
+  monitoring = file_proto.message_type.add(name="MonitoringConfig")
+  monitoring.field.add(name="prometheus_config", number=1, label=field.LABEL_OPTIONAL,
+                       type=field.TYPE_MESSAGE,
+                       type_name=".tensorflow.serving.PrometheusConfig")
+  return file_proto
+
+
+MonitoringConfig = _message_class("tensorflow_serving.config.monitoring_config_pb2",
+                                  _monitoring_config_file_proto(), "MonitoringConfig")
+
+
+@dataclasses.dataclass(frozen=True)
+class MonitoringOptions:
+  """A validated MonitoringConfig: whether, and at which REST path, Prometheus text is served."""
+  prometheus_enabled: bool = False
+  prometheus_path: str = DEFAULT_PROMETHEUS_PATH
+
+
+def read_monitoring_config(path: str) -> MonitoringOptions:
+  """Parses a --monitoring_config_file (text proto); errors name the file.
+
+  Args:
+    path: the MonitoringConfig text proto, e.g.
+      `prometheus_config { enable: true, path: "/monitoring/prometheus/metrics" }`.
+  Returns:
+    The MonitoringOptions it asks for (an empty path means DEFAULT_PROMETHEUS_PATH).
+  """
+  source = f"--monitoring_config_file {path}"
+  config = _read_text_proto(path, "--monitoring_config_file", MonitoringConfig())
+  prometheus = config.prometheus_config
+  metrics_path = prometheus.path or DEFAULT_PROMETHEUS_PATH
+  # The REST routes own /v1/; a metrics path there would hide a model's route (or be hidden).
+  if not metrics_path.startswith("/") or metrics_path.split("?")[0] != metrics_path or (
+      metrics_path == "/v1" or metrics_path.startswith("/v1/")):
+    raise ConfigError(f"{source}: prometheus_config.path {metrics_path!r} must be an absolute "
+                      f"URL path without a query, outside the REST API's /v1/")
+  return MonitoringOptions(prometheus.enable, metrics_path)

@@ -6,12 +6,14 @@ import grpc
 from tensorflow_serving.apis import get_model_metadata_pb2
 from tensorflow_serving.apis import get_model_status_pb2
 from tensorflow_serving.apis import model_management_pb2
+from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.apis import model_service_pb2_grpc
 from tensorflow_serving.apis import predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from serving import errors
 from serving import tensors
+from serving.metrics import GRPC, ServingMetrics
 from serving.model_manager import ModelManager
 from serving.prediction import Predictor
 from serving.servable import DEFAULT_SIGNATURE
@@ -77,67 +79,94 @@ def model_status(manager: ModelManager, request: get_model_status_pb2.GetModelSt
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-  """Predict and GetModelMetadata; Classify, Regress and MultiInference are not served."""
+  """Predict and GetModelMetadata; Classify, Regress and MultiInference are not served.
 
-  def __init__(self, predictor: Predictor, max_decoded_bytes: int):
+  Every call is counted and access-logged through `metrics.request` (serving.metrics).
+  """
+
+  def __init__(self, predictor: Predictor, max_decoded_bytes: int,
+               metrics: ServingMetrics):
     self._predictor = predictor
     self._max_decoded_bytes = max_decoded_bytes
+    self._metrics = metrics
 
   def Predict(self, request: predict_pb2.PredictRequest, context: grpc.ServicerContext):
     version, label = _version_choice(request.model_spec)
     try:
-      result = self._predictor.predict(
-          request.model_spec.name, version, label,
-          request.model_spec.signature_name or DEFAULT_SIGNATURE,
-          lambda signature: tensors.decode_inputs(request.inputs, self._max_decoded_bytes),
-          output_filter=list(request.output_filter),
-          client_timeout=context.time_remaining())
+      with self._metrics.request(GRPC) as call:
+        call.asked_for("Predict", request.model_spec.name, version, label)
+        result = self._predictor.predict(
+            request.model_spec.name, version, label,
+            request.model_spec.signature_name or DEFAULT_SIGNATURE,
+            lambda signature: tensors.decode_inputs(request.inputs, self._max_decoded_bytes),
+            output_filter=list(request.output_filter),
+            client_timeout=context.time_remaining(),
+            on_reached=call.served_by)
+        response = predict_pb2.PredictResponse()
+        response.model_spec.name = result.model_name
+        response.model_spec.version.value = result.version
+        response.model_spec.signature_name = result.signature_name
+        for name, value in result.outputs.items():
+          response.outputs[name].CopyFrom(tensors.to_tensor_proto(value))
+        return response
     except errors.ServingError as e:
       _abort(context, e)
-    response = predict_pb2.PredictResponse()
-    response.model_spec.name = result.model_name
-    response.model_spec.version.value = result.version
-    response.model_spec.signature_name = result.signature_name
-    for name, value in result.outputs.items():
-      response.outputs[name].CopyFrom(tensors.to_tensor_proto(value))
-    return response
 
   def GetModelMetadata(self, request, context):
     try:
-      return model_metadata(self._predictor.manager, request)
+      with self._metrics.request(GRPC) as call:
+        call.asked_for("GetModelMetadata", request.model_spec.name,
+                       *_version_choice(request.model_spec))
+        response = model_metadata(self._predictor.manager, request)
+        call.served_by(response.model_spec.version.value)
+        return response
     except errors.ServingError as e:
       _abort(context, e)
 
-  def _unimplemented(self, method: str, context: grpc.ServicerContext):
-    context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                  f"{method} is not implemented by this server; use Predict")
+  def _unimplemented(self, method: str, model_spec, context: grpc.ServicerContext):
+    try:
+      with self._metrics.request(GRPC) as call:
+        call.asked_for(method, model_spec.name, *_version_choice(model_spec))
+        raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED,
+                                  f"{method} is not implemented by this server; use Predict")
+    except errors.ServingError as e:
+      _abort(context, e)
 
   def Classify(self, request, context):
-    self._unimplemented("Classify", context)
+    self._unimplemented("Classify", request.model_spec, context)
 
   def Regress(self, request, context):
-    self._unimplemented("Regress", context)
+    self._unimplemented("Regress", request.model_spec, context)
 
   def MultiInference(self, request, context):
-    self._unimplemented("MultiInference", context)
+    # Its tasks each name a model; the access log names the first.
+    spec = request.tasks[0].model_spec if request.tasks else model_pb2.ModelSpec()
+    self._unimplemented("MultiInference", spec, context)
 
 
 class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
-  """GetModelStatus and HandleReloadConfigRequest."""
+  """GetModelStatus and HandleReloadConfigRequest, counted and logged as PredictionServicer's."""
 
   def __init__(self, manager: ModelManager,
-               reload_config: Callable[[object], model_management_pb2.ReloadConfigResponse]):
+               reload_config: Callable[[object], model_management_pb2.ReloadConfigResponse],
+               metrics: ServingMetrics):
     self._manager = manager
     self._reload_config = reload_config
+    self._metrics = metrics
 
   def GetModelStatus(self, request, context):
     try:
-      return model_status(self._manager, request)
+      with self._metrics.request(GRPC) as call:
+        call.asked_for("GetModelStatus", request.model_spec.name,
+                       *_version_choice(request.model_spec))
+        return model_status(self._manager, request)
     except errors.ServingError as e:
       _abort(context, e)
 
   def HandleReloadConfigRequest(self, request, context):
     try:
-      return self._reload_config(request.config)
+      with self._metrics.request(GRPC) as call:
+        call.asked_for("HandleReloadConfigRequest", "")
+        return self._reload_config(request.config)
     except errors.ServingError as e:
       _abort(context, e)

@@ -34,6 +34,7 @@ import grpc
 
 from realm_tf.io import versioned
 from serving import errors
+from serving import metrics as metrics_lib
 from serving import paths
 from serving import warmup
 from serving.config import ModelSpecConfig
@@ -74,7 +75,8 @@ class ModelManager:
 
   def __init__(self, max_batch_size: int, max_decoded_bytes: int,
                on_change: Optional[Callable[[str, bool], None]] = None,
-               aspired_version_policy: str = "availability_preserving"):
+               aspired_version_policy: str = "availability_preserving",
+               metrics: Optional[metrics_lib.ServingMetrics] = None):
     if aspired_version_policy not in ASPIRED_VERSION_POLICIES:
       raise ValueError(f"aspired_version_policy must be one of {ASPIRED_VERSION_POLICIES}, "
                        f"got {aspired_version_policy!r}")
@@ -82,6 +84,7 @@ class ModelManager:
     self._max_batch_size = max_batch_size
     self._max_decoded_bytes = max_decoded_bytes
     self._on_change = on_change or (lambda name, serving: None)
+    self.metrics = metrics or metrics_lib.ServingMetrics(self.serves)
     self._lock = threading.Lock()  # guards _models and every _Model's maps
     self._poll_lock = threading.Lock()  # one loading pass at a time
     self._models = {}
@@ -110,6 +113,11 @@ class ModelManager:
           self._retire(model, servable)
         self._on_change(model.spec.name, False)
       self._poll_all()
+
+  def serves(self, name: str) -> bool:
+    """Whether `name` is a model of the current config (available or not)."""
+    with self._lock:
+      return name in self._models
 
   def model_names(self) -> list:
     with self._lock:
@@ -223,10 +231,12 @@ class ModelManager:
       model.records[version] = servable
     log.info("model %r: loading version %d from %s", name, version, version_dir.path)
     try:
-      paths.check_tree_inside(version_dir.path, model.spec.base_path)
-      _check_files(version_dir.path)
-      servable.load()
-      replayed = warmup.replay(servable, self._max_batch_size, self._max_decoded_bytes)
+      with self.metrics.saved_model_load(version_dir.path):
+        paths.check_tree_inside(version_dir.path, model.spec.base_path)
+        _check_files(version_dir.path)
+        servable.load()
+      with self.metrics.warmup(version_dir.path):
+        replayed = warmup.replay(servable, self._max_batch_size, self._max_decoded_bytes)
     except Exception as e:  # pylint: disable=broad-except
       error = e if isinstance(e, errors.ServingError) else errors.ServingError(
           grpc.StatusCode.INVALID_ARGUMENT, f"{version_dir.path}: {type(e).__name__}: {e}")

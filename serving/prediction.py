@@ -47,14 +47,22 @@ class Predictor:
               decode_inputs: Callable[[Signature], dict],
               output_filter: Sequence[str] = (),
               client_timeout: Optional[float] = None,
-              client_timeout_source: str = "the client's deadline") -> PredictResult:
-    """`decode_inputs(signature)` turns the request's payload into {name: ndarray}."""
+              client_timeout_source: str = "the client's deadline",
+              on_reached: Optional[Callable[[int, str], None]] = None) -> PredictResult:
+    """`decode_inputs(signature)` turns the request's payload into {name: ndarray};
+    `on_reached(version, signature_name)` is told which version, then which signature, the
+    request reached, before its inputs are checked (so a refused or failed request is
+    accounted to them too)."""
     deadline = Deadline(self.request_timeout_seconds, client_timeout, client_timeout_source)
     self._limiter.acquire()
     handed_off = servable = None
     try:
       servable = self.manager.acquire(model_name, version, version_label)
+      if on_reached is not None:
+        on_reached(servable.version, "")  # the signature is named once it is known to exist
       signature = servable.signature(signature_name)
+      if on_reached is not None:
+        on_reached(servable.version, signature.name)
       inputs = decode_inputs(signature)
       batch_size = tensors.validate_inputs(
           signature.input_specs, inputs, self.max_batch_size,

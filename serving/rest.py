@@ -6,6 +6,8 @@
        {"signature_name": "...", "instances": [...]}  → {"predictions": [...]}   (row format)
        {"signature_name": "...", "inputs": ...}       → {"outputs": ...}         (columnar)
   errors: {"error": "..."} with the HTTP status TF Serving uses for the gRPC code.
+  GET  <prometheus_config.path>   Prometheus text, with --monitoring_config_file
+       (not a model API: neither counted nor access-logged)
 
 Strings travel as JSON strings (UTF-8), or as {"b64": "..."} for binary; an output whose
 name ends in `_bytes`, or that is not valid UTF-8, is returned as {"b64": ...}. Written
@@ -35,6 +37,7 @@ from tensorflow_serving.apis import get_model_status_pb2
 
 from serving import errors
 from serving import grpc_service
+from serving.metrics import REST, ServingMetrics
 from serving.prediction import Predictor
 from serving.servable import DEFAULT_SIGNATURE, Signature
 
@@ -45,6 +48,8 @@ _DRAIN_FACTOR = 4
 # allows at most 64 dimensions, and walking a list ~1000 deep would exhaust the stack.
 MAX_RANK = 32
 _INT64_MAX = (1 << 63) - 1
+# The API each POST action is counted and logged as (gRPC's method names).
+_POST_APIS = {":predict": "Predict", ":classify": "Classify", ":regress": "Regress"}
 _ROUTE = re.compile(
     r"^/v1/models/(?P<name>[^/:]+)"
     r"(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
@@ -256,28 +261,48 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       except OSError:
         pass
 
+  def _send_metrics(self) -> None:
+    body, content_type = self.api.metrics.exposition(self.headers.get("Accept"))
+    self.send_response(200)
+    self.send_header("Content-Type", content_type)
+    self.send_header("Content-Length", str(len(body)))
+    self.end_headers()
+    self.wfile.write(body)
+
   def do_GET(self):  # pylint: disable=invalid-name
+    if (self.api.metrics_path is not None
+        and urllib.parse.urlsplit(self.path).path == self.api.metrics_path):
+      self._send_metrics()
+      return
     try:
-      name, version, label, action = self._route()
-      if action == "/metadata":
-        self._send(200, self.api.metadata(name, version, label))
-      elif action is None:
-        self._send(200, self.api.status(name, version, label))
-      else:
-        raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED, f"use POST for {action}")
+      with self.api.metrics.request(REST) as call:
+        name, version, label, action = self._route()
+        call.asked_for("GetModelMetadata" if action == "/metadata" else "GetModelStatus",
+                       name, version, label)
+        if action == "/metadata":
+          response = self.api.metadata(name, version, label)
+          call.served_by(int(response["model_spec"]["version"]))
+          self._send(200, response)
+        elif action is None:
+          self._send(200, self.api.status(name, version, label))
+        else:
+          raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED, f"use POST for {action}")
     except errors.ServingError as e:
       self._error(e)
 
   def do_POST(self):  # pylint: disable=invalid-name
     try:
-      name, version, label, action = self._route()
-      if action in (":classify", ":regress"):
-        raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED,
-                                  f"{action[1:]} is not implemented by this server; use predict")
-      if action != ":predict":
-        raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED, "POST is only for :predict")
-      body = self._read_body()
-      self._send(200, self.api.predict(name, version, label, body))
+      with self.api.metrics.request(REST) as call:
+        name, version, label, action = self._route()
+        call.asked_for(_POST_APIS.get(action, "Predict"), name, version, label)
+        if action in (":classify", ":regress"):
+          raise errors.ServingError(
+              grpc.StatusCode.UNIMPLEMENTED,
+              f"{action[1:]} is not implemented by this server; use predict")
+        if action != ":predict":
+          raise errors.ServingError(grpc.StatusCode.UNIMPLEMENTED, "POST is only for :predict")
+        body = self._read_body()
+        self._send(200, self.api.predict(name, version, label, body, on_reached=call.served_by))
     except errors.ServingError as e:
       self._error(e)
 
@@ -368,11 +393,22 @@ class RestApi:
   """The REST routes' logic, over the same Predictor and manager as gRPC."""
 
   def __init__(self, predictor: Predictor, max_body_bytes: int, timeout_seconds: float,
+               metrics: ServingMetrics, metrics_path: Optional[str] = None,
                ssl_context: Optional[ssl.SSLContext] = None):
+    """Args:
+      predictor: answers Predict, with the manager behind it.
+      max_body_bytes: the largest request body read.
+      timeout_seconds: each request's deadline (--rest_api_timeout_in_ms).
+      metrics: counts and access-logs each request.
+      metrics_path: where GET serves `metrics` as Prometheus text; None serves nothing.
+      ssl_context: None serves plain HTTP; else HTTPS with it (serving.tls).
+    """
     self.predictor = predictor
     self.max_body_bytes = max_body_bytes
     self.timeout_seconds = timeout_seconds
-    self.ssl_context = ssl_context  # None: plain HTTP; else HTTPS (serving.tls)
+    self.metrics = metrics
+    self.metrics_path = metrics_path
+    self.ssl_context = ssl_context
     self._server: Optional[_BoundedThreadingHTTPServer] = None
     self._thread: Optional[threading.Thread] = None
 
@@ -397,7 +433,8 @@ class RestApi:
             signature_map, preserving_proto_field_name=True)},
     }
 
-  def predict(self, name, version, label, body) -> dict:
+  def predict(self, name, version, label, body, on_reached=None) -> dict:
+    """`on_reached(version, signature_name)`: as Predictor.predict's."""
     if not isinstance(body, dict):
       raise errors.invalid_argument("the request body must be a JSON object")
     formats = [key for key in ("instances", "inputs") if key in body]
@@ -420,7 +457,8 @@ class RestApi:
 
     result = self.predictor.predict(name, version, label, signature_name, decode,
                                     client_timeout=self.timeout_seconds,
-                                    client_timeout_source="--rest_api_timeout_in_ms")
+                                    client_timeout_source="--rest_api_timeout_in_ms",
+                                    on_reached=on_reached)
     if row_format:
       return {"predictions": encode_row_format(result.outputs)}
     return {"outputs": encode_columnar_format(result.outputs)}

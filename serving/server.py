@@ -4,6 +4,7 @@
         [--rest_api_port=8501] [--enable_batching --batching_parameters_file=batching.config]
     python -m serving.server --model_name=realm_qa --model_base_path=/models/realm_qa
         [--ssl_config_file=ssl.config]
+    ... --rest_api_port=8501 --monitoring_config_file=monitoring.config   (Prometheus)
 
 Flags carry tensorflow_model_server's names and meanings, so the same command line and
 config files work with a real tensorflow_model_server; the realm_tf safety flags (--host,
@@ -61,6 +62,7 @@ from serving import tensors
 from serving import tls
 from serving.batching import BatchScheduler
 from serving.grpc_service import ModelServicer, PredictionServicer
+from serving.metrics import ServingMetrics
 from serving.model_manager import ASPIRED_VERSION_POLICIES, ModelManager
 from serving.prediction import Predictor
 from serving.rest import RestApi
@@ -89,6 +91,7 @@ class ServerOptions:
   enable_batching: bool = False
   batching_parameters_file: str = ""
   batching_options: Optional[config_lib.BatchingOptions] = None
+  monitoring_config_file: str = ""
   file_system_poll_wait_seconds: float = 1.0
   grpc_max_threads: int = 4 * _CPUS
   rest_api_num_threads: int = 4 * _CPUS
@@ -128,9 +131,11 @@ class ModelServer:
     self.rest_port: Optional[int] = None
     self.health = health.HealthServicer()
     self.max_decoded_bytes = options.max_message_bytes * tensors.DECODED_BYTES_PER_MESSAGE_BYTE
+    self.metrics = ServingMetrics(lambda name: self.manager.serves(name))
     self.manager = ModelManager(options.max_batch_size, self.max_decoded_bytes,
                                 on_change=self._on_model_change,
-                                aspired_version_policy=options.aspired_version_policy)
+                                aspired_version_policy=options.aspired_version_policy,
+                                metrics=self.metrics)
     self.batcher: Optional[BatchScheduler] = None
     self.predictor: Optional[Predictor] = None
     self._grpc_server = None
@@ -203,6 +208,15 @@ class ModelServer:
         config, source, [paths.resolve_root(options.model_root)] if options.model_root else [])
     self._allowed_roots = ([paths.resolve_root(options.model_root)] if options.model_root
                            else config_lib.default_allowed_roots(specs))
+    monitoring = config_lib.MonitoringOptions()
+    if options.monitoring_config_file:
+      monitoring = config_lib.read_monitoring_config(options.monitoring_config_file)
+    if monitoring.prometheus_enabled and options.rest_api_port is None:
+      # tensorflow_model_server serves Prometheus on its HTTP port only (and without one
+      # silently serves none): refused here, so enabled monitoring is never absent.
+      raise config_lib.ConfigError(
+          f"--monitoring_config_file {options.monitoring_config_file}: Prometheus metrics "
+          f"are served on the REST port; give --rest_api_port")
     batching = None
     if options.enable_batching:
       batching = options.batching_options or config_lib.read_batching_parameters(
@@ -213,7 +227,7 @@ class ModelServer:
       self.health.set(spec.name, health_pb2.HealthCheckResponse.NOT_SERVING)
     self.manager.set_config(specs)
     if batching is not None:
-      self.batcher = BatchScheduler(batching)
+      self.batcher = BatchScheduler(batching, self.metrics)
     self.predictor = Predictor(self.manager, options.max_batch_size,
                                options.request_timeout_seconds,
                                options.max_concurrent_requests, self.batcher)
@@ -226,9 +240,10 @@ class ModelServer:
         # headroom keeps status and health answering when Predict is at its limit.
         maximum_concurrent_rpcs=options.max_concurrent_requests + options.grpc_max_threads)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(self.predictor, self.max_decoded_bytes), self._grpc_server)
+        PredictionServicer(self.predictor, self.max_decoded_bytes, self.metrics),
+        self._grpc_server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-        ModelServicer(self.manager, self.reload_config), self._grpc_server)
+        ModelServicer(self.manager, self.reload_config, self.metrics), self._grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(self.health, self._grpc_server)
     address = _grpc_address(options.host, options.port)
     try:
@@ -245,7 +260,8 @@ class ModelServer:
     self._grpc_server.start()
     if options.rest_api_port is not None:
       self._rest = RestApi(self.predictor, options.max_message_bytes,
-                           options.rest_api_timeout_in_ms / 1000,
+                           options.rest_api_timeout_in_ms / 1000, self.metrics,
+                           monitoring.prometheus_path if monitoring.prometheus_enabled else None,
                            server_tls.ssl_context if server_tls else None)
       try:
         self.rest_port = self._rest.start(options.host, options.rest_api_port,
@@ -253,6 +269,9 @@ class ModelServer:
       except OSError as e:
         self.stop()
         raise OSError(f"cannot bind REST to {options.host}:{options.rest_api_port}: {e}") from None
+      if monitoring.prometheus_enabled:
+        log.info("Prometheus metrics on REST port %d at %s", self.rest_port,
+                 monitoring.prometheus_path)
     self.manager.start_polling(options.file_system_poll_wait_seconds)
     self.health.set("", health_pb2.HealthCheckResponse.SERVING)
     log.info("serving gRPC on %s%s; models %s", _grpc_address(options.host, self.port),
@@ -305,6 +324,9 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
   flags.DEFINE_bool("enable_batching", False, "Merge concurrent Predict requests.", **define)
   flags.DEFINE_string("batching_parameters_file", "",
                       "A BatchingParameters text proto (with --enable_batching).", **define)
+  flags.DEFINE_string("monitoring_config_file", "", "A MonitoringConfig text proto; "
+                      "prometheus_config { enable: true } serves Prometheus metrics on the "
+                      "REST port.", **define)
   flags.DEFINE_float("file_system_poll_wait_seconds", defaults.file_system_poll_wait_seconds,
                      "Seconds between polls of the base paths for new versions; 0 loads "
                      "once at start.", **define)
