@@ -4,12 +4,15 @@ the Dockerfile's image is the TF Serving release of the pinned TensorFlow, whose
 allow-list holds. A wrong field name or value in any of them fails here."""
 import pathlib
 import re
+import ssl
 import subprocess
+import urllib.request
 
 import grpc
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
+from prometheus_client.parser import text_string_to_metric_families
 
 from realm_tf.export import model_server_ops
 from serving import config as config_lib
@@ -22,17 +25,6 @@ MODELS = DEPLOY / "models.config"
 BATCHING = DEPLOY / "batching.config"
 MONITORING = DEPLOY / "monitoring.config"
 SSL_SCRIPT = DEPLOY / "ssl_config.sh"
-
-
-def _message_class(name: str):
-  """serving.config's class for a TF Serving config message that tensorflow-serving-api's
-  wheel does not ship. MonitoringConfig and SSLConfig arrive with --monitoring_config_file
-  and --ssl_config_file (issue 69's metrics and TLS parts); until then these tests skip,
-  saying so."""
-  found = getattr(config_lib, name, None)
-  if found is None:
-    pytest.skip(f"serving.config has no {name} yet (added with its server flag)")
-  return found
 
 
 def _parse(path: pathlib.Path, message):
@@ -61,16 +53,17 @@ def test_batching_config_is_batching_parameters():
 
 
 def test_monitoring_config_is_monitoring_config():
-  config = _parse(MONITORING, _message_class("MonitoringConfig")())
+  config = _parse(MONITORING, config_lib.MonitoringConfig())
   assert config.prometheus_config.enable
   assert config.prometheus_config.path == "/monitoring/prometheus/metrics"
 
 
 def _certificate(tmp_path: pathlib.Path) -> tuple:
-  """A self-signed key and certificate (PEM files) made here."""
+  """A self-signed key and certificate (PEM files) made here, valid for 127.0.0.1."""
   key, cert = tmp_path / "server.key", tmp_path / "server.crt"
   subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
-                  str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost"],
+                  str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+                  "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
                  check=True, capture_output=True)
   return key, cert
 
@@ -79,7 +72,7 @@ def test_ssl_config_script_writes_an_ssl_config_of_the_pem_files(tmp_path):
   key, cert = _certificate(tmp_path)
   written = subprocess.run(["bash", str(SSL_SCRIPT), str(key), str(cert), str(cert), "true"],
                            check=True, capture_output=True, text=True).stdout
-  config = text_format.Parse(written, _message_class("SSLConfig")())
+  config = text_format.Parse(written, config_lib.SSLConfig())
   assert config.server_key == key.read_text()
   assert config.server_cert == cert.read_text() == config.custom_ca
   assert config.client_verify
@@ -103,8 +96,10 @@ def test_ssl_config_script_refuses_bad_input_writing_nothing(tmp_path, args, err
 
 
 def test_serving_starts_with_the_deploy_configs_and_answers_by_label(tmp_path):
-  """models.config with its base_path moved under tmp_path (nothing else changed) and
-  batching.config as they are, given on serving/'s command line as to the binary."""
+  """models.config with its base_path moved under tmp_path (nothing else changed),
+  batching.config and monitoring.config as they are, and the SSL config ssl_config.sh
+  writes, given on serving/'s command line as to the binary: answered over TLS by label,
+  and Prometheus text served over HTTPS where monitoring.config says."""
   config = config_lib.read_model_server_config(str(MODELS))
   model = config.model_config_list.config[0]
   model.base_path = str(tmp_path / "models" / "realm_qa")
@@ -113,11 +108,19 @@ def test_serving_starts_with_the_deploy_configs_and_answers_by_label(tmp_path):
     serving_models.publish(built, model.base_path, version)
   moved = tmp_path / "models.config"
   moved.write_text(text_format.MessageToString(config))
-  options = parse_flags(["serving.server", "--port=0", f"--model_config_file={moved}",
+  key, cert = _certificate(tmp_path)
+  ssl_config = tmp_path / "ssl.config"
+  ssl_config.write_text(subprocess.run(["bash", str(SSL_SCRIPT), str(key), str(cert)],
+                                       check=True, capture_output=True, text=True).stdout)
+  options = parse_flags(["serving.server", "--port=0", "--rest_api_port=0",
+                         f"--model_config_file={moved}",
                          "--enable_batching", f"--batching_parameters_file={BATCHING}",
+                         f"--monitoring_config_file={MONITORING}",
+                         f"--ssl_config_file={ssl_config}",
                          f"--model_root={tmp_path / 'models'}"])
   server = ModelServer(options).start()
-  channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+  channel = grpc.secure_channel(
+      f"127.0.0.1:{server.port}", grpc.ssl_channel_credentials(cert.read_bytes()))
   try:
     assert server.batcher.options == config_lib.read_batching_parameters(str(BATCHING))
     stub = prediction_stub(channel)
@@ -127,6 +130,14 @@ def test_serving_starts_with_the_deploy_configs_and_answers_by_label(tmp_path):
       response = stub.Predict(request, timeout=RPC_TIMEOUT)
       assert response.model_spec.version.value == version
       assert outputs_of(response)["answer"][0].decode() == f"v{version}:WHO WROTE IT?"
+    path = config_lib.read_monitoring_config(str(MONITORING)).prometheus_path
+    with urllib.request.urlopen(f"https://127.0.0.1:{server.rest_port}{path}",
+                                timeout=RPC_TIMEOUT,
+                                context=ssl.create_default_context(cafile=str(cert))) as r:
+      families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    answered = [s for s in families[":tensorflow:serving:request_count"].samples
+                if s.name.endswith("_total") and s.labels.get("status") == "OK"]
+    assert sum(s.value for s in answered) == len(model.version_labels)
   finally:
     channel.close()
     server.stop(grace=0.5)
