@@ -2,6 +2,7 @@
 answers through their labels, the SSL config script writes an SSLConfig from PEM files, and
 the Dockerfile's image is the TF Serving release of the pinned TensorFlow, whose ops the
 allow-list holds. A wrong field name or value in any of them fails here."""
+import dataclasses
 import pathlib
 import re
 import ssl
@@ -112,13 +113,14 @@ def test_serving_starts_with_the_deploy_configs_and_answers_by_label(tmp_path):
   ssl_config = tmp_path / "ssl.config"
   ssl_config.write_text(subprocess.run(["bash", str(SSL_SCRIPT), str(key), str(cert)],
                                        check=True, capture_output=True, text=True).stdout)
-  options = parse_flags(["serving.server", "--port=0", "--rest_api_port=0",
+  options = parse_flags(["serving.server", "--port=0", "--rest_api_port=8501",
                          f"--model_config_file={moved}",
                          "--enable_batching", f"--batching_parameters_file={BATCHING}",
                          f"--monitoring_config_file={MONITORING}",
                          f"--ssl_config_file={ssl_config}",
                          f"--model_root={tmp_path / 'models'}"])
-  server = ModelServer(options).start()
+  # A free port for REST instead of the command line's 8501 (on the flag, 0 disables REST).
+  server = ModelServer(dataclasses.replace(options, rest_api_port=0)).start()
   channel = grpc.secure_channel(
       f"127.0.0.1:{server.port}", grpc.ssl_channel_credentials(cert.read_bytes()))
   try:
