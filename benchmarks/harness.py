@@ -538,6 +538,37 @@ def du_bytes(path: str, on_disk: bool = False) -> int:
   return sum(inode_sizes(path, on_disk).values())
 
 
+class DiskPeakSampler:
+  """Samples the disk held under a directory (du_bytes, on disk) on a thread while in its
+  `with`; `peak` is the largest sample, `samples` how many were taken. Why: a step's
+  largest disk use can come and go inside it (an import beside the release it reads, an
+  export beside the run), which a reading after the step misses."""
+
+  def __init__(self, path: str, every: float = 5.0):
+    self.path, self.every, self.peak, self.samples = path, every, 0, 0
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _sample(self):
+    self.peak = max(self.peak, du_bytes(self.path, on_disk=True))
+    self.samples += 1
+
+  def _run(self):
+    while True:
+      self._sample()
+      if self._stop.wait(self.every):
+        return
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+    self._sample()  # the step's end, however short it was
+
+
 def gib(n: float, digits: int = 3) -> float:
   """`n` bytes in GiB, rounded to `digits`."""
   return round(n / 2**30, digits)

@@ -23,24 +23,41 @@ Then the documented commands run, each as its own process, as a user runs them:
              ../shared/data when present; the weights are random, so exact match is not
              the point: memory and time are)
   export     python -m realm_tf.export --kinds realm_qa
-  serve      python -m serving.server on the export: load time, memory after load, p50/p99
+  serve      python -m serving.server on the export: load time, memory (the load's
+             sampled peak, after load, the hand-over's sampled peak, after it), p50/p99
              of --requests questions at one gRPC client (the official stubs), the served
-             blocks' texts
+             blocks' texts; with --embedding_generator, the recall questions' top-K read
+             over gRPC from the export's `retrieve_embedding` (serving.client.retrieve) and
+             kept as the reference of every recall below
   handover   a second version (hard links of the first) published while one client keeps
              asking, under availability_preserving and then resource_preserving: peak
              memory, time, and every request's outcome (0 failed is the target under
              availability_preserving; resource_preserving unloads first, by design)
-  scann      (with --embedding_generator) recall@5 against exact search over the same
-             index on generated questions, and search alone one question at a time (traced):
-             the import's ScaNN shards as the trainer searches them, at their own settings
-             and other leaf fractions and reorder counts, and as a realm_qa_scann export
-             serves them (no int8 reordering, candidates re-scored from float16); then
-             python -m realm_tf.export --kinds realm_qa_scann, served and handed over as
-             above
-Per step: wall time, peak RSS of the step's process (its own rusage; the server's sampled),
-disk used under --work_dir. The release's inputs are deleted once the import has committed
-(a disk budget of ~70 GB). The results file is rewritten after every step, so a
-late failure keeps the earlier rows; a failed step is recorded with its error.
+  scann      (with --embedding_generator; the questions: --recall_questions of the
+             generator's, drawn once into <work_dir>/recall_questions.npy)
+             scann_recall: the import's ScaNN shards as the trainer searches them (int8
+             reordering), in process, against exact search over the same index, at their
+             own settings and other leaf fractions and reorder counts, with search alone
+             one question at a time (traced);
+             export_scann: python -m realm_tf.export --kinds realm_qa_scann;
+             serve_scann: served and handed over as above, its recall@5 read over gRPC from
+             its `retrieve_embedding` against the exact export's served top-K (the target:
+             >= 0.95 at the default leaves), and retrieval alone one request at a time;
+             scann_authors: the REALM authors' configuration (scann_index.AUTHORS_PARAMS)
+             built over the same block_emb, one searcher over all blocks as they built it
+             (--authors_searcher per_shard: one a shard, merged), its recall@5 against the
+             same served reference
+Per step: its provenance (commit, start, wall seconds: harness.recorded), peak RSS of the
+step's process (its own rusage; the server's sampled), disk under --work_dir sampled
+every --disk_sample_seconds while the step runs (its peak) and read after it. The
+release's inputs are deleted once the import has committed (a disk budget of ~70 GB).
+The results file is rewritten after every step, so a late failure keeps the earlier rows;
+a failed step is recorded with its error. Targets (TARGETS) are stated with the margin
+they are met by or the amount they are missed by.
+
+Two full shards: the same command at --blocks 2054418 --index_shards 2 --name
+released_scale_two_shards (2 x 1,027,209 rows, the 13-shard run's shard size), in its own
+work dir.
 
 Results: benchmarks/results/<name>.json and .md. Run it alone on an idle machine: the
 steps need up to ~16 GiB and both cores.
@@ -98,9 +115,11 @@ def parse_args(argv=None):
                       "seeded clustered rows")
   parser.add_argument("--steps", default="import,evaluate,export,serve,scann",
                       help="steps to run (the release is always written first); scann: "
-                      "the realm_qa_scann export, served and handed over, and the recall "
-                      "and search time of its shards against exact search (needs "
-                      "--embedding_generator); scann_recall: that recall alone")
+                      "the trainer's ScaNN shards against exact search in process "
+                      "(scann_recall), the realm_qa_scann export, served (its recall read "
+                      "over gRPC against the exact export's, which serve reads) and handed "
+                      "over, and the authors' configuration (scann_authors; both need "
+                      "--embedding_generator); scann_recall, scann_authors: that step alone")
   parser.add_argument("--index_shards", type=int, default=13,
                       help="index shards of the import, each with its ScaNN searcher (13: "
                       "about 1.03M rows a shard, the size synthetic_embeddings' curves "
@@ -109,6 +128,11 @@ def parse_args(argv=None):
                       help="generated questions ScaNN's recall@5 against exact is measured on")
   parser.add_argument("--latency_questions", type=int, default=50,
                       help="questions searched one at a time for search-alone p50")
+  parser.add_argument("--authors_searcher", choices=("one", "per_shard"), default="one",
+                      help="the authors' configuration as one searcher over all blocks (as "
+                      "they built it) or one per index shard, merged (if one does not fit)")
+  parser.add_argument("--disk_sample_seconds", type=float, default=5.0,
+                      help="how often the work dir's disk use is sampled while a step runs")
   parser.add_argument("--name", default="released_scale", help="results file stem")
   parser.add_argument("--timeout", type=float, default=3600.0,
                       help="seconds a version may take to load")
@@ -384,8 +408,6 @@ def read_questions(count: int) -> list:
 
 # (leaves fraction, reorder count) searched beside the shards' own defaults (None, None).
 SEARCH_SETTINGS = ((None, None), (0.1, 100), (0.2, 100), (0.2, 250))
-# Leaves fractions the served index is measured at (None: each shard's own, a fifth).
-SERVED_LEAVES = (None, 0.1, 0.3)
 K = 5
 
 
@@ -422,52 +444,13 @@ def without(found: np.ndarray, excluded, k: int) -> np.ndarray:
   return out
 
 
-def served_scann_index(run_dir: str, checked):
-  """The index a realm_qa_scann export serves, assembled in this process as
-  `python -m realm_tf.export` assembles it: the imported run loaded (exporter.load_run)
-  and its default ScaNN module built (exporter.build_module: assembly.served_qa_module,
-  the shards without their int8 reordering and a float16 copy of the embeddings that
-  re-scores their candidates); its ServedIndex, which takes query embeddings.
-
-  Why not the exported SavedModel itself: its signatures take question text, and these
-  questions are generated embeddings. The checked rows are zeroed in the run's index
-  before the float16 copy is made: they re-score to 0 and rank below every real
-  candidate, while still taking the candidate slots ScaNN gives them (recall is measured
-  without them: `without`), so the served figure is pessimistic rather than helped by
-  them. The run's float32 index is let go once the module is built (the module holds its
-  own float16 copy).
-
-  Args:
-    run_dir: the imported run.
-    checked: block ids of the reference-checked rows.
-
-  Returns:
-    The ServedIndex over every block.
-  """
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
-  run = exporter.load_run(run_dir)
-  blocks = run.index.embedding_blocks
-  rows = np.searchsorted(run.index.store.block_ids, np.asarray(sorted(checked), np.int64))
-  for variable, (start, end) in zip(blocks.blocks, blocks.bounds):
-    mine = rows[(rows >= start) & (rows < end)] - start
-    if len(mine):
-      variable.scatter_update(tf.IndexedSlices(
-          tf.zeros([len(mine), blocks.dimension], variable.dtype), tf.constant(mine)))
-  served = exporter.build_module(run, "realm_qa_scann").index
-  del run, blocks
-  gc.collect()
-  return served
-
-
 def scann_recall(args, work: str) -> dict:
   """ScaNN's recall@5 against exact search over the imported index, on generated
   questions, and search alone, one question at a time, against exact: the index's own
-  shards (int8 reordering, ScaNN's scores: the trainer's host search) at their own settings
-  and SEARCH_SETTINGS; then as a realm_qa_scann export serves them (served_scann_index) at
-  SERVED_LEAVES."""
+  shards as the trainer's host search uses them (int8 reordering, ScaNN's scores) at their
+  own settings and SEARCH_SETTINGS. Not what a realm_qa_scann export serves: that recall
+  is read over gRPC from the published export (serve's served_recall)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from realm_tf.export.served_index import RESCORED_PER_NEIGHBOUR  # pylint: disable=g-import-not-at-top
   from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
   from realm_tf.io import layout  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import load_searcher, scann_index  # pylint: disable=g-import-not-at-top
@@ -506,7 +489,7 @@ def scann_recall(args, work: str) -> dict:
     return harness.percentiles(seconds)
 
   exact_latency = one_at_a_time(exact)
-  del exact  # 6.8 GiB at 13.35M blocks: not held beside the served index's copy
+  del exact  # 6.8 GiB at 13.35M blocks: not held beside the ScaNN shards
   gc.collect()
   start = time.time()
   scann = load_searcher(index, backend="scann")
@@ -523,22 +506,158 @@ def scann_recall(args, work: str) -> dict:
     with scann_index.searching_with(scann_index.SearchOptions(fraction, reorder)):
       rows.append(row(top(scann), one_at_a_time(scann), leaves_fraction=fraction,
                       reorder_num_neighbors=reorder))
-  del scann  # its int8 data: not held beside the served index's shards
-  gc.collect()
-  served = served_scann_index(run_dir, checked)
-  served_rows = []
-  for fraction in SERVED_LEAVES:
-    with scann_index.searching_with(scann_index.SearchOptions(fraction)):
-      # k = K, as a served question asks: its K x RESCORED_PER_NEIGHBOUR candidates.
-      served_rows.append(row(top(served, K), one_at_a_time(served), leaves_fraction=fraction,
-                             rescored_candidates=K * RESCORED_PER_NEIGHBOUR))
   return dict(questions=len(questions), shards=len(layouts), rows_left_out=len(checked),
               leaves=[l.num_leaves for l in layouts],
               leaves_searched=[l.num_leaves_to_search for l in layouts],
               exact_p50_ms=exact_latency["p50_ms"], exact_p99_ms=exact_latency["p99_ms"],
-              latency_questions=len(single), settings=rows, served=served_rows,
+              latency_questions=len(single), settings=rows,
               exact_load_seconds=round(exact_load_seconds, 1),
               scann_load_seconds=round(scann_load_seconds, 1),
+              peak_rss_gib=gib(harness.peak_rss_bytes(), 2))
+
+
+def recall_queries(args, work: str) -> np.ndarray:
+  """The generated questions every recall of this run is read on (generator_questions),
+  drawn once and kept in <work>/recall_questions.npy, so the exact and the ScaNN servers
+  and the authors' searcher are asked the same ones in whichever invocation runs them.
+
+  Returns:
+    [Q, 128] float32, Q >= --recall_questions.
+
+  Raises:
+    ValueError: no --embedding_generator (the questions are the generator's).
+  """
+  if not args.embedding_generator:
+    raise ValueError("the recall rows need --embedding_generator: their questions are the "
+                     "generator's")
+  path = os.path.join(work, "recall_questions.npy")
+  if os.path.exists(path):
+    kept = np.load(path)
+    if len(kept) >= args.recall_questions:
+      return kept
+  questions = generator_questions(args.embedding_generator, args.blocks,
+                                  args.recall_questions).astype(np.float32)
+  np.save(path + ".tmp.npy", questions)
+  os.replace(path + ".tmp.npy", path)  # whole or absent
+  return questions
+
+
+def recall_without(found: np.ndarray, truth: np.ndarray, excluded) -> float:
+  """recall of `truth` [Q, K] block ids in `found` [Q, K'], the `excluded` ids left out of
+  both: mean over questions of |found ∩ truth| / |truth|, questions whose truth is all
+  excluded passed over. Why: the served retrieve returns K blocks, not K plus the
+  --check_rows rows the in-process searches fetch (`without`); those rows (the NumPy
+  reference's embeddings, norms far above the generator's) check the import, not the
+  search, and where one tops exact's K it is counted in neither list."""
+  excluded = set(int(b) for b in excluded)
+  shares = []
+  for got, want in zip(found, truth):
+    want = set(int(b) for b in want) - excluded
+    if want:
+      shares.append(len(want & (set(int(b) for b in got) - excluded)) / len(want))
+  return float(np.mean(shares))
+
+
+def served_exact_top_path(work: str) -> str:
+  """Where the exact export's served top-K of the recall questions is kept: the reference
+  of the ScaNN export's and the authors' recall."""
+  return os.path.join(work, "served_exact_top.npy")
+
+
+def read_served_exact_top(work: str) -> np.ndarray:
+  """The exact export's served top-K ([Q, K] block ids) the serve step of realm_qa kept.
+
+  Raises:
+    FileNotFoundError: naming the file and the step that writes it.
+  """
+  path = served_exact_top_path(work)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: the exact export's served top-K, written by the "
+                            "serve step (realm_qa, availability_preserving); run it first")
+  return np.load(path)
+
+
+def served_retrieval(address: str, model: str, queries: np.ndarray, latency_questions: int,
+                     batch: int = 50) -> tuple:
+  """The served model's `retrieve_embedding` over gRPC (serving.client.retrieve, the
+  official stubs): every row of `queries` [Q, P] in requests of `batch`, then the first
+  `latency_questions` one request each, timed.
+
+  Returns:
+    (found [Q, K] int64 block ids, percentiles of the single-question requests).
+  """
+  import grpc  # pylint: disable=g-import-not-at-top
+  from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
+  from serving import client  # pylint: disable=g-import-not-at-top
+  with grpc.insecure_channel(address, options=[
+      ("grpc.max_receive_message_length", client.MAX_MESSAGE_BYTES)]) as channel:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    found = np.concatenate([
+        client.retrieve(stub, model, query_embeddings=queries[i:i + batch],
+                        timeout=300)["block_ids"] for i in range(0, len(queries), batch)])
+    seconds = []
+    for q in queries[:latency_questions]:
+      begin = time.perf_counter()
+      client.retrieve(stub, model, query_embeddings=q[None], timeout=300)
+      seconds.append(time.perf_counter() - begin)
+  return found, harness.percentiles(seconds)
+
+
+def authors_recall(args, work: str) -> dict:
+  """The REALM authors' ScaNN configuration (scann_index.AUTHORS_PARAMS, ORQA's builder
+  settings) built over this run's block_emb and read on the recall questions against the
+  exact export's served top-K (read_served_exact_top), in this same run as the shipped
+  export's served recall.
+
+  --authors_searcher one: one searcher over all blocks, as the authors built theirs (their
+  index is one searcher over the whole of block_emb); per_shard: one per index shard,
+  merged (a ShardedSearcher), for when one does not fit in memory. The step says which.
+  The checked rows are left out of both lists as in the served recall (recall_without).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
+  from realm_tf.io import layout, versioned  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import ScannSearcher, ShardedSearcher  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.index_export import load_shard_array  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval.scann_index import AUTHORS_PARAMS  # pylint: disable=g-import-not-at-top
+  truth = read_served_exact_top(work)
+  queries = recall_queries(args, work)[:len(truth)]
+  checked = tower_check.sample_rows(args.blocks, args.check_rows)
+  version = versioned.latest_version(layout.index_dir(os.path.join(work, "run")))
+  infos = version.manifest["shards"]
+
+  def shard(i):
+    return (load_shard_array(version, infos[i]["shard"], len(infos), "embeddings.npy"),
+            load_shard_array(version, infos[i]["shard"], len(infos), "block_ids.npy"))
+
+  start = time.time()
+  if args.authors_searcher == "one":
+    sizes = [int(info["num_blocks"]) for info in infos]
+    # [N, P] filled shard by shard: one copy of block_emb, not its shards and their concat.
+    vectors = np.empty([sum(sizes), BERT_BASE["projection_size"]], np.float32)
+    ids = np.empty([sum(sizes)], np.int64)
+    row = 0
+    for i in range(len(infos)):
+      embeddings, block_ids = shard(i)
+      vectors[row:row + len(block_ids)], ids[row:row + len(block_ids)] = embeddings, block_ids
+      row += len(block_ids)
+      del embeddings, block_ids
+    searcher = ScannSearcher.build(vectors, ids, params=AUTHORS_PARAMS)
+    del vectors, ids
+  else:
+    searcher = ShardedSearcher([ScannSearcher.build(*shard(i), params=AUTHORS_PARAMS)
+                                for i in range(len(infos))])
+  gc.collect()
+  build_seconds = time.time() - start
+  found = np.concatenate([searcher.search(tf.constant(queries[i:i + 50]), K).block_ids.numpy()
+                          for i in range(0, len(queries), 50)])
+  return dict(searcher=args.authors_searcher, searchers=1 if args.authors_searcher == "one"
+              else len(infos), params=dict(AUTHORS_PARAMS.to_dict(),
+                                           anisotropic_quantization_threshold="none"),
+              questions=len(queries), rows_left_out=len(checked),
+              recall_at_5=recall_without(found, truth[:, :K], checked),
+              reference="realm_qa's retrieve_embedding over gRPC (served_exact_top.npy)",
+              build_seconds=round(build_seconds, 1),
               peak_rss_gib=gib(harness.peak_rss_bytes(), 2))
 
 
@@ -584,10 +703,14 @@ class AskingClient:
     self._thread.join()
 
 
-def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa") -> dict:
+def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa",
+          recall: bool = False) -> dict:
   """serving.server on the export `model` (realm_qa or realm_qa_scann) under `policy`:
-  load, (latency) p50/p99 at one client, then a hand-over to a hard-linked copy while a
-  client keeps asking."""
+  load, (recall) the recall questions' top-K read over gRPC from its `retrieve_embedding`
+  (served_retrieval; realm_qa's is kept as the reference, realm_qa_scann's recall@5
+  against it), (latency) p50/p99 at one client, then a hand-over to a hard-linked copy
+  while a client keeps asking. Memory: the load's sampled peak, RSS after load and after
+  the hand-over, and the hand-over's sampled peak."""
   import grpc  # pylint: disable=g-import-not-at-top
   from tensorflow_serving.apis import prediction_service_pb2_grpc  # pylint: disable=g-import-not-at-top
   from benchmarks import scale  # pylint: disable=g-import-not-at-top
@@ -612,6 +735,26 @@ def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa") 
                   load_peak_rss_gib=gib(load_peak.peak, 2))
     time.sleep(1.0)
     result["rss_after_load_gib"] = gib(harness.rss_bytes(server.process.pid), 2)
+    if recall:
+      from realm_tf.import_released import tower_check  # pylint: disable=g-import-not-at-top
+      queries = recall_queries(args, work)
+      found, retrieve_latency = served_retrieval(address, model, queries,
+                                                 args.latency_questions)
+      served = dict(questions=len(queries), k=int(found.shape[1]),
+                    signature="retrieve_embedding",
+                    retrieve_p50_ms=retrieve_latency["p50_ms"],
+                    retrieve_p99_ms=retrieve_latency["p99_ms"],
+                    latency_questions=min(len(queries), args.latency_questions))
+      if model == "realm_qa":
+        np.save(served_exact_top_path(work) + ".tmp.npy", found)
+        os.replace(served_exact_top_path(work) + ".tmp.npy", served_exact_top_path(work))
+      else:
+        checked = tower_check.sample_rows(args.blocks, args.check_rows)
+        served.update(recall_at_5=recall_without(found[:, :K], read_served_exact_top(work)[:, :K],
+                                                 checked),
+                      rows_left_out=len(checked),
+                      reference="realm_qa's retrieve_embedding over gRPC")
+      result["served_recall"] = served
     with grpc.insecure_channel(address, options=[
         ("grpc.max_receive_message_length", 64 << 20)]) as channel:
       stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -650,38 +793,115 @@ def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa") 
 # ------------------------------------------------------------------------------- driver
 
 
+# Steps that compare searches in process rather than run the released path.
+MEASUREMENT_ONLY = ("scann_recall", "scann_authors")
+STEP_ORDER = ("release", "import", "evaluate", "export", "serve_availability_preserving",
+              "serve_resource_preserving", "scann_recall", "export_scann",
+              "serve_scann_availability_preserving", "scann_authors")
+
+
+def verdict(target: dict) -> str:
+  """'yes' with the margin, or '**no**' with by how much the target was missed, from the
+  target row's value and limit (rows without them: yes or no alone)."""
+  if target.get("value") is None or target.get("limit") is None:
+    return "yes" if target["met"] else "**no**"
+  gap = abs(target["value"] - target["limit"])
+  unit = target.get("unit", "")
+  if target["met"] and not gap:  # met exactly (0 failed of a 0 target): no margin to state
+    return "yes"
+  if target["met"]:
+    return f"yes ({gap:.{target.get('digits', 2)}f}{unit} to spare)"
+  return f"**no**: missed by {gap:.{target.get('digits', 2)}f}{unit}"
+
+
 def markdown(result: dict) -> str:
   steps = result.get("steps", {})
   lines = [f"# REALM's released path at {result.get('blocks', 0):,} blocks", "",
            "`python -m benchmarks.released_scale` (module docstring: what is written and run). "
            "Machine: " + json.dumps(result.get("machine", {}), sort_keys=True), "",
-           "| step | wall | peak RSS | disk under the work dir after it | notes |",
-           "|---|---:|---:|---:|---|"]
-  for name in ("release", "import", "evaluate", "export", "serve_availability_preserving",
-               "serve_resource_preserving", "scann_recall", "export_scann",
-               "serve_scann_availability_preserving"):
+           "Each step's start (UTC), the commit it ran at and its wall come from the step "
+           "itself; disk is sampled under the work dir while the step runs (its peak) and "
+           "read after it.", "",
+           "| step | started | commit | wall | peak RSS | disk peak while running | "
+           "disk after | notes |", "|---|---|---|---:|---:|---:|---:|---|"]
+  for name in STEP_ORDER:
     step = steps.get(name)
     if step is None:
       continue
+    made = step.get("provenance", {})
+    when, commit = made.get("started", "not recorded"), made.get("commit", "not recorded")[:12]
     if "error" in step:
-      lines.append(f"| {name} | | | | **failed**: {step['error'][:200]} |")
+      lines.append(f"| {name} | {when} | {commit} | {step.get('seconds', '')} s | | "
+                   f"{step.get('disk_peak_gb', '')} GB | | **failed**: "
+                   f"{step['error'][:200]} |")
       continue
-    peak = step.get("peak_rss_gib", step.get("handover_peak_rss_gib"))
-    notes = step.get("notes", "")
-    lines.append(f"| {name} | {step.get('seconds', step.get('load_seconds', ''))} s | "
-                 f"{peak} GiB | {step.get('disk_gb', '')} GB | {notes} |")
+    peak = step.get("peak_rss_gib", step.get("server_peak_rss_gib"))
+    disk_peak = (f"{step['disk_peak_gb']} GB" if "disk_peak_gb" in step
+                 else "not sampled (an earlier version of this benchmark)")
+    lines.append(f"| {name} | {when} | {commit} | "
+                 f"{step.get('seconds', step.get('load_seconds', ''))} s | {peak} GiB | "
+                 f"{disk_peak} | {step.get('disk_gb', '')} GB "
+                 f"| {step.get('notes', '')} |")
+  servers = [(n, steps[n]) for n in STEP_ORDER
+             if n.startswith("serve") and "load_peak_rss_gib" in steps.get(n, {})]
+  if servers:
+    lines += ["", "## Memory per server (GiB)", "",
+              "| server | load peak | after load | hand-over peak | after hand-over |",
+              "|---|---:|---:|---:|---:|"]
+    for name, step in servers:
+      lines.append(f"| {name} | {step['load_peak_rss_gib']} | {step['rss_after_load_gib']} | "
+                   f"{step['handover_peak_rss_gib']} | {step['rss_after_handover_gib']} |")
+  exact_served = steps.get("serve_availability_preserving", {}).get("served_recall")
+  scann_served = steps.get("serve_scann_availability_preserving", {}).get("served_recall")
+  authors = steps.get("scann_authors", {})
   recall = steps.get("scann_recall", {})
-  unvalidated = generator_validation(result) if "settings" in recall else ""
+  unvalidated = (generator_validation(result) if (scann_served or "recall_at_5" in authors
+                                                  or "settings" in recall) else "")
+  # Every recall row below is drawn from the generator: each section says whether it was
+  # validated out of sample.
+  validation = (f"**{unvalidated[0].upper() + unvalidated[1:]}.**" if unvalidated else
+                "Generator validated out of sample (benchmarks/results/synthetic_embeddings.md).")
+  if scann_served and "recall_at_5" in scann_served:
+    lines += ["", f"## Served recall over gRPC ({scann_served['questions']:,} generated "
+              "questions)", "",
+              validation, "",
+              "Both exports are published by `python -m realm_tf.export` and served by "
+              "`python -m serving.server`; each question's top "
+              f"{scann_served['k']} is read from the export's `retrieve_embedding` signature "
+              "(serving.client.retrieve, the official stubs): the same search `answer` "
+              "runs, from the query embedding. The reference is the exact export's "
+              "(realm_qa) served top-K of the same questions: exact inner-product search over "
+              "the same block_emb, what a user of the exact export gets. The "
+              f"{scann_served['rows_left_out']} reference-checked rows are left out of both "
+              "lists.", "",
+              "| export | recall@5 against exact | retrieve p50 ms | retrieve p99 ms |",
+              "|---|---:|---:|---:|"]
+    if exact_served:
+      lines.append(f"| realm_qa (exact: the reference) | 1 | {exact_served['retrieve_p50_ms']:.1f}"
+                   f" | {exact_served['retrieve_p99_ms']:.1f} |")
+    lines.append(f"| realm_qa_scann (default: each shard's own leaves, float16 re-scoring) | "
+                 f"{scann_served['recall_at_5']:.3f} | {scann_served['retrieve_p50_ms']:.1f} | "
+                 f"{scann_served['retrieve_p99_ms']:.1f} |")
+  if "recall_at_5" in authors:
+    how = ("one searcher over all blocks, as they built it" if authors["searcher"] == "one"
+           else f"one searcher per index shard ({authors['searchers']}), merged")
+    lines += ["", "## The authors' ScaNN configuration, same run", "", validation, "",
+              f"`{json.dumps(authors['params'], sort_keys=True)}`, built in process over the "
+              f"run's block_emb: {how} ({authors['build_seconds']} s to build, peak "
+              f"{authors['peak_rss_gib']} GiB). recall@5 against the exact export's served "
+              f"top-K, the same {authors['questions']:,} questions: "
+              f"**{authors['recall_at_5']:.3f}**"
+              + (f" (the shipped export, served: {scann_served['recall_at_5']:.3f})"
+                 if scann_served and "recall_at_5" in scann_served else "") + "."]
   if "settings" in recall:
-    lines += ["", f"## ScaNN against exact search ({recall['questions']:,} generated "
-              f"questions; {recall['shards']} shards of {min(recall['leaves'])}-"
-              f"{max(recall['leaves'])} leaves, {min(recall['leaves_searched'])}-"
-              f"{max(recall['leaves_searched'])} searched by default; the "
+    lines += ["", f"## The trainer's ScaNN shards against exact search, in process "
+              f"({recall['questions']:,} generated questions; {recall['shards']} shards of "
+              f"{min(recall['leaves'])}-{max(recall['leaves'])} leaves, "
+              f"{min(recall['leaves_searched'])}-{max(recall['leaves_searched'])} searched by "
+              f"default; int8 reordering, ScaNN's scores; the "
               f"{recall.get('rows_left_out', 0)} reference-checked rows left out of both "
-              "searches: `without`)", "",
-              f"**{unvalidated[0].upper() + unvalidated[1:]}.**" if unvalidated else
-              "Generator validated out of sample (benchmarks/results/synthetic_embeddings.md).",
-              "",
+              "searches: `without`). Not what the export serves (above).", "",
+              validation, "",
               f"Search alone, one question at a time (traced, every shard, merged): exact p50 "
               f"{recall['exact_p50_ms']:.1f} ms.", "",
               "| leaves searched | reordered | recall@5 | p50 ms | p99 ms | p50 / exact |",
@@ -693,25 +913,12 @@ def markdown(result: dict) -> str:
       lines.append(f"| {fraction} | {reorder} | {row['recall_at_5']:.3f} | "
                    f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
                    f"{row['p50_over_exact']:.3f} |")
-    if "served" in recall:
-      lines += ["", "As a realm_qa_scann export serves them (`served_scann_index`: the shards "
-                "without their int8 reordering, each question's candidates re-scored from "
-                "float16 embeddings):", "",
-                "| leaves searched | candidates re-scored | recall@5 | p50 ms | p99 ms | "
-                "p50 / exact |", "|---|---:|---:|---:|---:|---:|"]
-      for row in recall["served"]:
-        fraction = ("each shard's own" if row["leaves_fraction"] is None
-                    else f"{row['leaves_fraction']:.2f} of each shard's")
-        lines.append(f"| {fraction} | {row['rescored_candidates']} | "
-                     f"{row['recall_at_5']:.3f} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
-                     f"{row['p50_over_exact']:.3f} |")
   lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
   for target in result.get("targets", []):
     measured = target["measured"]
     if unvalidated and target["what"].startswith(RECALL_TARGET):
       measured += f" ({unvalidated.split(':')[0]})"
-    lines.append(f"| {target['what']} | {measured} | "
-                 f"{'yes' if target['met'] else '**no**'} |")
+    lines.append(f"| {target['what']} | {measured} | {verdict(target)} |")
   lines += ["", "## Details", "", "```json",
             json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=2,
                        sort_keys=True), "```", ""]
@@ -719,26 +926,50 @@ def markdown(result: dict) -> str:
 
 
 def targets(result: dict) -> list:
+  """Each target's row: what, the measured figure, met, and (where it is a number against
+  a limit) value, limit and unit, from which the Markdown says by how much it was met or
+  missed."""
   steps = result["steps"]
   rows = []
 
-  def add(what, measured, met):
-    rows.append(dict(what=what, measured=measured, met=bool(met)))
+  def add(what, measured, met, value=None, limit=None, unit="", digits=2):
+    rows.append(dict(what=what, measured=measured, met=bool(met), value=value, limit=limit,
+                     unit=unit, digits=digits))
 
-  peaks = {n: s.get("peak_rss_gib", s.get("server_peak_rss_gib")) for n, s in steps.items()
-           if "error" not in s and n != "release"}
+  def at_most(what, value, limit, unit=" GiB", digits=2, measured=None):
+    add(what, measured or f"{value}{unit}", value <= limit, value, limit, unit, digits)
+
+  def peak_of(step):
+    return max((step.get(k) or 0.0) for k in ("peak_rss_gib", "server_peak_rss_gib",
+                                              "load_peak_rss_gib", "handover_peak_rss_gib"))
+
+  peaks = {n: peak_of(s) for n, s in steps.items()
+           if "error" not in s and n not in ("release", "finished")}
   if peaks:
-    worst = max(peaks.items(), key=lambda kv: kv[1] or 0)
-    add(f"every step's peak RSS <= {TARGETS['peak_gib']} GiB", f"{worst[1]} GiB ({worst[0]})",
-        worst[1] <= TARGETS["peak_gib"])
-  if "peak_rss_gib" in steps.get("evaluate", {}):
-    add(f"realm_tf.evaluate peak <= {TARGETS['evaluate_peak_gib']} GiB",
-        f"{steps['evaluate']['peak_rss_gib']} GiB",
-        steps["evaluate"]["peak_rss_gib"] <= TARGETS["evaluate_peak_gib"])
-  if "peak_rss_gib" in steps.get("export", {}):
-    add(f"realm_tf.export peak <= {TARGETS['export_peak_gib']} GiB",
-        f"{steps['export']['peak_rss_gib']} GiB",
-        steps["export"]["peak_rss_gib"] <= TARGETS["export_peak_gib"])
+    worst = max(peaks.items(), key=lambda kv: kv[1])
+    at_most(f"every step's peak RSS <= {TARGETS['peak_gib']} GiB", worst[1],
+            TARGETS["peak_gib"], measured=f"{worst[1]} GiB ({worst[0]})")
+  for name, key in (("evaluate", "evaluate_peak_gib"), ("export", "export_peak_gib"),
+                    ("export_scann", "scann_export_peak_gib")):
+    if "peak_rss_gib" in steps.get(name, {}):
+      at_most(f"{name} peak <= {TARGETS[key]} GiB", steps[name]["peak_rss_gib"],
+              TARGETS[key])
+  # Three readings per server against its target: a ScaNN version as served (its load's
+  # peak, after load, after the hand-over) <= scann_served_gib and its hand-over's peak <=
+  # scann_handover_gib; the exact export's, every reading <= the machine's peak_gib.
+  for name in ("serve_availability_preserving", "serve_resource_preserving",
+               "serve_scann_availability_preserving"):
+    step = steps.get(name, {})
+    if "load_peak_rss_gib" not in step:
+      continue
+    scann = step.get("model") == "realm_qa_scann"
+    served = TARGETS["scann_served_gib"] if scann else TARGETS["peak_gib"]
+    handover = TARGETS["scann_handover_gib"] if scann else TARGETS["peak_gib"]
+    for reading, key, limit in (("load peak", "load_peak_rss_gib", served),
+                                ("after load", "rss_after_load_gib", served),
+                                ("after hand-over", "rss_after_handover_gib", served),
+                                ("hand-over peak", "handover_peak_rss_gib", handover)):
+      at_most(f"{name}: {reading} <= {limit} GiB", step[key], limit)
   # resource_preserving unloads the old version before loading the new one, as TF Serving's
   # policy of that name does: its failures are the policy's gap, measured, not a target.
   for name in ("serve_availability_preserving", "serve_scann_availability_preserving"):
@@ -747,50 +978,52 @@ def targets(result: dict) -> list:
       add(f"0 failed requests through the {step.get('model', 'realm_qa')} hand-over "
           "(availability_preserving)",
           f"{step['failed_requests']} of {step['requests_during_handover']}",
-          step["failed_requests"] == 0)
-  if "peak_rss_gib" in steps.get("export_scann", {}):
-    add(f"realm_qa_scann export peak <= {TARGETS['scann_export_peak_gib']} GiB",
-        f"{steps['export_scann']['peak_rss_gib']} GiB",
-        steps["export_scann"]["peak_rss_gib"] <= TARGETS["scann_export_peak_gib"])
+          step["failed_requests"] == 0, step["failed_requests"], 0, " requests", 0)
   served = steps.get("serve_scann_availability_preserving", {})
-  if "rss_after_load_gib" in served:
-    add(f"realm_qa_scann served version <= {TARGETS['scann_served_gib']} GiB",
-        f"{served['rss_after_load_gib']} GiB",
-        served["rss_after_load_gib"] <= TARGETS["scann_served_gib"])
-    add(f"realm_qa_scann hand-over peak <= {TARGETS['scann_handover_gib']} GiB",
-        f"{served['handover_peak_rss_gib']} GiB",
-        served["handover_peak_rss_gib"] <= TARGETS["scann_handover_gib"])
   exact_served = steps.get("serve_availability_preserving", {})
-  recall = steps.get("scann_recall", {})
-  # The served index at the shards' own leaves: what serving_default searches.
-  own = recall["served"][0] if "served" in recall else None
+  scann_recall = served.get("served_recall", {})
+  exact_recall = exact_served.get("served_recall", {})
   if "p50_ms" in served and "p50_ms" in exact_served:
     ratio = served["p50_ms"] / exact_served["p50_ms"]
     measured = f"{ratio:.2f} ({served['p50_ms']:.0f} / {exact_served['p50_ms']:.0f} ms)"
-    if own is not None:
-      # What no index can shorten: each export's p50 less its search alone (the reader,
+    if "retrieve_p50_ms" in scann_recall and "retrieve_p50_ms" in exact_recall:
+      # What no index can shorten: each export's p50 less its served retrieval (the reader,
       # tokenising, the block texts). With no search at all, the ScaNN export's request
       # would still take rest[0] of the exact export's p50.
-      rest = (served["p50_ms"] - own["p50_ms"], exact_served["p50_ms"] - recall["exact_p50_ms"])
-      measured += (f"; not search {rest[0]:.0f} / {rest[1]:.0f} ms: with no search at all "
-                   f"{rest[0] / exact_served['p50_ms']:.2f}")
-    add(f"end-to-end p50, ScaNN export / exact export <= "
-        f"{TARGETS['end_to_end_p50_over_exact']}", measured,
-        ratio <= TARGETS["end_to_end_p50_over_exact"])
-  if own is not None:
-    how = "served: no int8 reordering, float16 re-scoring"
-    add(f"{RECALL_TARGET} >= {TARGETS['scann_recall_at_5']} "
-        f"({recall['questions']} generated questions, the shards' own leaves, {how})",
-        f"{own['recall_at_5']:.3f}", own["recall_at_5"] >= TARGETS["scann_recall_at_5"])
-    add(f"search alone p50, ScaNN / exact <= {TARGETS['search_p50_over_exact']} ({how})",
-        f"{own['p50_over_exact']:.3f} ({own['p50_ms']:.1f} / {recall['exact_p50_ms']:.0f} ms)",
-        own["p50_over_exact"] <= TARGETS["search_p50_over_exact"])
+      rest = (served["p50_ms"] - scann_recall["retrieve_p50_ms"],
+              exact_served["p50_ms"] - exact_recall["retrieve_p50_ms"])
+      measured += (f"; not retrieval {rest[0]:.0f} / {rest[1]:.0f} ms: with no search at "
+                   f"all {rest[0] / exact_served['p50_ms']:.2f}")
+    at_most(f"end-to-end p50, ScaNN export / exact export <= "
+            f"{TARGETS['end_to_end_p50_over_exact']}", round(ratio, 3),
+            TARGETS["end_to_end_p50_over_exact"], unit="", measured=measured)
+  if "recall_at_5" in scann_recall:
+    target = TARGETS["scann_recall_at_5"]
+    add(f"{RECALL_TARGET} >= {target} ({scann_recall['questions']} generated questions, "
+        "read over gRPC from the served realm_qa_scann's retrieve_embedding against the "
+        "served realm_qa's; default leaves, float16 re-scoring)",
+        f"{scann_recall['recall_at_5']:.3f}", scann_recall["recall_at_5"] >= target,
+        round(scann_recall["recall_at_5"], 4), target, "", 3)
+  if "retrieve_p50_ms" in scann_recall and "retrieve_p50_ms" in exact_recall:
+    ratio = scann_recall["retrieve_p50_ms"] / exact_recall["retrieve_p50_ms"]
+    at_most(f"retrieval as served p50, ScaNN / exact <= {TARGETS['search_p50_over_exact']} "
+            "(retrieve_embedding over gRPC, one question a request)", round(ratio, 4),
+            TARGETS["search_p50_over_exact"], unit="", digits=3,
+            measured=f"{ratio:.3f} ({scann_recall['retrieve_p50_ms']:.1f} / "
+                     f"{exact_recall['retrieve_p50_ms']:.1f} ms)")
   if "max_disk_gb" in result:
-    add(f"disk <= {TARGETS['disk_gb']} GB", f"{result['max_disk_gb']} GB",
-        result["max_disk_gb"] <= TARGETS["disk_gb"])
+    sampled = any("disk_peak_gb" in step for step in steps.values())
+    at_most(f"disk <= {TARGETS['disk_gb']} GB ("
+            + ("sampled while each step ran)" if sampled else "read after each step only)"),
+            result["max_disk_gb"], TARGETS["disk_gb"], unit=" GB", digits=1)
   if result.get("done"):
-    add(f"whole run (its steps' walls) <= {TARGETS['wall_seconds'] / 3600:.0f} h",
-        f"{result['seconds'] / 60:.1f} min", result["seconds"] <= TARGETS["wall_seconds"])
+    # The released path a user runs; the in-process comparisons (MEASUREMENT_ONLY) are
+    # this benchmark's own questions, not part of deploying.
+    path = sum(step.get("seconds", 0.0) for name, step in steps.items()
+               if name not in MEASUREMENT_ONLY + ("finished",))
+    at_most(f"the released path (its steps' walls, not {', '.join(MEASUREMENT_ONLY)}) <= "
+            f"{TARGETS['wall_seconds'] / 3600:.0f} h", round(path / 60, 1),
+            TARGETS["wall_seconds"] / 60, unit=" min", digits=1)
   return rows
 
 
@@ -814,7 +1047,10 @@ def run(args) -> dict:
 
   def record(name: str, step: dict):
     step["disk_gb"] = round(du_bytes(work, on_disk=True) / 1e9, 1)
-    result["max_disk_gb"] = max(result.get("max_disk_gb", 0.0), step["disk_gb"])
+    # The run's disk figure is the largest sampled while any step ran (attempt), or read
+    # after one.
+    result["max_disk_gb"] = max(result.get("max_disk_gb", 0.0), step["disk_gb"],
+                                step.get("disk_peak_gb", 0.0))
     result["steps"][name] = step
     # The whole run: its steps' walls, whichever invocation ran each (the full size runs
     # in several; an invocation's own time is its 'finished' row).
@@ -825,16 +1061,29 @@ def run(args) -> dict:
     log(f"{name}: {json.dumps({k: v for k, v in step.items() if k != 'output_tail'})[:400]}")
 
   def attempt(name: str, body):
-    started = time.time()
-    try:
-      step = body()
-      step.setdefault("seconds", round(time.time() - started, 1))  # a step's own wall
-      record(name, step)
-      return True
-    except Exception as e:  # pylint: disable=broad-except
-      record(name, dict(error=f"{type(e).__name__}: {e}"[-3000:],
-                        seconds=round(time.time() - started, 1)))
-      return False
+    """Runs one step with the work dir's disk sampled while it runs (its peak recorded)
+    and its provenance (harness.recorded: commit, start, wall seconds); records it, or its
+    error with the same provenance."""
+    failed = {}
+
+    def guarded():
+      try:
+        return body()
+      except Exception as e:  # pylint: disable=broad-except
+        failed["error"] = f"{type(e).__name__}: {e}"[-3000:]
+        return {}
+
+    with harness.DiskPeakSampler(work, every=args.disk_sample_seconds) as disk:
+      step = harness.recorded(guarded)()
+    step["disk_peak_gb"] = round(disk.peak / 1e9, 1)
+    step["disk_samples"] = disk.samples
+    if failed:
+      step = dict(error=failed["error"], provenance=step["provenance"],
+                  disk_peak_gb=step["disk_peak_gb"], disk_samples=disk.samples)
+    # A step's own wall: a step that timed itself (a reused release) keeps its figure.
+    step.setdefault("seconds", step["provenance"]["seconds"])
+    record(name, step)
+    return not failed
 
   python = sys.executable
   def do_release():
@@ -906,9 +1155,11 @@ def run(args) -> dict:
 
   if "export" in wanted and not attempt("export", lambda: do_export("realm_qa")):
     wanted.discard("serve")
+  recall = bool(args.embedding_generator)  # the served recall rows need the generator
   if "serve" in wanted:
     attempt("serve_availability_preserving",
-            lambda: serve(args, work, "availability_preserving", latency=True))
+            lambda: serve(args, work, "availability_preserving", latency=True,
+                          recall=recall))
     attempt("serve_resource_preserving",
             lambda: serve(args, work, "resource_preserving", latency=False))
   if wanted & {"scann", "scann_recall"}:  # scann_recall alone: the recall step only
@@ -917,7 +1168,11 @@ def run(args) -> dict:
     if attempt("export_scann", lambda: do_export("realm_qa_scann")):
       attempt("serve_scann_availability_preserving",
               lambda: serve(args, work, "availability_preserving", latency=True,
-                            model="realm_qa_scann"))
+                            model="realm_qa_scann", recall=recall))
+  if wanted & {"scann", "scann_authors"}:
+    # After the exact server kept its served top-K (the reference); its own process, so
+    # its memory is its own.
+    attempt("scann_authors", lambda: PHASES.run(args, work, "scann_authors"))
   # Last: at BERT-base on a 2-core CPU it is the longest step (a question is five reader
   # passes of 320 wordpieces), and its memory peaks as soon as the index is loaded.
   if "evaluate" in wanted:
@@ -928,7 +1183,8 @@ def run(args) -> dict:
 
 
 PHASES = harness.Phases("benchmarks.released_scale",
-                        dict(release=write_release, scann_recall=scann_recall), log=log)
+                        dict(release=write_release, scann_recall=scann_recall,
+                             scann_authors=authors_recall), log=log)
 
 
 def main(argv=None) -> int:

@@ -24,6 +24,10 @@ the fraction of each ScaNN shard's tree leaves searched) and reorder_num_neighbo
 (int32, at least the blocks retrieved: the candidates re-scored). --leaves_fraction and
 --reorder_num_neighbors (both or neither) send them, to that signature by default.
 
+Every QA export also serves `retrieve` (question [B] → block_ids int64 [B, K],
+block_titles string [B, K], retrieval_scores float32 [B, K], nothing read) and
+`retrieve_embedding` (query_embedding float32 [B, P] → the same outputs): `retrieve` below.
+
 TLS (a server started with --ssl_config_file): --ssl_ca_file is the CA that signed the
 server's certificate (default: the system's roots, with --tls); --ssl_cert_file and
 --ssl_key_file are this client's certificate and key, for a server that checks them
@@ -44,6 +48,10 @@ QUESTION = "question"
 SEARCH_OPTIONS_SIGNATURE = "answer_with_search_options"
 LEAVES_FRACTION = "leaves_fraction"
 REORDER_NUM_NEIGHBORS = "reorder_num_neighbors"
+RETRIEVE_SIGNATURE = "retrieve"
+RETRIEVE_EMBEDDING_SIGNATURE = "retrieve_embedding"
+QUERY_EMBEDDING = "query_embedding"
+RETRIEVE_OUTPUTS = ("block_ids", "block_titles", "retrieval_scores")
 PER_QUESTION = ("answer", "score", "answer_block")
 PER_BLOCK = ("block_ids", "block_titles", "block_texts", "retrieval_probs")
 MAX_MESSAGE_BYTES = 64 << 20
@@ -135,6 +143,62 @@ def ask(stub: prediction_service_pb2_grpc.PredictionServiceStub, questions: Sequ
         "blocks": blocks,
     })
   return answers
+
+
+def retrieve(stub: prediction_service_pb2_grpc.PredictionServiceStub,
+             model: str = "realm_qa", questions: Optional[Sequence[str]] = None,
+             query_embeddings: Optional[np.ndarray] = None, timeout: float = 10.0) -> dict:
+  """One Predict on `retrieve` (questions) or `retrieve_embedding` (query embeddings):
+  the K blocks the model's search finds for each, best first, nothing read.
+
+  Args:
+    stub: a PredictionService stub on a gRPC channel.
+    model: the served model's name.
+    questions: B question strings, or
+    query_embeddings: [B, P] float32 query embeddings (the query tower's output space);
+      exactly one of the two.
+    timeout: the request's deadline in seconds.
+
+  Returns:
+    {"block_ids": int64 [B, K], "block_titles": [B, K] str, "retrieval_scores": float32
+    [B, K]}.
+
+  Raises:
+    ValueError: neither or both inputs, an empty request, or a response without the
+      retrieve outputs or with another number of rows.
+    grpc.RpcError: the server's error.
+  """
+  if (questions is None) == (query_embeddings is None):
+    raise ValueError("retrieve: give questions or query_embeddings, one of them")
+  request = predict_pb2.PredictRequest()
+  request.model_spec.name = model
+  if questions is not None:
+    request.model_spec.signature_name = RETRIEVE_SIGNATURE
+    encoded = np.array([q.encode("utf-8") for q in questions], dtype=object)  # [B]
+    request.inputs[QUESTION].CopyFrom(tf.make_tensor_proto(encoded))
+    batch = len(encoded)
+  else:
+    embeddings = np.asarray(query_embeddings, np.float32)
+    if embeddings.ndim != 2:
+      raise ValueError(f"retrieve: query_embeddings must be [B, P], got shape "
+                       f"{list(embeddings.shape)}")
+    request.model_spec.signature_name = RETRIEVE_EMBEDDING_SIGNATURE
+    request.inputs[QUERY_EMBEDDING].CopyFrom(tf.make_tensor_proto(embeddings))  # [B, P]
+    batch = len(embeddings)
+  if not batch:
+    raise ValueError("retrieve: an empty request")
+  response = stub.Predict(request, timeout=timeout)
+  out = {}
+  for name in RETRIEVE_OUTPUTS:
+    if name not in response.outputs:
+      raise ValueError(f"the response of model {model!r} has no output {name!r} "
+                       f"(it has {sorted(response.outputs)})")
+    out[name] = tf.make_ndarray(response.outputs[name])
+    if out[name].ndim != 2 or out[name].shape[0] != batch:
+      raise ValueError(f"output {name!r} has shape {list(out[name].shape)}; expected "
+                       f"[{batch}, K]")
+  out["block_titles"] = np.vectorize(_text, otypes=[object])(out["block_titles"])
+  return out
 
 
 def format_answer(answer: dict, top_blocks: int) -> str:

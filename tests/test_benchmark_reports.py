@@ -480,17 +480,83 @@ def test_staleness_is_the_overlap_of_two_searches_and_the_drift_of_the_documents
 
 def test_released_scale_end_to_end_row_says_what_search_leaves():
   """The end-to-end target's row: the ratio of the two exports' p50, each p50 less its
-  search alone, and the ratio the ScaNN export would keep with no search at all."""
+  retrieval as served (retrieve_embedding over gRPC), and the ratio the ScaNN export would
+  keep with no search at all; by how much it is missed."""
   from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
   result = dict(steps=dict(
-      serve_availability_preserving=dict(p50_ms=4000.0, peak_rss_gib=1.0),
-      serve_scann_availability_preserving=dict(p50_ms=3010.0, peak_rss_gib=1.0),
-      scann_recall=dict(exact_p50_ms=1000.0, peak_rss_gib=1.0, questions=3, served=[dict(
-          p50_ms=10.0, recall_at_5=0.97, p50_over_exact=0.01)])))
+      serve_availability_preserving=dict(p50_ms=4000.0, peak_rss_gib=1.0, served_recall=dict(
+          retrieve_p50_ms=1000.0)),
+      serve_scann_availability_preserving=dict(p50_ms=3010.0, peak_rss_gib=1.0,
+                                               served_recall=dict(retrieve_p50_ms=10.0))))
   row = next(r for r in released_scale.targets(result) if r["what"].startswith("end-to-end"))
-  assert row["measured"] == ("0.75 (3010 / 4000 ms); not search 3000 / 3000 ms: with no "
+  assert row["measured"] == ("0.75 (3010 / 4000 ms); not retrieval 3000 / 3000 ms: with no "
                              "search at all 0.75")
   assert not row["met"]
-  del result["steps"]["scann_recall"]  # without the search rows, the ratio alone
+  assert released_scale.verdict(row) == "**no**: missed by 0.45"
+  for step in result["steps"].values():  # without the served retrieval, the ratio alone
+    del step["served_recall"]
   row = next(r for r in released_scale.targets(result) if r["what"].startswith("end-to-end"))
   assert row["measured"] == "0.75 (3010 / 4000 ms)"
+
+
+def _server_row(model, load_peak, after_load, handover_peak, after_handover, **more):
+  return dict(model=model, load_peak_rss_gib=load_peak, rss_after_load_gib=after_load,
+              handover_peak_rss_gib=handover_peak, rss_after_handover_gib=after_handover,
+              server_peak_rss_gib=max(load_peak, handover_peak), **more)
+
+
+def test_released_scale_reads_every_server_memory_reading_against_its_target():
+  """Issue 68: the ScaNN server's load peak, after-load and after-hand-over readings each
+  against the served 8 GiB and its hand-over peak against 20 GiB; the exact server's
+  against the machine's 22 GiB; the served recall against 0.95; each met with its margin
+  or missed by how much (the 8.02 GiB load peak that passed unseen on the after-load
+  reading before)."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  result = dict(steps=dict(
+      serve_availability_preserving=_server_row("realm_qa", 9.62, 9.49, 17.78, 9.15),
+      serve_scann_availability_preserving=_server_row(
+          "realm_qa_scann", 8.02, 7.93, 14.75, 8.11,
+          served_recall=dict(recall_at_5=0.9412, questions=1001)),
+      scann_recall=dict(peak_rss_gib=23.5)), max_disk_gb=71.25)
+  rows = {r["what"]: r for r in released_scale.targets(result)}
+  scann = "serve_scann_availability_preserving: "
+  assert [(rows[scann + w]["met"], released_scale.verdict(rows[scann + w])) for w in (
+      "load peak <= 8.0 GiB", "after load <= 8.0 GiB", "after hand-over <= 8.0 GiB",
+      "hand-over peak <= 20.0 GiB")] == [
+          (False, "**no**: missed by 0.02 GiB"), (True, "yes (0.07 GiB to spare)"),
+          (False, "**no**: missed by 0.11 GiB"), (True, "yes (5.25 GiB to spare)")]
+  exact = rows["serve_availability_preserving: hand-over peak <= 22.0 GiB"]
+  assert exact["met"] and released_scale.verdict(exact) == "yes (4.22 GiB to spare)"
+  every = rows["every step's peak RSS <= 22.0 GiB"]
+  assert every["measured"] == "23.5 GiB (scann_recall)"
+  assert released_scale.verdict(every) == "**no**: missed by 1.50 GiB"
+  recall = next(r for w, r in rows.items() if w.startswith(released_scale.RECALL_TARGET))
+  assert "over gRPC" in recall["what"] and recall["measured"] == "0.941"
+  assert released_scale.verdict(recall) == "**no**: missed by 0.009"
+  disk = next(r for w, r in rows.items() if w.startswith("disk"))
+  assert released_scale.verdict(disk) == "**no**: missed by 1.2 GB"
+
+
+def test_released_scale_served_recall_leaves_the_checked_rows_out_of_both_lists():
+  """recall_without: |found ∩ truth| / |truth| per question with the excluded ids out of
+  both, a question whose truth is all excluded passed over."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  truth = np.array([[1, 2, 3, 4, 5], [9, 6, 7, 8, 10], [9, 9, 9, 9, 9]])
+  found = np.array([[1, 2, 3, 4, 6], [6, 7, 11, 12, 13], [1, 2, 3, 4, 5]])
+  # Question 1: 4 of 5; question 2: 9 left out, 2 of 4; question 3: nothing to find.
+  assert released_scale.recall_without(found, truth, [9]) == pytest.approx((0.8 + 0.5) / 2)
+  assert released_scale.recall_without(found[:1], truth[:1], []) == pytest.approx(0.8)
+
+
+def test_disk_peak_sampler_sees_a_file_that_came_and_went(tmp_path):
+  """harness.DiskPeakSampler keeps the largest disk use sampled while in its `with`: a
+  file written and removed inside it counts, though the reading after it is 0."""
+  with harness.DiskPeakSampler(str(tmp_path), every=0.01) as disk:
+    path = tmp_path / "transient.bin"
+    path.write_bytes(os.urandom(1 << 20))
+    seen = disk.samples
+    while disk.samples < seen + 2:  # two samples taken with the file on disk
+      time.sleep(0.01)
+    path.unlink()
+  assert disk.peak >= 1 << 20
+  assert harness.du_bytes(str(tmp_path), on_disk=True) == 0

@@ -248,6 +248,20 @@ def test_retrieve_signature_returns_the_blocks_answer_reads(exported, kind):
   np.testing.assert_array_equal(got["block_ids"], found.block_ids.numpy())
   np.testing.assert_allclose(got["retrieval_scores"], found.scores.numpy(), rtol=1e-5,
                              atol=1e-5)
+  # retrieve_embedding: the same search from the query tower's output, fed over the
+  # signature as a float32 [B, P] input (issue 68: recall read on generated vectors).
+  by_embedding = loaded.signatures[qa.RETRIEVE_EMBEDDING_SIGNATURE]
+  _, inputs = by_embedding.structured_input_signature
+  assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == {
+      qa.QUERY_EMBEDDING: (tf.float32, [None, int(query.shape[1])])}
+  embedded = {k: v.numpy() for k, v in by_embedding(query_embedding=query).items()}
+  for name in ("block_ids", "block_titles"):
+    np.testing.assert_array_equal(embedded[name], got[name])
+  np.testing.assert_allclose(embedded["retrieval_scores"], got["retrieval_scores"],
+                             rtol=1e-5, atol=1e-5)
+  # A row of its own: a different embedding finds other blocks, so the input is read.
+  flipped = by_embedding(query_embedding=-query[:1])["block_ids"].numpy()
+  assert flipped.tolist() != got["block_ids"][:1].tolist()
   titles = np.array(run.index.store.title_strings, object)[found.rows.numpy()]
   assert [[t.decode() for t in row] for row in got["block_titles"]] == titles.tolist()
 
@@ -389,8 +403,9 @@ def test_exports_use_only_ops_of_the_stock_model_server(exported):
       f"{sorted(beyond - scann_index.SERVED_SCANN_OPS)}")
   signatures = {kind: set(tf.saved_model.load(exported["published"][kind]).signatures)
                 for kind in ("realm_qa", "realm_qa_scann")}
-  assert signatures == {"realm_qa": {"serving_default", "answer", qa.RETRIEVE_SIGNATURE},
-                        "realm_qa_scann": {"serving_default", "answer", qa.RETRIEVE_SIGNATURE,
+  retrieval = {qa.RETRIEVE_SIGNATURE, qa.RETRIEVE_EMBEDDING_SIGNATURE}
+  assert signatures == {"realm_qa": {"serving_default", "answer", *retrieval},
+                        "realm_qa_scann": {"serving_default", "answer", *retrieval,
                                            qa.SEARCH_OPTIONS_SIGNATURE}}
 
 

@@ -369,7 +369,8 @@ def test_one_assembly_for_each_search(corpus, tmp_path):
                                         ("float16", half_rows, 1e-3)):
     exact = assemble(assembly.ExactSearch(dtype))
     assert (exact.kind, exact.num_retrieved, exact.num_read) == ("realm_qa", k, run.num_read)
-    assert set(exact.signatures()) == {"serving_default", "answer", "retrieve"}
+    assert set(exact.signatures()) == {"serving_default", "answer", "retrieve",
+                                      "retrieve_embedding"}
     assert exact.index.embeddings.dtype == dtype and exact.index.searcher is None
     check(_retrieved(exact, questions), *_numpy_top_k(query, served_rows, k), tolerance)
 
@@ -464,5 +465,12 @@ def test_default_export_search_options_over_grpc(corpus):
       # other leaves for a question than the groups `answer` reads it in (ScaNN's).
       np.testing.assert_array_equal(tf.make_ndarray(retrieved.outputs["block_ids"]),
                                     scann.retrieve(tf.constant(questions))["block_ids"])
+      # retrieve_embedding over gRPC (serving.client.retrieve): the query tower's output
+      # fed in finds what `retrieve` finds from the text.
+      by_embedding = client.retrieve(stub, "realm_qa_scann",
+                                     query_embeddings=_query(run, questions), timeout=60)
+      np.testing.assert_array_equal(by_embedding["block_ids"],
+                                    tf.make_ndarray(retrieved.outputs["block_ids"]))
+      assert by_embedding["block_titles"].shape == by_embedding["block_ids"].shape
   finally:
     server.stop(grace=0.5)

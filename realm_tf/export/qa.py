@@ -40,6 +40,11 @@ Every QA export has a `retrieve` signature: question [B] → the K blocks `answe
 best first, without reading them: block_ids int64 [B, K], block_titles string [B, K],
 retrieval_scores float32 [B, K] (the relevance logits whose softmax is retrieval_probs).
 For users debugging retrieval, and for reading a served export's recall cheaply.
+`retrieve_embedding` is the same search from query embeddings (query_embedding float32
+[B, P], the query tower's output) instead of question text: the same outputs, so a
+retrieval problem can be split into the query tower's and the index's, and an index's
+recall read over gRPC on query vectors drawn without a tokenizer (benchmarks/
+released_scale.py's generated questions).
 
 A ScaNN export has one more signature, `answer_with_search_options` (question [B],
 leaves_fraction [] float32, reorder_num_neighbors [] int32): the same outputs, searching
@@ -73,6 +78,9 @@ REORDER_NUM_NEIGHBORS = "reorder_num_neighbors"
 # Every QA export's retrieval-only signature and its outputs (QAModule.retrieve).
 RETRIEVE_SIGNATURE = "retrieve"
 RETRIEVE_OUTPUTS = ("block_ids", "block_titles", "retrieval_scores")
+# The same search from query embeddings, and its input (QAModule.retrieve_embedding).
+RETRIEVE_EMBEDDING_SIGNATURE = "retrieve_embedding"
+QUERY_EMBEDDING = "query_embedding"
 # The QA signature's outputs and their dtypes (the contract of serving/client.py).
 _QA_DTYPES = dict(answer=tf.string, score=tf.float32, answer_block=tf.int32,
                   block_ids=tf.int64, block_titles=tf.string, block_texts=tf.string,
@@ -185,6 +193,10 @@ class QAModule(tf.Module):
     self.searches_leaves = any(layout.num_leaves for layout in layouts)
     self.rescores = (index.embeddings is not None
                      or any(layout.reorder_num_neighbors for layout in layouts))
+    # [B, P] query embeddings: P is the index's, known only here.
+    self.retrieve_embedding = tf.function(
+        self._retrieve_embedding, input_signature=[
+            tf.TensorSpec([None, index.dimension], tf.float32, name=QUERY_EMBEDDING)])
     if self.scann_handles:
       # Only where there is something to tune: an exact export has no such function.
       self.answer_with_search_options = tf.function(
@@ -226,6 +238,11 @@ class QAModule(tf.Module):
     """
     query = self.model.retriever.embed_queries(self._encode(question)["query"],
                                                training=False)  # [B, P]
+    return self.search_embedding(query)
+
+  def search_embedding(self, query: tf.Tensor) -> dict[str, tf.Tensor]:
+    """`search` from [B, P] query embeddings (the query tower's output): the same
+    outputs."""
     found = self.index.search(query, self.num_retrieved)
     titles, _ = self.index.texts.lookup(found.rows)  # [B, K] each
     return dict(block_ids=tf.cast(found.block_ids, tf.int64), block_titles=titles,
@@ -328,6 +345,12 @@ class QAModule(tf.Module):
     with scann_index.bound_handles(self.scann_handles, self._held.make_searchers):
       return self.search(question)
 
+  def _retrieve_embedding(self, query_embedding):
+    """The `retrieve_embedding` signature: [B, P] query embeddings → `retrieve`'s outputs
+    for them (see search_embedding); each ScaNN shard searching as it was built."""
+    with scann_index.bound_handles(self.scann_handles, self._held.make_searchers):
+      return self.search_embedding(query_embedding)
+
   @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=QUESTION)])
   def answer(self, question):
     """The served signature: [B] questions → the QA outputs (see predict), each ScaNN
@@ -360,10 +383,11 @@ class QAModule(tf.Module):
     return self.search_and_read(question, *options)
 
   def signatures(self) -> dict:
-    """serving_default and `answer`, both the `answer` function, `retrieve`, and in a
-    ScaNN export `answer_with_search_options` too."""
+    """serving_default and `answer`, both the `answer` function, `retrieve`,
+    `retrieve_embedding`, and in a ScaNN export `answer_with_search_options` too."""
     signatures = {"serving_default": self.answer, "answer": self.answer,
-                  RETRIEVE_SIGNATURE: self.retrieve}
+                  RETRIEVE_SIGNATURE: self.retrieve,
+                  RETRIEVE_EMBEDDING_SIGNATURE: self.retrieve_embedding}
     if self.scann_handles:
       signatures[SEARCH_OPTIONS_SIGNATURE] = self.answer_with_search_options
     return signatures
