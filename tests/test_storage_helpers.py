@@ -104,6 +104,11 @@ _ALLOWED = {
                                       "os.path.isfile(packaged)"],
     "realm_tf/pretrained/encoder_weights.py": ["os.path.exists(path)"],  # safetensors: local API
     "realm_tf/demo/__main__.py": ["open(os.path.join(_HERE, name)"],
+    # The allow-list file inside the package (rewritten by --write), and the generator's
+    # walk over the installed tensorflow_text wheel: never user paths.
+    "realm_tf/export/model_server_ops.py": [
+        'ALLOW_LIST = pathlib.Path(__file__).with_name("stock_model_server_ops.txt")',
+        "for dirpath, _, files in os.walk(root):", "os.replace(partial, ALLOW_LIST)"],
     # is_inside: absolute paths only when neither path has a scheme (both local).
     "realm_tf/io/layout.py": ["os.path.abspath(path), os.path.abspath(model_dir)"],
 }

@@ -33,6 +33,7 @@ import subprocess
 import sys
 from typing import Iterable
 
+import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 
 ALLOW_LIST = pathlib.Path(__file__).with_name("stock_model_server_ops.txt")
@@ -142,7 +143,8 @@ def read_allow_list(path: os.PathLike = ALLOW_LIST) -> frozenset:
   Returns:
     The op names.
   """
-  lines = pathlib.Path(path).read_text().splitlines()
+  with tf.io.gfile.GFile(str(path)) as f:  # a user's list may be on an object store
+    lines = f.read().splitlines()
   return frozenset(line.strip() for line in lines if line.strip() and not line.startswith("#"))
 
 
@@ -156,11 +158,16 @@ def saved_model_ops(export_dir: str) -> set:
   Returns:
     The op names; calls of the graph's own functions (a node whose op is a function's
     name) are not ops and are left out.
+  Raises:
+    FileNotFoundError: `export_dir` holds no saved_model.pb.
   """
   path = os.path.join(export_dir, "saved_model.pb")
   saved = saved_model_pb2.SavedModel()
-  with open(path, "rb") as f:
-    saved.ParseFromString(f.read())
+  try:
+    with tf.io.gfile.GFile(path, "rb") as f:  # exports live on gs:// as often as on disk
+      saved.ParseFromString(f.read())
+  except tf.errors.NotFoundError:
+    raise FileNotFoundError(f"{path}: no such file (not a SavedModel directory)") from None
   ops, functions = set(), set()
   for meta_graph in saved.meta_graphs:
     graph = meta_graph.graph_def
