@@ -491,22 +491,16 @@ def peak_rss_bytes(pid: int = 0) -> int:
   return _status_field(pid, "VmHWM")
 
 
-class PeakSampler:
-  """Samples a process's RSS on a thread while in its `with`; `peak` is the largest sample
-  (VmHWM cannot be reset, so a peak within one stretch of a long process is sampled)."""
+class BackgroundLoop:
+  """`_run` on a daemon thread while in its `with`; `_stop` (an Event) is set on exit,
+  which `_run` polls or waits on, and the exit joins the thread."""
 
-  def __init__(self, pid: int, every: float = 0.05):
-    self.pid, self.every, self.peak = pid, every, 0
+  def __init__(self):
     self._stop = threading.Event()
     self._thread = threading.Thread(target=self._run, daemon=True)
 
   def _run(self):
-    while not self._stop.is_set():
-      try:
-        self.peak = max(self.peak, rss_bytes(self.pid))
-      except OSError:
-        return
-      self._stop.wait(self.every)
+    raise NotImplementedError
 
   def __enter__(self):
     self._thread.start()
@@ -515,6 +509,23 @@ class PeakSampler:
   def __exit__(self, *exc):
     self._stop.set()
     self._thread.join()
+
+
+class PeakSampler(BackgroundLoop):
+  """Samples a process's RSS on a thread while in its `with`; `peak` is the largest sample
+  (VmHWM cannot be reset, so a peak within one stretch of a long process is sampled)."""
+
+  def __init__(self, pid: int, every: float = 0.05):
+    super().__init__()
+    self.pid, self.every, self.peak = pid, every, 0
+
+  def _run(self):
+    while not self._stop.is_set():
+      try:
+        self.peak = max(self.peak, rss_bytes(self.pid))
+      except OSError:
+        return
+      self._stop.wait(self.every)
 
 
 def inode_sizes(path: str, on_disk: bool = False) -> dict:
@@ -538,16 +549,15 @@ def du_bytes(path: str, on_disk: bool = False) -> int:
   return sum(inode_sizes(path, on_disk).values())
 
 
-class DiskPeakSampler:
+class DiskPeakSampler(BackgroundLoop):
   """Samples the disk held under a directory (du_bytes, on disk) on a thread while in its
   `with`; `peak` is the largest sample, `samples` how many were taken. Why: a step's
   largest disk use can come and go inside it (an import beside the release it reads, an
   export beside the run), which a reading after the step misses."""
 
   def __init__(self, path: str, every: float = 5.0):
+    super().__init__()
     self.path, self.every, self.peak, self.samples = path, every, 0, 0
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
 
   def _sample(self):
     self.peak = max(self.peak, du_bytes(self.path, on_disk=True))
@@ -559,13 +569,8 @@ class DiskPeakSampler:
       if self._stop.wait(self.every):
         return
 
-  def __enter__(self):
-    self._thread.start()
-    return self
-
   def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
+    super().__exit__(*exc)
     self._sample()  # the step's end, however short it was
 
 

@@ -69,7 +69,6 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
 
 import numpy as np
@@ -664,15 +663,14 @@ def authors_recall(args, work: str) -> dict:
 # ------------------------------------------------------------------------------- serving
 
 
-class AskingClient:
+class AskingClient(harness.BackgroundLoop):
   """One client asking questions one at a time on its own thread until stopped; every
   request's outcome and the versions that answered are kept."""
 
   def __init__(self, address: str, model: str, questions: list):
+    super().__init__()
     self.address, self.model, self.questions = address, model, questions
     self.ok, self.failed, self.errors, self.versions = 0, 0, [], {}
-    self._stop = threading.Event()
-    self._thread = threading.Thread(target=self._run, daemon=True)
 
   def _run(self):
     import grpc  # pylint: disable=g-import-not-at-top
@@ -693,14 +691,6 @@ class AskingClient:
           self.failed += 1
           self.errors.append(str(e)[:300])
         i += 1
-
-  def __enter__(self):
-    self._thread.start()
-    return self
-
-  def __exit__(self, *exc):
-    self._stop.set()
-    self._thread.join()
 
 
 def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa",

@@ -506,7 +506,7 @@ def _server_row(model, load_peak, after_load, handover_peak, after_handover, **m
 
 
 def test_released_scale_reads_every_server_memory_reading_against_its_target():
-  """Issue 68: the ScaNN server's load peak, after-load and after-hand-over readings each
+  """The ScaNN server's load peak, after-load and after-hand-over readings each
   against the served 8 GiB and its hand-over peak against 20 GiB; the exact server's
   against the machine's 22 GiB; the served recall against 0.95; each met with its margin
   or missed by how much (the 8.02 GiB load peak that passed unseen on the after-load

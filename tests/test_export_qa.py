@@ -249,7 +249,7 @@ def test_retrieve_signature_returns_the_blocks_answer_reads(exported, kind):
   np.testing.assert_allclose(got["retrieval_scores"], found.scores.numpy(), rtol=1e-5,
                              atol=1e-5)
   # retrieve_embedding: the same search from the query tower's output, fed over the
-  # signature as a float32 [B, P] input (issue 68: recall read on generated vectors).
+  # signature as a float32 [B, P] input (recall is read on generated vectors).
   by_embedding = loaded.signatures[qa.RETRIEVE_EMBEDDING_SIGNATURE]
   _, inputs = by_embedding.structured_input_signature
   assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == {

@@ -1,4 +1,4 @@
-"""serving.metrics behind a running server (issue 69): the Prometheus endpoint of
+"""serving.metrics behind a running server: the Prometheus endpoint of
 --monitoring_config_file, scraped and parsed with prometheus_client's own parser after good,
 refused and failed requests over gRPC and REST, a version hand-over and a broken version,
 each counter moving by exactly what was sent; the access log's one line per request; and
