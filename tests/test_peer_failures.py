@@ -110,6 +110,12 @@ def test_the_verdict_names_the_process_that_stopped_the_job():
                 "worker:1": dict(trainer="running", heartbeat_age=60.0, batches=9)},
                ADDRESSES) == [
       "worker:1 (h1:1) is not responding (its Python interpreter is blocked)"]
+  # Blocked and behind the others: on its input holding the GIL, or just before asking.
+  assert judge({"worker:0": _alive(9),
+                "worker:1": dict(trainer="running", heartbeat_age=60.0, batches=8, step=7)},
+               ADDRESSES) == [
+      "worker:1 (h1:1) is not responding (its Python interpreter is blocked; 8 batches "
+      "delivered, the others 9; at step 7: stuck on its input or before asking for it)"]
   # All alive: the one that delivered fewer batches starves (the others hold their next).
   assert judge({"worker:0": _alive(9), "worker:1": _alive(8), "worker:2": _alive(9)},
                ADDRESSES) == [
@@ -671,7 +677,7 @@ def test_a_worker_blocked_holding_the_gil_is_named_and_its_stacks_saved(tmp_path
   assert job.wait() == [1, 1]
   for i in range(2):
     assert ("worker:1 (127.0.0.1:7002) is not responding (its Python interpreter is "
-            "blocked)") in job.line(i)
+            "blocked") in job.line(i)
   blocked = STAND_IN.splitlines().index("  ctypes.PyDLL(None).pause()  # blocks holding the "
                                         "GIL: no Python thread runs again")
   # faulthandler wrote the blocked thread's stack without the GIL.

@@ -118,12 +118,15 @@ def stop_line(role: str, cause: str, checkpoint_step, checkpoint_dir: str) -> st
 def judge(statuses: Mapping[str, object], addresses: Mapping[str, str]) -> list:
   """Which processes stopped a stalled job, each as "task (address) <how>".
 
-  A process that is gone, stopped, not answering (or answering with something that is no
-  status) or whose interpreter is blocked is named for that. If every process is alive,
-  those whose input pipelines delivered fewer batches than the others are starved (in
-  lockstep every process has consumed the same batches; one waiting in a collective
-  already holds its next batch). If none is, all are named: alive, fed, and stuck
-  elsewhere.
+  A process that is gone, stopped, or not answering (or answering with something that is
+  no status) is named for that; one whose interpreter is blocked (a stale heartbeat) too,
+  with its batch counts when it delivered fewer than the others: a trainer waiting on its
+  input can hold the GIL while it waits (seen under load in the starved-worker test), and
+  one blocked just before asking for its next batch counts the same, so the line gives the
+  counts and both readings. If every process heartbeats, those whose input pipelines
+  delivered fewer batches than the others are starved (in lockstep every process has
+  consumed the same batches; one waiting in a collective already holds its next batch).
+  If none is, all are named: alive, fed, and stuck elsewhere.
 
   Args:
     statuses: {task: its watchdog's status (a dict as `parse_status` returns it), None if
@@ -134,7 +137,7 @@ def judge(statuses: Mapping[str, object], addresses: Mapping[str, str]) -> list:
   Returns:
     The descriptions, in task order.
   """
-  named, alive = [], {}
+  named, running, blocked = [], {}, set()
   for task in sorted(statuses):
     who, status = f"{task} ({addresses.get(task, '?')})", statuses[task]
     if status is None:
@@ -145,23 +148,28 @@ def judge(statuses: Mapping[str, object], addresses: Mapping[str, str]) -> list:
       named.append(f"{who} has exited ({status.get('exit')})")
     elif status.get("trainer") == "stopped":
       named.append(f"{who} is stopped (SIGSTOP, a debugger or a frozen VM)")
-    elif (status.get("heartbeat_age") is None
-          or status["heartbeat_age"] > HEARTBEAT_STALE_SECONDS):
-      named.append(f"{who} is not responding (its Python interpreter is blocked)")
     else:
-      alive[task] = status
-  if named or not alive:
+      running[task] = status
+      if (status.get("heartbeat_age") is None
+          or status["heartbeat_age"] > HEARTBEAT_STALE_SECONDS):
+        blocked.add(task)
+  if named or not running:
     return named
-  most = max(s.get("batches", 0) for s in alive.values())
-  for task, status in alive.items():
-    if status.get("batches", 0) < most:
-      named.append(f"{task} ({addresses.get(task, '?')}) is stuck in its input pipeline "
-                   f"(alive; {status.get('batches', 0)} batches delivered, the others "
-                   f"{most}; at step {status.get('step')})")
+  most = max(s.get("batches", 0) for s in running.values())
+  for task, status in running.items():
+    who, batches = f"{task} ({addresses.get(task, '?')})", status.get("batches", 0)
+    counts = f"{batches} batches delivered, the others {most}; at step {status.get('step')}"
+    if task in blocked and batches < most:
+      named.append(f"{who} is not responding (its Python interpreter is blocked; {counts}: "
+                   f"stuck on its input or before asking for it)")
+    elif task in blocked:
+      named.append(f"{who} is not responding (its Python interpreter is blocked)")
+    elif batches < most and not blocked:
+      named.append(f"{who} is stuck in its input pipeline (alive; {counts})")
   if named:
     return named
   return [f"{task} ({addresses.get(task, '?')}) is alive and fed but not advancing"
-          for task in alive]
+          for task in running]
 
 
 # ------------------------------------------------------------------------ asking a peer
