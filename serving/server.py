@@ -102,6 +102,10 @@ class ServerOptions:
   max_batch_size: int = 256
   aspired_version_policy: str = "availability_preserving"
   ssl_config_file: str = ""  # an SSLConfig text proto: TLS on gRPC and REST (serving.tls)
+  # tensorflow_model_server's flag: off, a signature reaching an XLA-compiled function
+  # (a realm_tf.export --reader_xla export's QA signatures) answers INTERNAL "XLA
+  # compilation disabled", as the binary does (serving.servable.Signature).
+  xla_cpu_compilation_enabled: bool = False
 
   def __post_init__(self):
     for name in ("grpc_max_threads", "rest_api_num_threads", "rest_api_timeout_in_ms",
@@ -135,7 +139,8 @@ class ModelServer:
     self.manager = ModelManager(options.max_batch_size, self.max_decoded_bytes,
                                 on_change=self._on_model_change,
                                 aspired_version_policy=options.aspired_version_policy,
-                                metrics=self.metrics)
+                                metrics=self.metrics,
+                                xla_cpu_compilation_enabled=options.xla_cpu_compilation_enabled)
     self.batcher: Optional[BatchScheduler] = None
     self.predictor: Optional[Predictor] = None
     self._grpc_server = None
@@ -338,6 +343,11 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                        "Timeout of a REST request.", **define)
   flags.DEFINE_string("ssl_config_file", "", "An SSLConfig text proto (PEM texts inline): "
                       "TLS on the gRPC port, and [realm_tf] on the REST port.", **define)
+  flags.DEFINE_bool("xla_cpu_compilation_enabled", False,
+                    "EXPERIMENTAL in tensorflow_model_server. Run XLA-compiled functions "
+                    "(jit_compile); off, a signature that reaches one answers INTERNAL "
+                    "'XLA compilation disabled', as the binary does, and a version whose "
+                    "warm-up reaches one fails to load.", **define)
   flags.DEFINE_string("host", defaults.host, "[realm_tf] Address to bind; 0.0.0.0 exposes "
                       "the server to the network.", **define)
   flags.DEFINE_integer("max_message_bytes", defaults.max_message_bytes,
