@@ -156,7 +156,7 @@ class Signature:
 
 def read_signature_defs(path: str) -> dict:
   """The `serve` MetaGraph's SignatureDefs, read from saved_model.pb(txt) as TF Serving does."""
-  return {key: value for key, value in _serve_meta_graph(path).signature_def.items()
+  return {key: value for key, value in serve_meta_graph(path).signature_def.items()
           if key != _INIT_OP_SIGNATURE}
 
 
@@ -215,7 +215,7 @@ def xla_compiled_signatures(meta_graph: meta_graph_pb2.MetaGraphDef) -> set:
   return compiled
 
 
-def _serve_meta_graph(path: str) -> meta_graph_pb2.MetaGraphDef:
+def serve_meta_graph(path: str) -> meta_graph_pb2.MetaGraphDef:
   """The `serve` MetaGraph of saved_model.pb(txt) in `path`."""
   proto = saved_model_pb2.SavedModel()
   pb, pbtxt = os.path.join(path, "saved_model.pb"), os.path.join(path, "saved_model.pbtxt")
@@ -255,7 +255,7 @@ class ServableVersion:
 
   def load(self):
     """Loads the SavedModel and its signatures (runs on the loader thread, not a request's)."""
-    meta_graph = _serve_meta_graph(self.path)
+    meta_graph = serve_meta_graph(self.path)
     self.signature_defs = {key: value for key, value in meta_graph.signature_def.items()
                            if key != _INIT_OP_SIGNATURE}
     xla = xla_compiled_signatures(meta_graph)

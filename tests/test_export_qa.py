@@ -23,6 +23,7 @@ from realm_tf.io import layout, versioned
 from realm_tf.retrieval import scann_index
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.training import train_lib
+from serving.servable import serve_meta_graph, xla_compiled_signatures
 from tests import task_fixtures as tf_
 from tests.synthetic_corpus import write_corpus
 
@@ -210,7 +211,6 @@ def test_xla_reader_pass_answers_as_the_baseline(exported, tmp_path):
   stock binary's ops, and its QA signatures (not the retrieval ones) are the ones that
   reach an XLA-compiled function, which serving.server runs only with
   --xla_cpu_compilation_enabled."""
-  from serving.servable import xla_compiled_signatures, _serve_meta_graph  # pylint: disable=g-import-not-at-top
   run = exporter.load_run(exported["model_dir"])
   questions = tf.constant(exported["questions"][:5])
   baseline = exporter.build_module(run, "realm_qa", 0, 0)
@@ -227,9 +227,9 @@ def test_xla_reader_pass_answers_as_the_baseline(exported, tmp_path):
                        tolerance=1e-4)
   outside = model_server_ops.ops_outside(path)
   assert not outside, f"the XLA export uses ops the stock binary lacks: {sorted(outside)}"
-  assert xla_compiled_signatures(_serve_meta_graph(path)) == {"serving_default", "answer"}
+  assert xla_compiled_signatures(serve_meta_graph(path)) == {"serving_default", "answer"}
   assert xla_compiled_signatures(
-      _serve_meta_graph(exported["published"]["realm_qa"])) == set()
+      serve_meta_graph(exported["published"]["realm_qa"])) == set()
   with pytest.raises(ValueError, match="reader_xla needs max_blocks_per_pass"):
     exporter.build_module(run, "realm_qa", 0, 8, reader_xla=True)
 

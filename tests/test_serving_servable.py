@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from serving.server import parse_flags
-from serving.servable import (XLA_DISABLED_MESSAGE, _serve_meta_graph, release_free_memory,
+from serving.servable import (XLA_DISABLED_MESSAGE, serve_meta_graph, release_free_memory,
                               resident_bytes, xla_compiled_signatures)
 from tests import serving_models
 from tests.serving_harness import (AVAILABLE, model_status, outputs_of, prediction_stub,
@@ -42,9 +42,9 @@ def xla_model(tmp_path_factory):
 def test_signatures_reaching_an_xla_compiled_function_are_found(xla_model, tmp_path):
   """Through the signature's call, a tf.cond branch and the jit_compile'd call; the
   signature without XLA is not named, nor is any of a model without it."""
-  assert xla_compiled_signatures(_serve_meta_graph(xla_model)) == {"serving_default"}
+  assert xla_compiled_signatures(serve_meta_graph(xla_model)) == {"serving_default"}
   numeric = serving_models.save_numeric(str(tmp_path / "numeric"))
-  assert xla_compiled_signatures(_serve_meta_graph(numeric)) == set()
+  assert xla_compiled_signatures(serve_meta_graph(numeric)) == set()
 
 
 def test_xla_compiled_signature_without_the_flag_fails_as_in_the_binary(xla_model, tmp_path):
