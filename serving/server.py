@@ -20,6 +20,11 @@ In-process use (tests, benchmarks):
     with ModelServer(ServerOptions(model_base_path=..., port=0)) as server:
       channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
 
+XLA: --xla_cpu_compilation_enabled has tensorflow_model_server's meaning. Off (the
+default, as in the binary), a signature that reaches an XLA-compiled function (an export
+made with `python -m realm_tf.export --reader_xla`) answers INTERNAL "XLA compilation
+disabled" and a warm-up that reaches one fails the version's load (serving.servable).
+
 oneDNN: run as a program, the server turns TensorFlow's oneDNN CPU kernels off unless
 TF_ENABLE_ONEDNN_OPTS is set (`TF_ENABLE_ONEDNN_OPTS=1 python -m serving.server ...` turns
 them on). Why: oneDNN's allocator keeps a retired version's large tensors in an arena that
