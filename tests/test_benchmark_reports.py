@@ -647,3 +647,21 @@ def test_serving_memory_rows_say_whether_a_variant_keeps_the_rss_rule():
   text = serving_memory.markdown(result)
   assert "| baseline | off | 0 | 1000.0 → 1020.0 → 1030.0 → 1050.0 | +2.0% | +0.0% | +5.0% | yes |" in text
   assert "| xla | on | 0 |" in text and "| +5.1% | NO |" in text
+
+
+def test_op_breakdown_puts_an_xla_program_outside_tensorflow_ops():
+  """op_breakdown: a plain function's matmul is an op of its own; an XLA-compiled one's time
+  is in the OUTSIDE_OPS entry, not lost; shares are of the calls' time, at most 1 in all."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import serving  # pylint: disable=g-import-not-at-top
+  x = tf.random.normal([384, 384])
+  for jit_compile in (False, True):
+    f = tf.function(lambda a: tf.matmul(tf.matmul(a, a), a), jit_compile=jit_compile)
+    ops = serving.op_breakdown(lambda: f(x).numpy(), steps=3)  # pylint: disable=cell-var-from-loop
+    names = [o["op"] for o in ops]
+    assert 0 < sum(o["fraction"] for o in ops) <= 1.001, ops
+    matmuls = [n for n in names if n.endswith("MatMul")]  # _MklMatMul with oneDNN on
+    if jit_compile:
+      assert not matmuls and serving.OUTSIDE_OPS in names, ops
+    else:
+      assert matmuls, ops
