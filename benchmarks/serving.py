@@ -26,8 +26,20 @@ in the same run: the cost per block of the reader's encoder alone (the model's o
 encoder config, no XLA as served) in passes of N = 5 ... 160 blocks, and the in-process
 cost per question at B = 1 ... 32 of the export as published (at most
 --max_blocks_per_pass blocks per reader pass, realm_tf.export's default) and of the same
-model exported with one pass for the whole request. Results: benchmarks/results/
-serving.json and .md.
+model exported with one pass for the whole request.
+
+The served reader's variants side by side (--variants; benchmarks/serving_variants.py:
+baseline as shipped, full_length, xla, onednn, xla_onednn), each exported from the same
+model and measured in its own process (oneDNN is fixed when TensorFlow loads): the
+encoder's cost per block at --variant_pass_blocks (XLA-compiled for the XLA variants, as
+their exports run it), one question's in-process p50 and gRPC p50 at one client (no
+batching; the server with --xla_cpu_compilation_enabled for the XLA variants), and an op
+breakdown (TensorFlow's profiler, self time by op type) of the encoder's 5-block pass and
+of one question. Targets per variant: encoder >= 0.75x the matmul limit at 5 blocks,
+in-process p50 <= 1.4x and gRPC p50 <= 1.6x the arithmetic floor; the Markdown says which
+variant ships (serving_variants.shipped) and which is fastest. Which may ship also takes
+benchmarks/serving_memory.py's +5% RSS rule over three hand-overs.
+Results: benchmarks/results/serving.json and .md.
 """
 import argparse
 import json
@@ -37,15 +49,24 @@ import tempfile
 import threading
 import time
 
+import subprocess
+import sys
+
 import numpy as np
 
 from benchmarks import common, harness
+from benchmarks import serving_variants
 
 TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
                batching_speedup_at_8_clients=1.5, p50_over_floor_at_1_client=1.25)
 # targets_met's keys in the Markdown's order (a result's JSON keeps its keys sorted).
 TARGETS_MET = ("p50_ms_at_1_client", "grpc_overhead_fraction", "batching_speedup_at_8_clients",
                "p50_within_1.25x_floor")
+# The served reader's targets (issue 69 part 4), evaluated per variant.
+VARIANT_TARGETS = dict(encoder_fraction_of_matmul_at_5_blocks=0.75,
+                       in_process_p50_over_floor=1.4, grpc_p50_over_floor=1.6)
+# The line of a variant's process that carries its result.
+_VARIANT_RESULT = "VARIANT_RESULT "
 
 
 def parse_args(argv=None):
@@ -71,6 +92,14 @@ def parse_args(argv=None):
                       help="questions per call of the in-process cost per question")
   parser.add_argument("--work_dir", default="", help="default: a temporary directory")
   parser.add_argument("--name", default="serving", help="results file name")
+  parser.add_argument("--variants", default=",".join(serving_variants.VARIANTS),
+                      help="the served reader's variants measured side by side "
+                           "(benchmarks/serving_variants.py; empty: none)")
+  parser.add_argument("--variant_pass_blocks", default="5,20",
+                      help="reader passes (blocks) whose cost per block each variant measures")
+  parser.add_argument("--profile_steps", type=int, default=3,
+                      help="calls profiled per op breakdown")
+  parser.add_argument("--measure_variant", default="", help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
 
@@ -142,17 +171,26 @@ def in_process(path: str, questions: list[str], calls: int,
   return result
 
 
-def cost_per_block(config, seq_length: int, pass_blocks, repeats: int = 3) -> dict:
+def encoder_pass(config, jit_compile: bool = False):
   """The reader's encoder alone (this config's, random weights: the cost does not depend on
-  them; not XLA-compiled, as in the served graph) over passes of N blocks of `seq_length`:
-  ms per block and FLOP/s at each N."""
+  them) as a tf.function of [N, L] word ids → [N, L, H], XLA-compiled or not (as the
+  export's reader_xla runs it, or not)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from realm_tf.modeling.networks import build_encoder  # pylint: disable=g-import-not-at-top
-  e = config.model.encoder
-  encoder = build_encoder(e)
-  forward = tf.function(lambda ids: encoder(dict(
+  encoder = build_encoder(config.model.encoder)
+  return tf.function(lambda ids: encoder(dict(
       input_word_ids=ids, input_mask=tf.ones_like(ids),
-      input_type_ids=tf.zeros_like(ids)))["sequence_output"])
+      input_type_ids=tf.zeros_like(ids)))["sequence_output"], jit_compile=jit_compile)
+
+
+def cost_per_block(config, seq_length: int, pass_blocks, repeats: int = 3,
+                   jit_compile: bool = False) -> dict:
+  """The reader's encoder alone (encoder_pass; not XLA-compiled unless `jit_compile`, as
+  in the baseline's served graph) over passes of N blocks of `seq_length`: ms per block
+  and FLOP/s at each N."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  e = config.model.encoder
+  forward = encoder_pass(config, jit_compile)
   rows = {}
   for n in pass_blocks:
     ids = tf.fill([n, seq_length], 1000)  # [N, L]
@@ -267,7 +305,152 @@ def serve(base_path: str, model: str, batching, options):
       port=0, rest_api_port=0, model_name=model, model_base_path=base_path,
       enable_batching=batching is not None,
       batching_options=batching, max_concurrent_requests=options.get("max_concurrent", 64),
-      max_batch_size=max(256, options.get("max_batch_size", 32)))).start()
+      max_batch_size=max(256, options.get("max_batch_size", 32)),
+      xla_cpu_compilation_enabled=options.get("xla", False))).start()
+
+
+# op_breakdown's entry for the calls' time no TensorFlow op accounts for.
+OUTSIDE_OPS = "(outside TensorFlow ops: XLA programs, framework)"
+
+
+def op_breakdown(call, steps: int, top: int = 12) -> list[dict]:
+  """Where `call()`'s time goes: TensorFlow's profiler over `steps` calls, self time summed
+  by op type, the `top` largest with their share of the calls' time: the larger of their
+  wall time and the ops' summed self time (ops of two threads overlap). An XLA-compiled
+  function's program runs outside TensorFlow's op statistics: its time is in the
+  OUTSIDE_OPS entry (wall time no op accounts for), with the framework's own.
+
+  Why TensorFlow's private profiler plugin: tf.profiler writes an XSpace, and only the
+  profiler's own converter (what TensorBoard's profile plugin calls) turns it into per-op
+  statistics; the installed TensorFlow ships it, no other package does it offline.
+  """
+  import glob  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tensorflow.python.profiler.internal import _pywrap_profiler_plugin  # pylint: disable=g-import-not-at-top,g-direct-tensorflow-import
+  call()
+  logdir = tempfile.mkdtemp(prefix="serving_profile_")
+  try:
+    tf.profiler.experimental.start(logdir)
+    try:
+      began = time.perf_counter()
+      for _ in range(steps):
+        call()
+      wall_us = 1e6 * (time.perf_counter() - began)
+    finally:
+      tf.profiler.experimental.stop()
+    paths = glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)
+    data, ok = _pywrap_profiler_plugin.xspace_to_tools_data(paths, "framework_op_stats", {})
+    if not ok:
+      raise RuntimeError(f"the profiler's op statistics failed: {data[:200]!r}")
+  finally:
+    shutil.rmtree(logdir, ignore_errors=True)
+  table = json.loads(data)[0]
+  columns = [c["id"] for c in table["cols"]]
+  by_type = {}
+  for row in table["rows"]:
+    cell = dict(zip(columns, (c.get("v") for c in row["c"])))
+    if cell["type"] == "IDLE":
+      continue
+    kind = cell["type"] or cell["operation"].rstrip("0123456789_")
+    by_type[kind] = by_type.get(kind, 0.0) + float(cell["total_self_time"])
+  by_type = {kind: us for kind, us in by_type.items() if us > 0}
+  counted = sum(by_type.values())
+  if wall_us > counted:
+    by_type[OUTSIDE_OPS] = wall_us - counted
+  total = max(wall_us, counted) or 1.0
+  return [dict(op=kind, ms_per_call=round(us / 1000.0 / steps, 2),
+               fraction=round(us / total, 3))
+          for kind, us in sorted(by_type.items(), key=lambda item: -item[1])[:top]]
+
+
+def measure_variant(spec: dict) -> dict:
+  """One variant in this process (run_variant starts it with the variant's environment):
+  the encoder's cost per block and op breakdown, the export's in-process p50 and op
+  breakdown of one question, its gRPC p50 at one client.
+
+  Args:
+    spec: reader_xla, export (a realm_qa base path), pass_blocks, questions, calls,
+      seconds, profile_steps.
+
+  Returns:
+    The variant's measurements (JSON values).
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
+  config = load_config(os.path.join(harness.REPO, "configs", "demo.yaml"),
+                       ["runtime.enable_xla=false"], experiment="realm/openqa")
+  xla = spec["reader_xla"]
+  seq = config.task.openqa.reader_seq_length
+  questions = harness.read_questions(spec["questions"])
+  result = dict(onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"),
+                cost_per_block=cost_per_block(config, seq, spec["pass_blocks"],
+                                              jit_compile=xla))
+  forward = encoder_pass(config, xla)
+  ids = tf.fill([min(spec["pass_blocks"]), seq], 1000)  # [N, L]
+  result["encoder_profile"] = op_breakdown(lambda: forward(ids).numpy(),
+                                           spec["profile_steps"])
+  version = os.path.join(spec["export"], str(max(harness.versions(spec["export"]))))
+  result["in_process"] = in_process(version, questions, spec["calls"], batch_sizes=(1,))
+  signature = tf.saved_model.load(version).signatures["serving_default"]
+  one = tf.constant(questions[:1])
+  result["question_profile"] = op_breakdown(
+      lambda: signature(question=one)["answer"].numpy(), spec["profile_steps"])
+  server = serve(spec["export"], "realm_qa", None, dict(xla=xla))
+  try:
+    result["grpc"] = load_test(lambda: grpc_asker(server.port, "realm_qa"), questions, 1,
+                               spec["seconds"])
+  finally:
+    server.stop(grace=1.0)
+  return result
+
+
+def run_variant(variant: serving_variants.Variant, export: str, args) -> dict:
+  """measure_variant in a fresh `python -m benchmarks.serving` with the variant's
+  environment; its result."""
+  spec = dict(reader_xla=variant.reader_xla, export=export,
+              pass_blocks=[int(n) for n in args.variant_pass_blocks.split(",") if n],
+              questions=args.questions, calls=args.in_process_calls, seconds=args.seconds,
+              profile_steps=args.profile_steps)
+  env = dict(os.environ, PYTHONPATH=harness.REPO, TF_CPP_MIN_LOG_LEVEL="2", **variant.env())
+  done = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--measure_variant",
+                         json.dumps(spec)], cwd=harness.REPO, env=env, capture_output=True,
+                        text=True, check=False)
+  lines = [line for line in done.stdout.splitlines() if line.startswith(_VARIANT_RESULT)]
+  if done.returncode or not lines:
+    raise RuntimeError(f"variant {variant.name} failed (exit {done.returncode}): "
+                       f"{(done.stderr or done.stdout)[-2000:]}")
+  return json.loads(lines[-1][len(_VARIANT_RESULT):])
+
+
+def variant_verdicts(result: dict) -> None:
+  """Each measured variant against VARIANT_TARGETS (the run's matmul limit and arithmetic
+  floor, as with_floor sets them); the shipped and the fastest variant named.
+
+  Adds to each result["variants"][name]: encoder_fraction_of_matmul_at_5_blocks,
+  in_process_p50_over_floor, grpc_p50_over_floor, targets_met; and result["shipped_variant"],
+  result["fastest_variant"] (lowest gRPC p50).
+  """
+  variants = result.get("variants")
+  if not variants:
+    return
+  matmul = result["limits"]["matmul"]["flops_per_second"]
+  floor_ms = result["floor_ms"]
+  for measured in variants.values():
+    at_5 = measured["cost_per_block"].get("5")
+    grpc_p50 = measured["grpc"].get("p50_ms")
+    measured.update(
+        encoder_fraction_of_matmul_at_5_blocks=(
+            round(at_5["flops_per_second"] / matmul, 3) if at_5 else None),
+        in_process_p50_over_floor=round(measured["in_process"]["p50_ms"] / floor_ms, 2),
+        grpc_p50_over_floor=round(grpc_p50 / floor_ms, 2) if grpc_p50 else None)
+    measured["targets_met"] = {
+        name: bool(measured[name] is not None and (
+            measured[name] >= target if name.startswith("encoder") else
+            measured[name] <= target))
+        for name, target in VARIANT_TARGETS.items()}
+  result["shipped_variant"] = serving_variants.shipped().name
+  timed = {name: v["grpc"]["p50_ms"] for name, v in variants.items() if v["grpc"].get("p50_ms")}
+  result["fastest_variant"] = min(timed, key=timed.get) if timed else None
 
 
 def _by_number(values: dict) -> dict:
@@ -352,11 +535,12 @@ def markdown(result: dict) -> str:
               f"measured in the same run: "
               f"{lim['matmul']['flops_per_second'] / 1e9:.1f} GFLOP/s (CPU theoretical peak "
               f"{lim['cpu']['peak_flops'] / 1e9:.1f}); the arithmetic floor of a question is "
-              f"{result['floor_ms']} ms.", "",
-              "| export | in-process p50 / floor | gRPC p50 / floor (1 client) | "
-              "REST p50 / floor (1 client) | x matmul limit, in-process at B = " +
-              ", ".join(_by_number(next(iter(result["exports"].values()))["in_process"][
-                  "ms_per_question_at_batch_size"])) + " |", "|---|---|---|---|---|"]
+              f"{result['floor_ms']} ms."]
+    if result["exports"]:  # a run of the variants alone (--kinds "") has none
+      lines += ["", "| export | in-process p50 / floor | gRPC p50 / floor (1 client) | "
+                "REST p50 / floor (1 client) | x matmul limit, in-process at B = " +
+                ", ".join(_by_number(next(iter(result["exports"].values()))["in_process"][
+                    "ms_per_question_at_batch_size"])) + " |", "|---|---|---|---|---|"]
     for kind, per_kind in result["exports"].items():
       s = per_kind["summary"]
       lines.append(f"| {kind} | {s['in_process_p50_over_floor']} | "
@@ -370,7 +554,60 @@ def markdown(result: dict) -> str:
     met = sorted(per_kind["targets_met"].items(), key=lambda item: (
         TARGETS_MET.index(item[0]) if item[0] in TARGETS_MET else len(TARGETS_MET), item[0]))
     lines.append(f"- {kind}: " + ", ".join(f"{k} {'met' if ok else 'MISSED'}" for k, ok in met))
+  if result.get("variants"):
+    lines += variants_markdown(result)
   return "\n".join(lines) + "\n"
+
+
+def _ops(profile: list) -> str:
+  return ", ".join(f"{p['op']} {p['fraction']:.0%}" for p in profile[:6])
+
+
+def variants_markdown(result: dict) -> list[str]:
+  """The variants' table, verdicts, which ships and why, and the profiles of the misses."""
+  variants = result["variants"]
+  blocks = sorted({n for v in variants.values() for n in v["cost_per_block"]}, key=int)
+  matmul = result["limits"]["matmul"]["flops_per_second"]
+  lines = ["", "## The served reader's variants (benchmarks/serving_variants.py)", "",
+           f"Each variant is the same model exported its way and measured in its own process "
+           f"(oneDNN is fixed when TensorFlow loads): the encoder alone in passes of N "
+           f"blocks of {result['reader_positions']['reader_seq_length']} wordpieces (the "
+           f"full reader length), one question in process and over gRPC (one client, no "
+           f"batching). "
+           f"Matmul limit {matmul / 1e9:.1f} GFLOP/s, arithmetic floor "
+           f"{result['floor_ms']} ms. Targets: " + ", ".join(
+               f"{k} {'>=' if k.startswith('encoder') else '<='} {v}"
+               for k, v in VARIANT_TARGETS.items()) + ".", "",
+           "| variant | XLA | oneDNN | length step | " + " | ".join(
+               f"encoder x matmul at {n}" for n in blocks) +
+           " | in-process p50 ms | / floor | gRPC p50 ms | / floor | targets |",
+           "|---|---|---|---|" + "---|" * len(blocks) + "---|---|---|---|---|"]
+  for name, v in variants.items():
+    fractions = [f"{v['cost_per_block'][n]['flops_per_second'] / matmul:.2f}"
+                 if n in v["cost_per_block"] else "-" for n in blocks]
+    met = v["targets_met"]
+    verdict = ("all met" if all(met.values()) else
+               "MISSED " + ", ".join(k for k, ok in met.items() if not ok))
+    lines.append(f"| {name} | {'on' if v['reader_xla'] else 'off'} | "
+                 f"{'on' if v['onednn'] == '1' else 'off'} | {v['reader_length_step']} | "
+                 + " | ".join(fractions) + f" | {v['in_process']['p50_ms']} | "
+                 f"{v['in_process_p50_over_floor']} | {v['grpc'].get('p50_ms', '-')} | "
+                 f"{v['grpc_p50_over_floor']} | {verdict} |")
+  shipped, fastest = result["shipped_variant"], result["fastest_variant"]
+  lines += ["", f"Ships: **{shipped}** (realm_tf.export.assembly.READER_XLA and the "
+            f"server's oneDNN default, off). Fastest over gRPC: **{fastest}**" + (
+                "." if fastest == shipped else
+                "; it ships only once benchmarks/results/serving_memory.md shows it within "
+                "+5% RSS over three hand-overs, by flipping READER_XLA (XLA) or the "
+                "server's oneDNN default."), "",
+            "Where the time goes (TensorFlow profiler, self time by op type; an "
+            "XLA-compiled function is one entry), for each variant that misses a target:", ""]
+  for name, v in variants.items():
+    if all(v["targets_met"].values()):
+      continue
+    lines += [f"- {name}: encoder 5-block pass: {_ops(v['encoder_profile'])}; one "
+              f"question: {_ops(v['question_profile'])}"]
+  return lines
 
 
 def reader_lengths_run(run, path: str, questions: list[str], step: int) -> list[int]:
@@ -512,6 +749,24 @@ def run(args) -> dict:
                 max_blocks_per_pass=per_pass, reader_length_step=length_step,
                 cost_per_block=blocks_cost,
                 reader_positions=reader_positions_used(run, questions))
+  variants = serving_variants.parse(args.variants) if args.variants else []
+  for variant in variants:
+    begin = time.time()
+    base = os.path.join(work, "variants", variant.name)
+    shutil.rmtree(base, ignore_errors=True)
+    step = variant.length_step()
+    version = serving_variants.save_export(run, variant, base)
+    if "flops_per_question" not in result and step == length_step:
+      result["flops_per_question"] = flop_account(
+          run, reader_lengths_run(run, version, questions, length_step))
+    measured = run_variant(variant, os.path.join(base, "realm_qa"), args)
+    result.setdefault("variants", {})[variant.name] = dict(
+        measured, reader_xla=variant.reader_xla, onednn=variant.onednn,
+        reader_length_step=step)
+    timings[f"variant_{variant.name}_s"] = round(time.time() - begin, 1)
+    print(json.dumps({variant.name: dict(in_process_p50_ms=measured["in_process"]["p50_ms"],
+                                         grpc_p50_ms=measured["grpc"].get("p50_ms"))}),
+          flush=True)
   for kind in kinds:
     begin = time.time()
     path = exporter.save_export(exporter.build_module(run, kind, per_pass, length_step),
@@ -580,6 +835,7 @@ def run(args) -> dict:
   if end["matmul"]["flops_per_second"] > limits["matmul"]["flops_per_second"]:
     result["limits"] = limits = dict(end, used="end of the run (the better)")
   with_floor(result, limits)
+  variant_verdicts(result)
   result["machine"]["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
   timings["total_s"] = round(time.time() - start, 1)
   if not args.work_dir:
@@ -590,9 +846,16 @@ def run(args) -> dict:
 def main(argv=None):
   args = parse_args(argv)
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  if args.measure_variant:  # a variant's own process (run_variant)
+    print(_VARIANT_RESULT + json.dumps(measure_variant(json.loads(args.measure_variant))),
+          flush=True)
+    return
   result = run(args)
   path = harness.Output(args.name, markdown).write(result)
   print(json.dumps({k: v["summary"] for k, v in result["exports"].items()}, indent=2))
+  if result.get("variants"):
+    print(json.dumps({name: v["targets_met"] for name, v in result["variants"].items()},
+                     indent=2))
   print(path)
 
 

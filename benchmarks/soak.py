@@ -86,9 +86,9 @@ def parse_args(argv=None):
 # ---------------------------------------------------------------------------------- model
 
 
-def build_demo_export(work: str, articles: int) -> str:
-  """A realm_qa version 1 of the demo-size model under <work>/source/realm_qa (the same
-  model and corpus recipe as benchmarks/serving.py); returns the base path."""
+def demo_run(work: str, articles: int):
+  """The demo-size model's ServingRun over the first `articles` vital_articles, its blocks
+  embedded (the same model and corpus recipe as benchmarks/serving.py)."""
   from benchmarks import serving as serving_bench  # pylint: disable=g-import-not-at-top
   from realm_tf.configs import load_config  # pylint: disable=g-import-not-at-top
   from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
@@ -97,6 +97,14 @@ def build_demo_export(work: str, articles: int) -> str:
   blocks = serving_bench.prepare_corpus(work, articles, config.model.retriever.block_seq_length)
   run = exporter.build_run(config.replace(index=dict(blocks=blocks)))
   serving_bench.embed_corpus(run)
+  return run
+
+
+def build_demo_export(work: str, articles: int) -> str:
+  """A realm_qa version 1 of the demo-size model (demo_run) under <work>/source/realm_qa;
+  returns the base path."""
+  from realm_tf.export import exporter  # pylint: disable=g-import-not-at-top
+  run = demo_run(work, articles)
   out = os.path.join(work, "source")
   exporter.save_export(exporter.build_module(run, MODEL), out, MODEL, 1,
                        run.provenance(MODEL), exporter.warmup_requests(MODEL, run))
@@ -130,12 +138,12 @@ def stage_model(source_base: str, work: str) -> str:
 
 
 def server_process(base_path: str, work: str, clients: int,
-                   env: Optional[dict] = None) -> ServerProcess:
+                   env: Optional[dict] = None, flags=()) -> ServerProcess:
   """serving.server over `base_path` with the soak's limits (what the invalid requests
-  exceed) and room for `clients` concurrent clients."""
+  exceed) and room for `clients` concurrent clients; `flags`: more serving.server flags."""
   return ServerProcess(base_path, MODEL, os.path.join(work, "server.log"), flags=[
       f"--max_batch_size={MAX_BATCH_SIZE}", f"--max_message_bytes={MAX_MESSAGE_BYTES}",
-      f"--max_concurrent_requests={max(64, 2 * clients)}"], env=env)
+      f"--max_concurrent_requests={max(64, 2 * clients)}", *flags], env=env)
 
 
 # ---------------------------------------------------------------------------------- requests

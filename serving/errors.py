@@ -68,6 +68,10 @@ def deadline_exceeded(message: str) -> ServingError:
   return ServingError(grpc.StatusCode.DEADLINE_EXCEEDED, message)
 
 
+def internal(message: str) -> ServingError:
+  return ServingError(grpc.StatusCode.INTERNAL, message)
+
+
 def from_tf_error(error: Exception) -> ServingError:
   """A model's own failure (tf.errors.OpError keeps its canonical code), else INTERNAL."""
   if isinstance(error, tf.errors.OpError):

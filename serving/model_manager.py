@@ -76,12 +76,15 @@ class ModelManager:
   def __init__(self, max_batch_size: int, max_decoded_bytes: int,
                on_change: Optional[Callable[[str, bool], None]] = None,
                aspired_version_policy: str = "availability_preserving",
-               metrics: Optional[metrics_lib.ServingMetrics] = None):
+               metrics: Optional[metrics_lib.ServingMetrics] = None,
+               xla_cpu_compilation_enabled: bool = False):
     if aspired_version_policy not in ASPIRED_VERSION_POLICIES:
       raise ValueError(f"aspired_version_policy must be one of {ASPIRED_VERSION_POLICIES}, "
                        f"got {aspired_version_policy!r}")
     self._resource_preserving = aspired_version_policy == "resource_preserving"
     self._max_batch_size = max_batch_size
+    # tensorflow_model_server's --xla_cpu_compilation_enabled (servable.Signature).
+    self._xla_cpu_compilation_enabled = xla_cpu_compilation_enabled
     self._max_decoded_bytes = max_decoded_bytes
     self._on_change = on_change or (lambda name, serving: None)
     self.metrics = metrics or metrics_lib.ServingMetrics(self.serves)
@@ -225,7 +228,8 @@ class ModelManager:
 
   def _load(self, model: _Model, version_dir: paths.VersionDir) -> None:
     name, version = model.spec.name, version_dir.version
-    servable = ServableVersion(name, version, version_dir.path)
+    servable = ServableVersion(name, version, version_dir.path,
+                               self._xla_cpu_compilation_enabled)
     servable.state = State.LOADING
     with self._lock:
       model.records[version] = servable

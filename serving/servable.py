@@ -9,6 +9,7 @@ import ctypes.util
 import dataclasses
 import enum
 import gc
+import logging
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ from tensorflow_serving.apis import get_model_status_pb2
 
 from serving import errors
 
+log = logging.getLogger(__name__)
 
 def register_op_libraries() -> list[str]:
   """Registers the op libraries a SavedModel may use beyond core TensorFlow.
@@ -106,13 +108,29 @@ def _spec_from_tensor_info(info: meta_graph_pb2.TensorInfo) -> tf.TensorSpec:
   return tf.TensorSpec(shape, tf.dtypes.as_dtype(info.dtype))
 
 
+# What tensorflow_model_server answers when XLA compilation is off and a model asks for it:
+# main.cc calls tensorflow::DisableXlaCompilation() unless --xla_cpu_compilation_enabled,
+# and XLA's compilation cache then fails every compilation with
+# errors::Internal("XLA compilation disabled") (tensorflow/compiler/jit/flags.h,
+# FailOnXlaCompilation). TensorFlow's Python API exposes neither call, so this server
+# decides it from the graph (xla_compiled_signatures).
+XLA_DISABLED_MESSAGE = "XLA compilation disabled"
+_XLA_MUST_COMPILE = "_XlaMustCompile"
+
+
 @dataclasses.dataclass
 class Signature:
-  """A signature's callable and its specs (inputs from structured_input_signature)."""
+  """A signature's callable and its specs (inputs from structured_input_signature).
+
+  xla_disabled: the signature reaches an XLA-compiled function (xla_compiled_signatures)
+  and the server runs without --xla_cpu_compilation_enabled: every call fails as
+  tensorflow_model_server's does (INTERNAL, XLA_DISABLED_MESSAGE), nothing computed.
+  """
   name: str
   function: object  # a ConcreteFunction taking keyword tensors, returning a dict
   input_specs: dict  # name → tf.TensorSpec
   output_specs: dict  # name → tf.TensorSpec
+  xla_disabled: bool = False
 
   @property
   def batchable(self) -> bool:
@@ -123,7 +141,13 @@ class Signature:
         for spec in specs)
 
   def run(self, inputs: Mapping[str, np.ndarray]) -> dict:
-    """Calls the model on already validated inputs; {name: ndarray}."""
+    """Calls the model on already validated inputs; {name: ndarray}.
+
+    Raises:
+      errors.ServingError: INTERNAL, the signature needs XLA and the server has it off.
+    """
+    if self.xla_disabled:
+      raise errors.internal(XLA_DISABLED_MESSAGE)
     tensors = {name: tf.constant(array, dtype=self.input_specs[name].dtype)
                for name, array in inputs.items()}
     outputs = self.function(**tensors)
@@ -132,6 +156,67 @@ class Signature:
 
 def read_signature_defs(path: str) -> dict:
   """The `serve` MetaGraph's SignatureDefs, read from saved_model.pb(txt) as TF Serving does."""
+  return {key: value for key, value in serve_meta_graph(path).signature_def.items()
+          if key != _INIT_OP_SIGNATURE}
+
+
+def _called_functions(node, functions) -> set:
+  """The library functions a NodeDef calls: its op when that is a function's name, and
+  every function named in its attrs (a call's `f`, a branch's `then_branch`, a case's
+  `branches`, a loop's `cond` and `body`...)."""
+  called = {node.op} & functions
+  for value in node.attr.values():
+    if value.HasField("func"):
+      called.add(value.func.name)
+    called.update(f.name for f in value.list.func)
+  return called
+
+
+def xla_compiled_signatures(meta_graph: meta_graph_pb2.MetaGraphDef) -> set:
+  """The signatures that reach an XLA-compiled function: one saved with `_XlaMustCompile`
+  (a `tf.function(jit_compile=True)`), or called by a node carrying that attr, directly or
+  through any depth of calls, branches and loops. A branch not taken still counts: which
+  one runs is the request's, and an export's branches are read alike.
+
+  Args:
+    meta_graph: the `serve` MetaGraphDef.
+
+  Returns:
+    Signature names (the init op's left out).
+  """
+  library = {f.signature.name: f for f in meta_graph.graph_def.library.function}
+  names = set(library)
+  must_compile = {name for name, f in library.items()
+                  if _XLA_MUST_COMPILE in f.attr and f.attr[_XLA_MUST_COMPILE].b}
+  edges = {}  # function → the functions it calls
+  for name, function in library.items():
+    edges[name] = set()
+    for node in function.node_def:
+      called = _called_functions(node, names)
+      edges[name] |= called
+      if _XLA_MUST_COMPILE in node.attr and node.attr[_XLA_MUST_COMPILE].b:
+        must_compile |= called
+  reaching = set(must_compile)
+  changed = True
+  while changed:  # the functions that call a reaching one reach too
+    grown = {name for name, callees in edges.items() if callees & reaching}
+    changed = not grown <= reaching
+    reaching |= grown
+  nodes = {node.name: node for node in meta_graph.graph_def.node}
+  compiled = set()
+  for key, signature_def in meta_graph.signature_def.items():
+    if key == _INIT_OP_SIGNATURE:
+      continue
+    for info in signature_def.outputs.values():
+      node = nodes.get(info.name.split(":")[0].lstrip("^"))
+      if node is not None and (_called_functions(node, names) & reaching or (
+          _XLA_MUST_COMPILE in node.attr and node.attr[_XLA_MUST_COMPILE].b)):
+        compiled.add(key)
+  return compiled
+
+
+def serve_meta_graph(path: str) -> meta_graph_pb2.MetaGraphDef:
+  """The `serve` MetaGraph of saved_model.pb(txt) in `path`."""
   proto = saved_model_pb2.SavedModel()
   pb, pbtxt = os.path.join(path, "saved_model.pb"), os.path.join(path, "saved_model.pbtxt")
   if tf.io.gfile.exists(pb):
@@ -142,16 +227,19 @@ def read_signature_defs(path: str) -> dict:
       text_format.Parse(f.read(), proto)
   for meta_graph in proto.meta_graphs:
     if SERVE_TAG in meta_graph.meta_info_def.tags:
-      return {key: value for key, value in meta_graph.signature_def.items()
-              if key != _INIT_OP_SIGNATURE}
+      return meta_graph
   raise ValueError(f"{path}: no MetaGraph tagged {SERVE_TAG!r}")
 
 
 class ServableVersion:
   """A model version: loaded SavedModel, signatures, lifecycle state and in-flight count."""
 
-  def __init__(self, model_name: str, version: int, path: str):
+  def __init__(self, model_name: str, version: int, path: str,
+               xla_cpu_compilation_enabled: bool = False):
+    """xla_cpu_compilation_enabled: tensorflow_model_server's flag (see Signature's
+    xla_disabled); off, as in the binary, unless the server was started with it."""
     self.model_name = model_name
+    self.xla_cpu_compilation_enabled = xla_cpu_compilation_enabled
     self.version = version
     self.path = path
     self.signature_defs = {}  # name → SignatureDef proto (for GetModelMetadata)
@@ -167,7 +255,14 @@ class ServableVersion:
 
   def load(self):
     """Loads the SavedModel and its signatures (runs on the loader thread, not a request's)."""
-    self.signature_defs = read_signature_defs(self.path)
+    meta_graph = serve_meta_graph(self.path)
+    self.signature_defs = {key: value for key, value in meta_graph.signature_def.items()
+                           if key != _INIT_OP_SIGNATURE}
+    xla = xla_compiled_signatures(meta_graph)
+    if xla and not self.xla_cpu_compilation_enabled:
+      log.warning("%s: signatures %s are XLA-compiled and --xla_cpu_compilation_enabled "
+                  "is off: they answer INTERNAL %r, as in tensorflow_model_server",
+                  self.path, sorted(xla), XLA_DISABLED_MESSAGE)
     self._loaded = tf.saved_model.load(self.path, tags=[SERVE_TAG])
     for name, signature_def in self.signature_defs.items():
       if name not in self._loaded.signatures:
@@ -179,7 +274,8 @@ class ServableVersion:
       self.signatures[name] = Signature(
           name=name, function=function, input_specs=dict(kwargs),
           output_specs={key: _spec_from_tensor_info(info)
-                        for key, info in signature_def.outputs.items()})
+                        for key, info in signature_def.outputs.items()},
+          xla_disabled=name in xla and not self.xla_cpu_compilation_enabled)
 
   def signature(self, name: str) -> Signature:
     name = name or DEFAULT_SIGNATURE

@@ -20,6 +20,11 @@ In-process use (tests, benchmarks):
     with ModelServer(ServerOptions(model_base_path=..., port=0)) as server:
       channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
 
+XLA: --xla_cpu_compilation_enabled has tensorflow_model_server's meaning. Off (the
+default, as in the binary), a signature that reaches an XLA-compiled function (an export
+made with `python -m realm_tf.export --reader_xla`) answers INTERNAL "XLA compilation
+disabled" and a warm-up that reaches one fails the version's load (serving.servable).
+
 oneDNN: run as a program, the server turns TensorFlow's oneDNN CPU kernels off unless
 TF_ENABLE_ONEDNN_OPTS is set (`TF_ENABLE_ONEDNN_OPTS=1 python -m serving.server ...` turns
 them on). Why: oneDNN's allocator keeps a retired version's large tensors in an arena that
@@ -102,6 +107,10 @@ class ServerOptions:
   max_batch_size: int = 256
   aspired_version_policy: str = "availability_preserving"
   ssl_config_file: str = ""  # an SSLConfig text proto: TLS on gRPC and REST (serving.tls)
+  # tensorflow_model_server's flag: off, a signature reaching an XLA-compiled function
+  # (a realm_tf.export --reader_xla export's QA signatures) answers INTERNAL "XLA
+  # compilation disabled", as the binary does (serving.servable.Signature).
+  xla_cpu_compilation_enabled: bool = False
 
   def __post_init__(self):
     for name in ("grpc_max_threads", "rest_api_num_threads", "rest_api_timeout_in_ms",
@@ -135,7 +144,8 @@ class ModelServer:
     self.manager = ModelManager(options.max_batch_size, self.max_decoded_bytes,
                                 on_change=self._on_model_change,
                                 aspired_version_policy=options.aspired_version_policy,
-                                metrics=self.metrics)
+                                metrics=self.metrics,
+                                xla_cpu_compilation_enabled=options.xla_cpu_compilation_enabled)
     self.batcher: Optional[BatchScheduler] = None
     self.predictor: Optional[Predictor] = None
     self._grpc_server = None
@@ -338,6 +348,11 @@ def _define_flags(flag_values: flags.FlagValues) -> None:
                        "Timeout of a REST request.", **define)
   flags.DEFINE_string("ssl_config_file", "", "An SSLConfig text proto (PEM texts inline): "
                       "TLS on the gRPC port, and [realm_tf] on the REST port.", **define)
+  flags.DEFINE_bool("xla_cpu_compilation_enabled", False,
+                    "EXPERIMENTAL in tensorflow_model_server. Run XLA-compiled functions "
+                    "(jit_compile); off, a signature that reaches one answers INTERNAL "
+                    "'XLA compilation disabled', as the binary does, and a version whose "
+                    "warm-up reaches one fails to load.", **define)
   flags.DEFINE_string("host", defaults.host, "[realm_tf] Address to bind; 0.0.0.0 exposes "
                       "the server to the network.", **define)
   flags.DEFINE_integer("max_message_bytes", defaults.max_message_bytes,

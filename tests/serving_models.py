@@ -7,6 +7,8 @@
                  with a scalar input (not batchable)
   slow           x [B] → x + offset after sleeping (without burning CPU), for in-flight
                  and deadline tests; `offset` tells which build answered
+  xla_compiled   x [B] → 2x + 1 through an XLA-compiled function (serving_default) and
+                 without one (plain), for --xla_cpu_compilation_enabled
 """
 import os
 import shutil
@@ -89,6 +91,32 @@ class Slow(tf.Module):
     slept = tf.data.Dataset.range(1).apply(tf_data_testing.sleep(self.delay_us)).reduce(
         tf.constant(0, tf.int64), lambda total, item: total + item)
     return {"y": x + self.offset + tf.cast(slept, tf.float32)}
+
+
+class XlaCompiled(tf.Module):
+  """x [B] → y = 2x + 1 through a tf.function(jit_compile=True) reached only inside a
+  tf.cond branch (`predict`), and the same without XLA (`plain`): what a
+  realm_tf.export --reader_xla export's QA and retrieval signatures look like to a
+  server."""
+
+  def __init__(self):
+    super().__init__()
+    self.compiled = tf.function(lambda x: 2.0 * x + 1.0, jit_compile=True)
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+  def predict(self, x):
+    return {"y": tf.cond(tf.size(x) > 0, lambda: self.compiled(x), lambda: x)}
+
+  @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+  def plain(self, x):
+    return {"y": 2.0 * x + 1.0}
+
+
+def save_xla_compiled(path: str) -> str:
+  module = XlaCompiled()
+  tf.saved_model.save(module, path, signatures={"serving_default": module.predict,
+                                                "plain": module.plain})
+  return path
 
 
 def save_fake_realm_qa(path: str, tag: str = "v1") -> str:

@@ -560,3 +560,108 @@ def test_disk_peak_sampler_sees_a_file_that_came_and_went(tmp_path):
     path.unlink()
   assert disk.peak >= 1 << 20
   assert harness.du_bytes(str(tmp_path), on_disk=True) == 0
+
+
+def _variant(encoder_flops_per_second, in_process_ms, grpc_ms, **flags):
+  return dict(cost_per_block={"5": dict(ms_per_block=1.0,
+                                        flops_per_second=encoder_flops_per_second)},
+              in_process=dict(p50_ms=in_process_ms), grpc=dict(p50_ms=grpc_ms),
+              encoder_profile=[dict(op="MatMul", ms_per_call=5.0, fraction=0.6)],
+              question_profile=[dict(op="BatchMatMulV2", ms_per_call=9.0, fraction=0.3)],
+              **flags)
+
+
+def test_serving_variants_are_judged_against_their_targets_and_the_shipped_one_named():
+  """variant_verdicts: the encoder's FLOP/s at 5 blocks over the matmul limit (target >=
+  0.75), in-process p50 over the floor (<= 1.4), gRPC p50 over the floor (<= 1.6), each
+  met exactly at its edge and missed past it; the shipped variant follows READER_XLA, the
+  fastest is the lowest gRPC p50; the Markdown names both and profiles only the misses."""
+  from benchmarks import serving, serving_variants  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import assembly  # pylint: disable=g-import-not-at-top
+  result = dict(
+      limits=dict(matmul=dict(flops_per_second=100e9)), floor_ms=100.0,
+      reader_positions=dict(reader_seq_length=160),
+      flops_per_question=dict(reader_seq_length=137.4),
+      variants=dict(
+          baseline=_variant(50e9, 220.0, 280.0, reader_xla=False, onednn="0",
+                            reader_length_step=32),
+          xla=_variant(75e9, 140.0, 160.0, reader_xla=True, onednn="0",
+                       reader_length_step=32),
+          xla_onednn=_variant(74.9e9, 141.0, 161.0, reader_xla=True, onednn="1",
+                              reader_length_step=32)))
+  serving.variant_verdicts(result)
+  v = result["variants"]
+  assert v["baseline"]["encoder_fraction_of_matmul_at_5_blocks"] == 0.5
+  assert v["baseline"]["in_process_p50_over_floor"] == 2.2
+  assert v["baseline"]["grpc_p50_over_floor"] == 2.8
+  assert not any(v["baseline"]["targets_met"].values())
+  assert all(v["xla"]["targets_met"].values())  # each exactly at its target
+  assert v["xla_onednn"]["targets_met"] == dict(
+      encoder_fraction_of_matmul_at_5_blocks=False, in_process_p50_over_floor=False,
+      grpc_p50_over_floor=False)
+  assert result["fastest_variant"] == "xla"
+  assert result["shipped_variant"] == serving_variants.shipped().name == (
+      "xla" if assembly.READER_XLA else "baseline")
+  text = "\n".join(serving.variants_markdown(result))
+  assert f"Ships: **{result['shipped_variant']}**" in text
+  assert "Fastest over gRPC: **xla**" in text
+  assert "| xla | on | off | 32 | 0.75 | 140.0 | 1.4 | 160.0 | 1.6 | all met |" in text
+  assert "- baseline: encoder 5-block pass: MatMul 60%" in text
+  assert "- xla:" not in text  # met everything: no profile line
+
+
+def test_serving_variants_are_parsed_by_name():
+  from benchmarks import serving_variants  # pylint: disable=g-import-not-at-top
+  assert [v.name for v in serving_variants.parse("xla, baseline")] == ["xla", "baseline"]
+  assert serving_variants.VARIANTS["xla"].server_flags() == [
+      "--xla_cpu_compilation_enabled=true"]
+  assert serving_variants.VARIANTS["onednn"].env() == {"TF_ENABLE_ONEDNN_OPTS": "1"}
+  assert serving_variants.VARIANTS["full_length"].length_step() == 0
+  with pytest.raises(ValueError, match="unknown variants.*'nope'"):
+    serving_variants.parse("baseline,nope")
+  with pytest.raises(ValueError, match="none given"):
+    serving_variants.parse(" , ")
+
+
+def test_serving_memory_rows_say_whether_a_variant_keeps_the_rss_rule():
+  """serving_memory.markdown: a variant row whose total growth is at most +5% keeps the
+  rule, one past it does not; results from before the variants render as they did."""
+  from benchmarks import serving_memory  # pylint: disable=g-import-not-at-top
+
+  def row(name, rss, xla=False, onednn="0"):
+    first, last = rss[0], rss[-1]
+    growth = round((last - first) / first, 4)
+    return dict(variant=name, reader_xla=xla, onednn=onednn,
+                points=[dict(version=i + 1, rss_mb=r, p50_ms=100.0) for i, r in enumerate(rss)],
+                mb_returned_at_each_retirement=[100.0] * (len(rss) - 1),
+                growth_first_handover=round((rss[1] - first) / first, 4),
+                growth_per_later_handover=0.0, growth_total=growth,
+                within_rss_rule=growth <= serving_memory.MAX_RSS_GROWTH, p50_ms=100.0)
+
+  kept, grown = row("baseline", [1000.0, 1020.0, 1030.0, 1050.0]), row(
+      "xla", [1000.0, 1040.0, 1050.0, 1051.0], xla=True)
+  assert kept["within_rss_rule"] and not grown["within_rss_rule"]
+  result = dict(machine=dict(cpu_count=2, tensorflow="2.20.0",
+                             load_average_1_5_15=[1.0, 1.0, 1.0]),
+                args=dict(handovers=3, requests=12), model="m", settings=[kept, grown])
+  text = serving_memory.markdown(result)
+  assert "| baseline | off | 0 | 1000.0 → 1020.0 → 1030.0 → 1050.0 | +2.0% | +0.0% | +5.0% | yes |" in text
+  assert "| xla | on | 0 |" in text and "| +5.1% | NO |" in text
+
+
+def test_op_breakdown_puts_an_xla_program_outside_tensorflow_ops():
+  """op_breakdown: a plain function's matmul is an op of its own; an XLA-compiled one's time
+  is in the OUTSIDE_OPS entry, not lost; shares are of the calls' time, at most 1 in all."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import serving  # pylint: disable=g-import-not-at-top
+  x = tf.random.normal([384, 384])
+  for jit_compile in (False, True):
+    f = tf.function(lambda a: tf.matmul(tf.matmul(a, a), a), jit_compile=jit_compile)
+    ops = serving.op_breakdown(lambda: f(x).numpy(), steps=3)  # pylint: disable=cell-var-from-loop
+    names = [o["op"] for o in ops]
+    assert 0 < sum(o["fraction"] for o in ops) <= 1.001, ops
+    matmuls = [n for n in names if n.endswith("MatMul")]  # _MklMatMul with oneDNN on
+    if jit_compile:
+      assert not matmuls and serving.OUTSIDE_OPS in names, ops
+    else:
+      assert matmuls, ops

@@ -3,6 +3,8 @@ answers through their labels, the SSL config script writes an SSLConfig from PEM
 the Dockerfile's image is the TF Serving release of the pinned TensorFlow, whose ops the
 allow-list holds. A wrong field name or value in any of them fails here."""
 import dataclasses
+import json
+import os
 import pathlib
 import re
 import ssl
@@ -157,3 +159,25 @@ def test_dockerfile_serves_with_the_pinned_tensorflows_release_and_deploy_files(
   entrypoint = (DEPLOY / "entrypoint.sh").read_text()
   for name in ("models.config", "batching.config", "monitoring.config", "ssl_config.sh"):
     assert name in files and f"$CONFIG_DIR/{name}" in entrypoint, name
+
+
+@pytest.mark.parametrize("reader_xla", [False, True])
+def test_entrypoint_enables_xla_exactly_when_a_served_export_needs_it(tmp_path, reader_xla):
+  """entrypoint.sh adds --xla_cpu_compilation_enabled=true when a version's provenance says
+  reader_xla (an export the binary refuses without it), and not otherwise; a stand-in
+  tensorflow_model_server on PATH prints the arguments it is given."""
+  extra = tmp_path / "models" / "7" / "assets.extra"
+  extra.mkdir(parents=True)
+  (extra / "realm_provenance.json").write_text(json.dumps({"reader_xla": reader_xla},
+                                                          indent=2))
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  fake = bin_dir / "tensorflow_model_server"
+  fake.write_text('#!/bin/bash\nprintf "%s\\n" "$@"\n')
+  fake.chmod(0o755)
+  env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CONFIG_DIR=str(DEPLOY),
+             MODELS_DIR=str(tmp_path / "models"))
+  args = subprocess.run(["bash", str(DEPLOY / "entrypoint.sh"), "--extra=1"], env=env,
+                        check=True, capture_output=True, text=True).stdout.split()
+  assert f"--model_config_file={DEPLOY}/models.config" in args and args[-1] == "--extra=1"
+  assert ("--xla_cpu_compilation_enabled=true" in args) == reader_xla

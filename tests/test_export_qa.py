@@ -23,6 +23,7 @@ from realm_tf.io import layout, versioned
 from realm_tf.retrieval import scann_index
 from realm_tf.tasks import openqa_evaluation as evaluation
 from realm_tf.training import train_lib
+from serving.servable import serve_meta_graph, xla_compiled_signatures
 from tests import task_fixtures as tf_
 from tests.synthetic_corpus import write_corpus
 
@@ -189,6 +190,48 @@ def test_reading_at_the_shortest_length_that_holds_the_request(exported, monkeyp
     _assert_same_outputs(out, expected, tolerance=1e-4)
   with pytest.raises(ValueError, match="reader_length_step"):
     exporter.build_module(run, "realm_qa", reader_length_step=-1)
+
+
+def test_a_pass_is_read_at_the_first_length_that_holds_it():
+  """reader_length_branch: a pass whose longest input is exactly a length is read at that
+  length, one a wordpiece longer at the next, and one past the full length (which
+  packed_lengths never gives: bodies are cut at it) at the full length, never beyond."""
+  lengths = qa.reader_lengths(160, 32, 32)  # [64, 96, 128, 160]
+  branch = tf.function(lambda needed: qa.reader_length_branch(lengths, needed))
+  for needed, expected in ((1, 64), (64, 64), (65, 96), (96, 96), (159, 160), (160, 160),
+                           (161, 160), (10_000, 160)):
+    assert lengths[int(branch(tf.constant(needed)))] == expected, needed
+  assert int(qa.reader_length_branch([160], tf.constant(500))) == 0
+
+
+def test_xla_reader_pass_answers_as_the_baseline(exported, tmp_path):
+  """reader_xla: the reader's pass XLA-compiled, in passes and at per-pass lengths, gives
+  the outputs of the plain export read in one pass at the full length (float tolerance:
+  XLA fuses and reorders the arithmetic), in process and saved; the saved graph keeps the
+  stock binary's ops, and its QA signatures (not the retrieval ones) are the ones that
+  reach an XLA-compiled function, which serving.server runs only with
+  --xla_cpu_compilation_enabled."""
+  run = exporter.load_run(exported["model_dir"])
+  questions = tf.constant(exported["questions"][:5])
+  baseline = exporter.build_module(run, "realm_qa", 0, 0)
+  expected = {k: v.numpy() for k, v in baseline.answer(questions).items()}
+  compiled = exporter.build_module(run, "realm_qa", 2 * run.num_read, 8, reader_xla=True)
+  assert compiled.reader_xla and not baseline.reader_xla
+  assert compiled.questions_per_pass == 2 and len(compiled.reader_lengths) > 1
+  _assert_same_outputs({k: v.numpy() for k, v in compiled.answer(questions).items()},
+                       expected, tolerance=1e-4)
+  path = exporter.save_export(compiled, str(tmp_path), "realm_qa", 1,
+                              run.provenance("realm_qa"),
+                              exporter.warmup_requests("realm_qa", run))
+  _assert_same_outputs(_outputs(tf.saved_model.load(path), questions), expected,
+                       tolerance=1e-4)
+  outside = model_server_ops.ops_outside(path)
+  assert not outside, f"the XLA export uses ops the stock binary lacks: {sorted(outside)}"
+  assert xla_compiled_signatures(serve_meta_graph(path)) == {"serving_default", "answer"}
+  assert xla_compiled_signatures(
+      serve_meta_graph(exported["published"]["realm_qa"])) == set()
+  with pytest.raises(ValueError, match="reader_xla needs max_blocks_per_pass"):
+    exporter.build_module(run, "realm_qa", 0, 8, reader_xla=True)
 
 
 def test_qa_outputs_follow_the_client_contract(realm_qa):

@@ -3,7 +3,8 @@
     python -m realm_tf.export --model_dir runs/nq --output_dir /models \\
         [--kinds query_encoder,doc_encoder,reader,realm_qa,realm_qa_scann] \\
         [--checkpoint PATH] [--version N] [--blocks CORPUS --index_dir INDEX]
-        [--max_blocks_per_pass 20] [--reader_length_step 32] [--embedding_dtype float32]
+        [--max_blocks_per_pass 20] [--reader_length_step 32] [--reader_xla]
+        [--embedding_dtype float32]
         [--scann_rescore_dtype float16]
 
 Writes `<output_dir>/<kind>/<version>/` (TF Serving's layout; version defaults to the
@@ -35,6 +36,11 @@ flags.DEFINE_integer("reader_length_step", 32,
                      "QA exports: read each request at the shortest multiple of this many "
                      "wordpieces that holds its longest question + block (up to the model's "
                      "reader length). 0: always the full length.")
+flags.DEFINE_bool("reader_xla", None,
+                  "QA exports: XLA-compile the reader's pass inside the SavedModel "
+                  "(tensorflow_model_server then needs --xla_cpu_compilation_enabled=true; "
+                  "serving.server mirrors that flag). Default: "
+                  "realm_tf.export.assembly.READER_XLA.")
 flags.DEFINE_enum("embedding_dtype", "float32", ["float32", "float16"],
                   "realm_qa: the served block embeddings. float16 halves the largest "
                   "part of a loaded version (docs/scale.md); retrieval scores then carry "
@@ -50,14 +56,15 @@ FLAGS = flags.FLAGS
 
 def main():
   """Exports the kinds named by the flags; returns {kind: published directory}."""
-  from realm_tf.export.assembly import ExactSearch, ScannSearch  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
+  from realm_tf.export.assembly import READER_XLA, ExactSearch, ScannSearch  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   from realm_tf.export.exporter import export_run  # noqa: PLC0415  entry point: flags parse and --help answers before TensorFlow loads
   rescore = FLAGS.scann_rescore_dtype
   searches = [ExactSearch(FLAGS.embedding_dtype),
               ScannSearch(rescore_dtype=None if rescore == "none" else rescore)]
   return export_run(FLAGS.model_dir, FLAGS.output_dir, FLAGS.kinds, FLAGS.checkpoint,
                     FLAGS.version, FLAGS.blocks, FLAGS.index_dir, FLAGS.max_blocks_per_pass,
-                    FLAGS.reader_length_step, searches)
+                    FLAGS.reader_length_step, searches,
+                    READER_XLA if FLAGS.reader_xla is None else FLAGS.reader_xla)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,12 @@ MAX_BLOCKS_PER_PASS = 20
 # most reader inputs are far shorter than the reader's length (benchmarks/results/
 # serving.md, "reader input used").
 READER_LENGTH_STEP = 32
+# Whether a QA export's reader pass is XLA-compiled (QAModule's reader_xla): the one place
+# the shipped default is set (python -m realm_tf.export --reader_xla, benchmarks). Off until
+# benchmarks/results/serving.md's variants show it faster on an idle machine within the
+# memory rule of serving_memory.md; on, tensorflow_model_server needs
+# --xla_cpu_compilation_enabled=true (deploy/entrypoint.sh passes it when this is on).
+READER_XLA = False
 EMBEDDING_DTYPES = ("float32", "float16")
 
 
@@ -150,7 +156,8 @@ def served_searcher(shards: Sequence[scann_index.ScannShard], dimension: int,
 def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Tokenizer,
                      config: ExperimentConfig, search: Search = ExactSearch(),
                      max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
-                     reader_length_step: int = READER_LENGTH_STEP) -> QAModule:
+                     reader_length_step: int = READER_LENGTH_STEP,
+                     reader_xla: bool = READER_XLA) -> QAModule:
   """The QA module a QA export serves: `model` answering from `index` searched by `search`.
 
   Args:
@@ -164,6 +171,7 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
     search: ExactSearch or ScannSearch (the module docstring).
     max_blocks_per_pass: blocks read per reader pass at most (0: no limit; QAModule).
     reader_length_step: reader lengths are multiples of this (0: full length; QAModule).
+    reader_xla: the reader's pass XLA-compiled (QAModule).
 
   Returns:
     The QAModule (kind 'realm_qa' or 'realm_qa_scann'); its `signatures()` are what the
@@ -195,8 +203,9 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
                   retrieved_blocks(openqa, index.num_blocks, training=False),
                   openqa.num_candidates, scann_handles=handles, kind=search.kind,
                   max_blocks_per_pass=max_blocks_per_pass,
-                  reader_length_step=reader_length_step)
+                  reader_length_step=reader_length_step, reader_xla=reader_xla)
 
 
-__all__ = ["ExactSearch", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "ScannSearch",
+__all__ = ["ExactSearch", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "READER_XLA",
+           "ScannSearch",
            "Search", "served_qa_module", "served_searcher", "served_shards"]

@@ -43,8 +43,8 @@ from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.configs.experiment import ExperimentConfig
 from realm_tf.export import serving_warmup
-from realm_tf.export.assembly import (MAX_BLOCKS_PER_PASS, READER_LENGTH_STEP, ExactSearch,
-                                      ScannSearch, Search, served_qa_module)
+from realm_tf.export.assembly import (MAX_BLOCKS_PER_PASS, READER_LENGTH_STEP, READER_XLA,
+                                      ExactSearch, ScannSearch, Search, served_qa_module)
 from realm_tf.export.qa import ReaderModule
 from realm_tf.data import block_texts
 from realm_tf.io import layout, versioned
@@ -225,7 +225,8 @@ class ServingBlockEncoder(BlockEncoder):
 def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP,
-                 search: Optional[Search] = None) -> tf.Module:
+                 search: Optional[Search] = None,
+                 reader_xla: bool = READER_XLA) -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -236,6 +237,8 @@ def build_module(run: ServingRun, kind: str,
     reader_length_step: QA kinds: reader lengths are multiples of this (0: full length).
     search: QA kinds: how the module searches (assembly.ExactSearch for realm_qa,
       assembly.ScannSearch for realm_qa_scann); default DEFAULT_SEARCHES[kind].
+    reader_xla: QA kinds: the reader's pass XLA-compiled (QAModule; the export then needs
+      tensorflow_model_server's --xla_cpu_compilation_enabled=true).
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -258,7 +261,7 @@ def build_module(run: ServingRun, kind: str,
     if search.kind != kind:
       raise ValueError(f"a {kind} export cannot serve {search!r}, which is {search.kind}'s")
     return served_qa_module(run.model, run.index, run.tokenizer, c, search,
-                            max_blocks_per_pass, reader_length_step)
+                            max_blocks_per_pass, reader_length_step, reader_xla)
   raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -369,7 +372,8 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
                index_dir: str = "",
                max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                reader_length_step: int = READER_LENGTH_STEP,
-               searches: Sequence[Search] = ()) -> dict[str, str]:
+               searches: Sequence[Search] = (),
+               reader_xla: bool = READER_XLA) -> dict[str, str]:
   """`python -m realm_tf.export`: loads a run once and publishes each export kind.
 
   Args:
@@ -385,6 +389,7 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     searches: how the QA kinds search, at most one per kind (an assembly.ExactSearch for
       realm_qa, a ScannSearch for realm_qa_scann); a kind without one searches as
       DEFAULT_SEARCHES says.
+    reader_xla: QA kinds: the reader's pass XLA-compiled (QAModule).
 
   Returns:
     Kind → published directory.
@@ -410,13 +415,15 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     search = chosen.get(kind, DEFAULT_SEARCHES.get(kind))
     if search is not None:
       provenance.update(max_blocks_per_pass=max_blocks_per_pass,
-                        reader_length_step=reader_length_step, **search.describe())
-    module = build_module(run, kind, max_blocks_per_pass, reader_length_step, search)
+                        reader_length_step=reader_length_step, reader_xla=reader_xla,
+                        **search.describe())
+    module = build_module(run, kind, max_blocks_per_pass, reader_length_step, search,
+                          reader_xla)
     published[kind] = save_export(module, output_dir, kind, version, provenance,
                                   warmup_requests(kind, run))
   return published
 
 
-__all__ = ["DEFAULT_SEARCHES", "KINDS", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP",
+__all__ = ["DEFAULT_SEARCHES", "KINDS", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "READER_XLA",
            "ServingRun", "build_module", "build_run", "export_run", "load_run",
            "read_provenance", "save_export", "warmup_requests"]

@@ -122,13 +122,29 @@ def reader_lengths(full: int, query_seq_length: int, step: int) -> list[int]:
   return [n for n in range(first, full, step)] + [int(full)]
 
 
+def reader_length_branch(lengths: Sequence[int], needed: tf.Tensor) -> tf.Tensor:
+  """Which of `lengths` (reader_lengths' list, shortest first) a pass is read at.
+
+  Args:
+    lengths: the export's reader lengths; the last is the model's full length.
+    needed: [] int32, the pass's longest `[CLS] question [SEP] body [SEP]` as the full
+      length packs it (so never more than the full length: longer bodies are cut there).
+
+  Returns:
+    [] int32, the index of the first length >= needed: a pass exactly at a length is read
+    at that length, one longer at the next; anything past the last but one at the last.
+  """
+  return tf.reduce_sum(tf.cast(tf.constant(list(lengths[:-1]), tf.int32) < needed, tf.int32))
+
+
 class QAModule(tf.Module):
   """Question → answer and provenance; see the module docstring."""
 
   def __init__(self, model: OpenQAModel, index: ServedIndex, tokenizer: Tokenizer,
                query_seq_length: int, num_retrieved: int, num_read: int,
                scann_handles: Sequence[scann_index.ScannHandle] = (), kind: str = "realm_qa",
-               max_blocks_per_pass: int = 0, reader_length_step: int = 0):
+               max_blocks_per_pass: int = 0, reader_length_step: int = 0,
+               reader_xla: bool = False):
     """Built by realm_tf.export.assembly.served_qa_module, which says what each argument
     comes from.
 
@@ -145,7 +161,18 @@ class QAModule(tf.Module):
     step (up to the model's reader_seq_length) that holds its longest `[CLS] question
     [SEP] body [SEP]`, instead of always at reader_seq_length; 0: always the full length.
     Why: most blocks are shorter than the reader's length (benchmarks/results/serving.md,
-    "reader input used"), and padding costs as much as text."""
+    "reader input used"), and padding costs as much as text.
+
+    reader_xla: the reader's pass (its encoder and span head over one pass's [B, K, L]
+    inputs) is a `tf.function(jit_compile=True)` inside the SavedModel: XLA fuses the
+    elementwise work between the matmuls. The saved graph keeps stock ops (a call with
+    `_XlaMustCompile` set); tensorflow_model_server runs it only with
+    `--xla_cpu_compilation_enabled=true` (serving.server mirrors that flag). XLA compiles
+    one program per input shape, so the shapes are bounded: at most
+    max_blocks_per_pass // num_read questions per pass times len(reader_lengths) lengths
+    (each compiled once, on the first pass of that shape: the export's warm-up compiles
+    the ones its requests reach). Hence reader_xla needs max_blocks_per_pass > 0: without
+    it every request size would be a new program."""
     super().__init__(name=kind)
     if max_blocks_per_pass < 0:
       raise ValueError(f"max_blocks_per_pass must be 0 (no limit) or positive, got "
@@ -183,6 +210,15 @@ class QAModule(tf.Module):
                        f"{reader_length_step}")
     self.reader_lengths = reader_lengths(model.reader_seq_length, self.query_seq_length,
                                          reader_length_step)
+    if reader_xla and not max_blocks_per_pass:
+      raise ValueError("reader_xla needs max_blocks_per_pass > 0: XLA compiles a program "
+                       "per pass shape, and passes of a whole request have as many shapes "
+                       "as request sizes")
+    self.reader_xla = bool(reader_xla)
+    # Untracked (the signatures that call it are what is saved); None: the reader as is.
+    self._held.reader_pass = (
+        tf.function(lambda inputs: model.reader(inputs, training=False), jit_compile=True)
+        if reader_xla else None)
     # Every signature binds the searchers this one function makes, so they share one
     # searcher per shard (scann_index.searcher_function). Untracked: the signatures that
     # call it are what is saved.
@@ -266,7 +302,7 @@ class QAModule(tf.Module):
     def read_at(length):
       def read():
         out = model.read(features, rows, logits, blocks, self.num_read, training=False,
-                         reader_seq_length=length)
+                         reader_seq_length=length, reader_fn=self._held.reader_pass)
         return evaluation.choose_answers(out.span_logits, out.span_starts, out.span_ends,
                                          out.reader_inputs["body_start"])
       return read
@@ -280,8 +316,7 @@ class QAModule(tf.Module):
                                      model.reader_seq_length)  # [B, K]
       needed = tf.reduce_max(used)  # scalar (empty request: int min)
       # The first length that holds it (the last, full, always does).
-      branch = tf.reduce_sum(tf.cast(tf.constant(self.reader_lengths[:-1]) < needed,
-                                     tf.int32))
+      branch = reader_length_branch(self.reader_lengths, needed)
       chosen = tf.switch_case(branch, [read_at(n) for n in self.reader_lengths])
     chosen_texts = tf.gather(blocks.texts, chosen["best_block"], batch_dims=1)  # [B]
     answer = evaluation.answer_strings(self.tokenizer, chosen_texts,

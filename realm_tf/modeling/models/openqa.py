@@ -167,19 +167,25 @@ class OpenQAModel(tf_keras.Model):
 
   def read(self, features: dict, rows: tf.Tensor, logits: tf.Tensor, blocks,
            num_read: int, training=None,
-           reader_seq_length: Optional[int] = None) -> OpenQAOutputs:
+           reader_seq_length: Optional[int] = None, reader_fn=None) -> OpenQAOutputs:
     """Reads the first `num_read` of the retrieved blocks (`retrieve`'s outputs).
 
     reader_seq_length (static): the reader's input length, default the model's. A shorter
     one that still holds every `[CLS] x [SEP] body [SEP]` of the batch whole (the bodies as
     the model's length would cut them) gives the same spans and scores at less cost; the
     QA export picks one per request (realm_tf.export.qa).
+
+    reader_fn: called on the reader's BERT inputs (each [B, K, L]) in place of
+    `self.reader(inputs, training=training)`, returning the same outputs: the QA export
+    passes its XLA-compiled reader pass here (realm_tf.export.qa, reader_xla).
     """
     inputs = spans.pack_reader_inputs(
         features["query"]["input_word_ids"], features["query"]["input_mask"],
         blocks.body_ids[:, :num_read], blocks.body_lengths[:, :num_read],
         reader_seq_length or self.reader_seq_length, self.sep_id)
-    outputs = self.reader({k: inputs[k] for k in BERT_KEYS}, training=training)
+    bert_inputs = {k: inputs[k] for k in BERT_KEYS}
+    outputs = (reader_fn(bert_inputs) if reader_fn is not None
+               else self.reader(bert_inputs, training=training))
     scores = outputs["span_logits"]  # [B, K, S]
     answer_logits = losses.joint_reader_logits(
         scores, logits[:, :num_read] if self.retriever is not None else None,
