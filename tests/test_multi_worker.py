@@ -348,8 +348,12 @@ def test_a_worker_starved_by_its_input_ends_the_job_with_one_line_naming_it(
   try:
     _wait_for(_past_a_checkpoint(model_dir, 5), RUN_TIMEOUT, "steps past a checkpoint",
               interval=0.1)
-    os.remove(starved)
-    os.mkfifo(starved)
+    # Made beside it and renamed over it: between a remove and a mkfifo the worker could
+    # find no file at all and fail (NotFoundError, its connections closed, TensorFlow's
+    # line instead of the verdict: seen in the stall rounds).
+    fifo = str(small / "starved-fifo.tmp")
+    os.mkfifo(fifo)
+    os.replace(fifo, starved)
     started = time.time()
   except BaseException:
     job.kill()

@@ -539,18 +539,17 @@ class Watchdog:
       return 1
     # Every watchdog of the job decides within moments of the others (a collective stalls
     # them together). The state the trainer stalled in is taken and served from now on,
-    # and it is frozen: while the watchdogs ask each other and judge, no trainer can drop
-    # its connections (which would make a peer's TensorFlow raise and write a line of its
-    # own) or change what its watchdog reports. Its stacks are taken only after the
-    # verdict, once every peer has asked for it (run's finally; each peer freezes its own
-    # trainer before it asks): the stacks request (SIGUSR1) interrupts a system call, so a
-    # trainer waiting on its input (open() of a FIFO) fails there and its error closes its
-    # connections; taken before the freeze, that ended a starved-worker round with the
-    # peer's TensorFlow line instead of the verdict. A stopped trainer, continued now,
-    # would join the step its peers wait in and reset their clocks.
+    # its stacks saved, and then it is frozen: while the watchdogs ask each other and
+    # judge, no trainer can drop its connections (which would make a peer's TensorFlow
+    # raise and write a line of its own) or change what its watchdog reports.
     own = self._serve_stalled_state()
-    stacks = heartbeat.stacks_path(self.directory)
-    self._stacks_due = True
+    if own["trainer"] == "stopped":
+      # Continued for its stacks only after the verdict (run's finally): continued now, it
+      # would join the step its peers wait in and reset their clocks.
+      stacks = heartbeat.stacks_path(self.directory)
+      self._stacks_due = True
+    else:
+      stacks = self._save_stacks()
     self._freeze()
     self._peers_to_ask = len(watch.get("peers", {}))
     statuses, addresses = self._job_statuses(watch, own)
