@@ -7,7 +7,7 @@ Each stage's command runs as the demo runs it, as a child process (beam.preproce
 beam.embed_corpus, realm_tf.training.own_block_reader, realm_tf.train for ICT, pre-training
 with its index builder and act 2's fine-tuning, realm_tf.export, serving.server and
 serving.client; the world, the leads' tower export and the fill-in run in the demo's own
-process, as they do in `make demo`), on 12 invented articles and a world of 60 invented
+process, as they do in `make demo`), on 12 invented articles and a world of 600 invented
 people. The Demo itself runs in this process: the commands' absl flags cannot share a
 process, and the demo's `python -m realm_tf.demo` wrapper (flags, printing) is one more
 TensorFlow start-up, left to tests/test_demo.py. Checked: the paths each stage writes and
@@ -31,11 +31,11 @@ from tests import demo_checks
 
 pytestmark = pytest.mark.demo
 
-# Small enough for minutes, large enough for act 1 to learn: the reader reads its own
-# blocks after 200 steps, one ICT step leaves the retriever weak, and 40 pre-training
-# steps with a refresh every 10 teach it.
-SIZES = dict(world_entities=60, reader_steps=200, ict_steps=1, pretrain_steps=40,
-             pretrain_batch_size=32, refresh_every_steps=10, num_shown=1,
+# Act 1 at the default world (a reader learns to read from 600 people's blocks, not from
+# 60: it memorises their facts instead) with fewer steps: 400 reader steps, the weak ICT
+# start, and 40 pre-training steps with a refresh every 10 teach the retriever.
+SIZES = dict(world_entities=600, reader_steps=400, ict_steps=5, pretrain_steps=40,
+             pretrain_batch_size=64, refresh_every_steps=10, num_shown=1,
              world_finetune_steps=2, world_batch_size=8, world_asked=2)
 QUESTIONS = ("What is the capital of Veloria?", "Which river flows through Talmont?")
 
@@ -86,7 +86,7 @@ def test_demo_stages_hand_over_end_to_end_learn_and_are_reused(repo_dir, tmp_pat
   world = result["world"]
   assert world["out_of_sample"]["shared_facts"] == 0
   assert world["out_of_sample"]["shared_sentences"] == 0
-  assert "held out means held out: none of the 60 held-out" in printed
+  assert "held out means held out: none of the 600 held-out" in printed
   reader_log = (run_dir / "reader" / "log.txt").read_text(encoding="utf-8")
   assert f"--world_dir {world['corpus_dir']} --output_dir {run_dir / 'reader'}" in reader_log
   assert result["reader"]["checkpoint"] == str(run_dir / "reader" / "ckpt-1")
@@ -113,7 +113,7 @@ def test_demo_stages_hand_over_end_to_end_learn_and_are_reused(repo_dir, tmp_pat
   # Act 1's figures, recounted, and their direction at this size.
   demo_checks.check_act1(result["act1"], world, printed, num_candidates=2)
   f = act1_figures(result["act1"])
-  assert f["count"] == 60
+  assert f["count"] == 600
   assert f["retrieval_ahead"] > 0.0, f
   assert f["top1_rise"] > 0.0, f
   assert f["with_retrieval"]["end"]["accuracy"] > f["with_retrieval"]["start"]["accuracy"], f

@@ -71,11 +71,8 @@ OPTIONS = ("run_dir", "leads_config", "articles_file", "num_articles", "world_en
            "seed")
 
 WHY_A_WORLD = """\
-Why an invented world: REALM's reader is a BERT pre-trained to fill masks, and no such
-checkpoint can be reached from this machine (MiniLM ships no MLM head). So the reader first
-learns to read here, and every fact is written only in its person's blocks: a right fill of
-a held-out sentence was retrieved and read, and only the language-model loss tells the
-retriever which block that is."""
+Why invented facts: no BERT pre-trained to fill masks can be reached from this machine, so a
+small reader learns to read first, and every fact is written only in its person's blocks."""
 
 
 def main(argv):

