@@ -1,6 +1,7 @@
 """The demo's wiring without its stages' processes (realm_tf.demo.pipeline): its options
 refused when they cannot run, act 1's world held out as it claims, the blocks that state
-each held-out fact found, and act 1's figures computed and printed as fill_in's rows say.
+each held-out fact found, act 1's figures computed and printed as fill_in's rows say, and
+the Wikipedia leads' printout.
 The stages themselves run in tests/test_demo_stages.py and tests/test_demo.py (system
 tier)."""
 import json
@@ -8,6 +9,8 @@ import json
 import pytest
 
 from realm_tf.corpus import knowledge_world
+from realm_tf.demo.fill_in import own_block_top1, score
+from realm_tf.demo.leads import format_leads
 from realm_tf.demo.pipeline import (DemoOptions, act1_figures, format_act1, out_of_sample,
                                     own_block_ids, world_config)
 from realm_tf.demo.sentences import Sentence
@@ -84,7 +87,6 @@ def _row(right_with: bool, right_alone: bool, top_block: int):
 
 
 def _when(rows, own):
-  from realm_tf.demo.fill_in import own_block_top1, score  # noqa: PLC0415  local: the rows' figures, as the fill_in stage computes them
   return dict(results=rows, score=score(rows), own_block_top1=own_block_top1(rows, own))
 
 
@@ -110,3 +112,14 @@ def test_act1_figures_and_their_printout_come_from_the_rows():
   assert "step 0 0.500 ± 0.250   after pre-training 0.750 ± 0.217" in text
   assert "retrieval ahead of the null document by +0.500" in text
   assert "the top-1 rate rose by +0.250" in text
+
+
+def test_the_leads_are_printed_best_first_with_long_text_cut():
+  found = [dict(question="Where is the Parthenon?", leads=[
+      dict(title="Athens", text="Athens is the capital of Greece. " * 5, score=0.71),
+      dict(title="Acropolis", text="The Acropolis of Athens.", score=0.64)])]
+  lines = format_leads(found, width=40).splitlines()
+  assert lines[0] == "Q: Where is the Parthenon?"
+  assert lines[1].startswith("   [1] 0.71  [Athens] Athens is the capital") and lines[1].endswith("...")
+  assert len(lines[1].split("] ", 2)[2]) == 40
+  assert lines[2] == "   [2] 0.64  [Acropolis] The Acropolis of Athens."
