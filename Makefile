@@ -49,9 +49,9 @@ test-system: setup
 	REALM_FUZZ_FRACTION=1 $(PYTEST) --durations=25 -m "system or fuzz" tests
 
 # Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
-# make demo DEMO_FLAGS="--num_articles 3000 --pretrain_steps 100".
+# make demo DEMO_FLAGS="--pretrain_steps 200 --world_entities 1200" (docs/demo.md).
 demo: setup
-	$(PY) -m realm_tf.demo --config configs/demo.yaml $(DEMO_FLAGS)
+	$(PY) -m realm_tf.demo $(DEMO_FLAGS)
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -15,7 +15,7 @@ Z states each entity's facts in one block (plus namesake and town distractors); 
 them in other wordings; held out are the (entity, attribute) pairs never seen in X. Every
 arm trains the registered realm/pretrain experiment on the configs' model (default:
 configs/knowledge.yaml over tiny.yaml) from the same seeded initialisation, the same reader
-(--reader_steps on X's sentences each with its own block, benchmarks.own_block_reader: a
+(--reader_steps on X's sentences each with its own block, realm_tf.training.own_block_reader: a
 reader that reads from step 0) and the same ICT warm start (--ict_steps on Z's blocks), for
 the same steps, batch and learning rate:
   realm   REALM with asynchronous refresh: a snapshot every --refresh_every steps for the
@@ -49,7 +49,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from benchmarks import harness, own_block_reader
+from benchmarks import harness
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
@@ -59,7 +59,7 @@ from realm_tf.modeling import factory
 from realm_tf.retrieval import recall
 from realm_tf.retrieval.index_export import ShardData, write_export
 from realm_tf.retrieval.knowledge_index import row_ordered_embeddings
-from realm_tf.training import train_lib
+from realm_tf.training import own_block_reader, train_lib
 
 EVAL_BATCH = 64  # held-out passes: batch size does not change what is measured
 ARMS = {
@@ -568,7 +568,7 @@ def run(args) -> dict:
   if args.reader_steps:
     reader = own_block_reader.trained_checkpoint(
         arm_config("realm", world_dir, args), world, args.reader_steps, args.seed,
-        os.path.join(work, "reader", "ckpt-1"), log)
+        os.path.join(work, "reader", "ckpt-1"), log)["checkpoint"]
   ict_dir, ict_seconds = "", 0.0
   if args.ict_steps:
     ict_dir = os.path.join(work, "ict")
@@ -742,7 +742,7 @@ def parse_args(argv=None):
                  help="an ICT warm start of the retriever shared by every arm (0: none)")
   p.add_argument("--reader_steps", type=int, default=1500,
                  help="a reader trained on each X sentence with its own block first, shared "
-                      "by every arm (benchmarks.own_block_reader; 0: a random-init reader)")
+                      "by every arm (realm_tf.training.own_block_reader; 0: a random-init reader)")
   p.add_argument("--learning_rate", type=float, default=3e-3)
   p.add_argument("--seed", type=int, default=0)
   p.add_argument("--config", action="append",

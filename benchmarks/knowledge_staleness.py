@@ -14,7 +14,7 @@ Why: the paper's ablation (Guu et al., 2020, Table 3, NQ dev) loses about 10 EM 
 30x staler index. An index can only go stale if the document tower moves, and in
 benchmarks.knowledge it barely does (the retriever is held for 300 steps, then trains at a
 tenth of a decaying rate). Here nothing holds it: every arm starts from a reader that
-already reads (benchmarks.own_block_reader: trained on each sentence with its own block,
+already reads (realm_tf.training.own_block_reader: trained on each sentence with its own block,
 saved as the run's mlm_init_checkpoint), a weak ICT warm start (--ict_steps), and trains
 both retriever towers at the reader's rate from step 0.
 
@@ -69,9 +69,9 @@ from typing import NamedTuple
 
 import tf_keras
 
-from benchmarks import harness, knowledge, own_block_reader
+from benchmarks import harness, knowledge
 from realm_tf.io import layout
-from realm_tf.training import train_lib
+from realm_tf.training import own_block_reader, train_lib
 
 log = harness.logger("knowledge_staleness")
 

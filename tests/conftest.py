@@ -42,14 +42,15 @@ SYSTEM_TIER = {
     "command": "the same on the GCS emulator's namespace (2 min); make test: the module's "
                "in-process tests, on local disk and ram://",
     # End to end.
-    "test_demo.py": "`python -m realm_tf.demo` end to end: ~20 child processes, each loading "
-                    "TensorFlow (10 min); make test: the demo's parts (test_demo_*.py) and "
+    "test_demo.py": "`python -m realm_tf.demo` end to end: ~15 child processes, each loading "
+                    "TensorFlow (5-10 min); make test: the demo's parts (test_demo_*.py) and "
                     "every command it runs (test_command_lines.py and each command's tests)",
-    "test_demo_stages.py": "the demo's stages wired end to end at the smallest size, each "
-                           "stage's real command as a child process (15 TensorFlow start-ups, "
-                           "2.5-6 min: the longest test of make test, moved here to keep the "
-                           "suite within 20 minutes); make test: test_demo_stage_reuse.py "
-                           "(reuse and re-runs), the demo's parts and every command's tests",
+    "test_demo_stages.py": "the demo's stages wired end to end at a small size, each stage's "
+                           "real command as a child process, with act 1's figures' direction "
+                           "(REALM learning: 40 pre-training steps on a world of 600 people; "
+                           "5-10 min); make test: test_demo_stage_reuse.py (reuse and re-runs), "
+                           "test_demo_pipeline.py (the wiring), the demo's parts and every "
+                           "command's tests",
     # Several processes of one job, and faults injected into them.
     "test_multi_worker.py": "2-worker jobs on 127.0.0.1, a worker stopped, starved and "
                             "killed (1-4 min each); make test: test_peer_failures.py (the "

@@ -1,18 +1,18 @@
 """The demo tests' corpus and the checks they share: tests/test_demo_stages.py (the
-demo's stages in the test process, at the smallest size) and tests/test_demo.py
-(`python -m realm_tf.demo` end to end, with act 1's Open-QA stages), both in the system
-tier."""
+demo's stages in the test process, at a small size) and tests/test_demo.py (`python -m
+realm_tf.demo` end to end), both in the system tier."""
 import json
 import os
 import re
 
 from realm_tf.demo import records
-from realm_tf.demo.questions import violations
+from realm_tf.demo.pipeline import act1_figures
 from tests.synthetic_corpus import _CITIES, _COUNTRIES, _RIVERS
 
-# The stages a default run makes and a re-run reuses, in the order they run.
-STAGES = ("corpus", "preprocess", "data", "ict", "index", "warmup", "pretrain", "fill_in",
-          "world", "world_openqa", "world_export", "world_edit")
+# The stages a run makes and a re-run reuses, in the order they run (world_serve, never
+# reused, follows).
+STAGES = ("corpus", "preprocess", "leads_index", "world", "reader", "ict", "index",
+          "pretrain", "fill_in", "world_openqa", "world_export", "world_edit")
 
 
 def write_articles(path, countries: int = len(_COUNTRIES)) -> list[dict]:
@@ -34,64 +34,59 @@ def write_articles(path, countries: int = len(_COUNTRIES)) -> list[dict]:
   return rows
 
 
-def check_filled_in(filled: list, titles: set, num_masked: int, num_candidates: int):
-  """Table 3: held-out sentences filled in with and without retrieval, with the blocks read
-  (never the sentence's own) and p(z|x) over them and the null document summing to 1."""
-  assert len(filled) == num_masked
-  for row in filled:
-    assert "___" in row["masked"] and row["label"] in ("TITLE", "DATE")
-    assert (row["answer"] in titles if row["label"] == "TITLE"
-            else re.fullmatch(r"\d{4}", row["answer"]))
-    assert row["with_retrieval"] and row["without_retrieval"]
-    assert 0.0 < row["p_answer_with_retrieval"] <= 1.0
-    assert 0.0 < row["p_null_document"] < 1.0
-    assert len(row["blocks"]) == num_candidates - 1
-    assert all(b["title"] in titles for b in row["blocks"])
-    assert all(b["block_id"] != row["source_block_id"] for b in row["blocks"])
-    assert abs(row["p_null_document"] + sum(b["p"] for b in row["blocks"]) - 1.0) < 1e-4
+def check_leads(leads: dict, titles: set, questions: list, printed: str):
+  """The real data path: every question answered with three leads of the corpus, best
+  first, as printed."""
+  assert [q["question"] for q in leads["questions"]] == questions
+  for q in leads["questions"]:
+    scores = [lead["score"] for lead in q["leads"]]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    assert all(lead["title"] in titles and lead["text"] for lead in q["leads"])
+    assert f"Q: {q['question']}" in printed
 
 
-def check_fill_in_score(summary: dict, filled: list, printed: str):
-  """The accuracy act 1 prints: counted again from the filled-in rows."""
-  assert summary["count"] == len(filled)
-  for reading in ("with_retrieval", "without_retrieval"):
-    right = sum(r[reading] == r["answer_wordpieces"] for r in filled)
-    assert summary[reading]["right"] == right
-    assert summary[reading]["accuracy"] == right / len(filled)
-  assert f"Fill-in accuracy over {len(filled)} held-out masked sentences" in printed
-  assert "Held-out masked sentences filled in right: " in printed
+def check_act1(act1: dict, world: dict, printed: str, num_candidates: int):
+  """Act 1's figures as fill_in counted them, recounted from its rows: every held-out
+  sentence read at step 0 and at the end, k blocks each with p(z|x) summing to 1 (no null
+  document in the knowledge config), the fills and the top-1 block counted, and printed."""
+  with open(os.path.join(world["corpus_dir"], "world.json"), encoding="utf-8") as f:
+    own = {r["value"] + "|" + r["text"]: set(r["gold_block_ids"])
+           for r in json.load(f)["held_out"]}
+  for when in ("start", "end"):
+    rows = act1[when]["results"]
+    assert len(rows) == world["heldout_count"]
+    right = {"with_retrieval": 0, "without_retrieval": 0}
+    top1 = 0
+    for row in rows:
+      assert "___" in row["masked"] and row["label"] in ("LOC", "MISC", "DATE")
+      assert len(row["blocks"]) == num_candidates
+      assert abs(sum(b["p"] for b in row["blocks"]) - 1.0) < 1e-4
+      assert [b["p"] for b in row["blocks"]] == sorted((b["p"] for b in row["blocks"]),
+                                                       reverse=True)
+      for reading in right:
+        right[reading] += row[reading] == row["answer_wordpieces"]
+      key = row["answer"] + "|" + row["masked"].replace("___", row["answer"])
+      top1 += row["blocks"][0]["block_id"] in own[key]
+    score = act1[when]["score"]
+    for reading, count in right.items():
+      assert score[reading]["right"] == count
+    assert act1[when]["own_block_top1"]["right"] == top1
+  f = act1_figures(act1)
+  assert f"Over all {f['count']} held-out masked sentences" in printed
+  assert "top-1 block is the one stating the fact" in printed
+  assert f"retrieval ahead of the null document by {f['retrieval_ahead']:+.3f}" in printed
+  assert printed.count("without retrieval (null document only)") >= 1
+  assert "Act 1 (REALM pre-training, invented world)" in printed
 
 
-def check_generated_questions(corpus_dir: str, data: dict, num_eval_questions: int) -> set:
-  """The data stage's files (`data`: its info) made from the preprocessed `corpus_dir`:
-  held-out means held out, no question answerable only from its own block, and those
-  blocks left out of the Open-QA corpus. Returns their block ids."""
-  blocks = records.read_blocks(corpus_dir)
-  train = records.read_json_lines(data["train_questions"])
-  heldout = records.read_json_lines(data["heldout_questions"])
-  assert train and 1 <= len(heldout) <= num_eval_questions
-  assert violations(train + heldout, blocks) == []
-  assert all(q["source_block_id"] not in q["answer_block_ids"] for q in train + heldout)
-  # Their source blocks are not in the corpus fine-tuning and the server search, so no
-  # answer can be read from the block its question was made from.
-  sources = {q["source_block_id"] for q in train + heldout}
-  qa_blocks = {b.block_id for b in records.read_blocks(data["qa_corpus_dir"])}
-  assert not sources & qa_blocks and len(qa_blocks) == len(blocks) - len(sources)
-  assert all(set(q["answer_block_ids"]) - sources for q in train + heldout)
-  assert not {q["question"] for q in train} & {q["question"] for q in heldout}
-  masked = records.read_json_lines(data["masked_json"])
-  pretraining = records.read_sentences(data["pretraining"])
-  assert not {m["text"] for m in masked} & {s.text for s in pretraining}
-  return sources
-
-
-def check_world_act(world: dict, printed: str, entities: int, asked: int, steps: int):
-  """The act's mechanics on a random-init tiny model (whether it answers right is the full
-  demo's and benchmarks' business): held-out questions served by the first version, the
-  edited corpus published as the next version while the server runs, the same questions
-  answered by it from the edited blocks; no training between the two. `printed`: what the
-  demo logged and format_world printed."""
-  served = world["served"]
+def check_world_act(act2: dict, world: dict, printed: str, entities: int, asked: int,
+                    steps: int):
+  """Act 2's mechanics (whether it answers right is the full demo's business): held-out
+  questions served by the first version, the edited corpus published as the next version
+  while the server runs, the same questions answered by it from the edited blocks; no
+  training between the two. `world`: the world stage's info; `printed`: what the demo
+  logged and format_world printed."""
+  served = act2["served"]
   with open(served["answers"], encoding="utf-8") as f:
     rows = json.load(f)  # every held-out question, one per invented person
   assert served["rows"] == rows[:asked] and served["shown"] == asked
@@ -100,10 +95,11 @@ def check_world_act(world: dict, printed: str, entities: int, asked: int, steps:
       "answer_before" in r for r in rows[asked:])
   # The first version is the fine-tuning's last step; the edit is the next.
   assert served["version_after"] == served["version_before"] + 1 == steps + 1
-  old_blocks = {b.text for b in records.read_blocks(world["world"]["corpus_dir"])}
-  new_blocks = {b.text for b in records.read_blocks(world["world"]["edited_dir"])}
+  old_blocks = {b.text for b in records.read_blocks(world["corpus_dir"])}
+  new_blocks = {b.text for b in records.read_blocks(world["edited_dir"])}
   edited_only, old_only = new_blocks - old_blocks, old_blocks - new_blocks
-  assert len(edited_only) == len(old_only) == entities  # every person's block was rewritten
+  # Both blocks of every person were rewritten.
+  assert len(edited_only) == len(old_only) == 2 * entities
   for row in rows:
     assert row["version_after"] == served["version_after"]
     assert row["old_value"] != row["new_value"]

@@ -17,6 +17,8 @@ CASES = {
     "beam.embed_corpus": ["--blocks", "{tmp}/corpus", "--encoder", "{tmp}/encoder",
                           "--output_dir", "{tmp}/index"],
     "beam.preprocess": ["--input", "{tmp}/wiki/*.xml", "--output_dir", "{tmp}/out"],
+    "realm_tf.training.own_block_reader": ["--config", "configs/tiny.yaml", "--world_dir",
+                                           "{tmp}/world", "--output_dir", "{tmp}/reader"],
 }
 
 

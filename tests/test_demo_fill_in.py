@@ -1,7 +1,7 @@
 """The fill-in accuracy act 1 prints: counted per blank, with how collapsed the fills are."""
 import pytest
 
-from realm_tf.demo.fill_in import format_score, score
+from realm_tf.demo.fill_in import format_score, own_block_top1, score
 
 
 def _row(answer, answer_wordpieces, with_retrieval, without_retrieval, block_texts):
@@ -38,3 +38,24 @@ def test_accuracy_counts_whole_blanks_and_the_commonest_fill():
 def test_nothing_to_score_is_an_error():
   with pytest.raises(ValueError, match="no filled-in sentences"):
     score([])
+
+
+def _retrieved(*block_ids):
+  """A filled-in row's blocks, most probable first."""
+  return dict(blocks=[dict(block_id=b, p=1.0 / len(block_ids)) for b in block_ids])
+
+
+def test_own_block_top1_counts_the_most_probable_block_only():
+  rows = [_retrieved(7, 8), _retrieved(8, 7), _retrieved(3, 7), _retrieved(9, 1)]
+  own = [[7, 8], [7], [7], [9]]
+  # Row 1: its own block 7 is retrieved, but second; row 2: 3 is not its own.
+  got = own_block_top1(rows, own)
+  assert (got["count"], got["right"], got["rate"]) == (4, 2, 0.5)
+  assert got["stderr"] == pytest.approx((0.5 * 0.5 / 4) ** 0.5)
+
+
+def test_own_block_top1_needs_one_list_of_own_blocks_per_row():
+  with pytest.raises(ValueError, match="one list per row"):
+    own_block_top1([_retrieved(1)], [[1], [2]])
+  with pytest.raises(ValueError, match="one list per row"):
+    own_block_top1([], [])

@@ -18,12 +18,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from benchmarks import knowledge, own_block_reader
+from benchmarks import knowledge
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
 from realm_tf.modeling import factory
 from realm_tf.retrieval import recall
-from realm_tf.training import train_lib
+from realm_tf.training import own_block_reader, train_lib
 
 STEPS = 400
 # The mechanics tests' size: enough steps for Adam's first updates to lower the loss.

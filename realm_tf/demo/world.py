@@ -1,26 +1,21 @@
 """The demo's second act: REALM's knowledge lives in its corpus, shown on invented facts.
 
-  (act 1's pretrain) ─┐
-  world ─────────────── world_openqa ─ world_export ─ world_edit ─ world_serve
+  (act 1's world, pretrain) ─ world_openqa ─ world_export ─ world_edit ─ world_serve
 
-  world         realm_tf.corpus.knowledge_world: invented people (names no model has seen)
-                with a birthplace, an occupation and a birth year, one block each (Z), plus
-                namesake and town blocks; Open-QA questions on the facts, those of one
-                attribute per person held out; and the same corpus after an edit that
-                rewrites every held-out fact in its block
   world_openqa  python -m realm_tf.train --experiment realm/openqa from act 1's REALM
-                pre-training checkpoint (retriever and reader), on the questions not held
-                out, over Z: the paper's order, pre-training then fine-tuning
-  world_export  python -m realm_tf.export: the realm_qa SavedModel over Z
-  world_edit    python -m beam.embed_corpus: the edited Z embedded by the run's own document
-                tower (no parameter changes)
+                pre-training checkpoint (retriever and reader), on the world's questions
+                about facts its pre-training sentences state, over its blocks: the paper's
+                order, pre-training then fine-tuning
+  world_export  python -m realm_tf.export: the realm_qa SavedModel over the world's blocks
+  world_edit    python -m beam.embed_corpus: the edited blocks (act 1's world stage rewrote
+                every held-out fact) embedded by the run's own document tower (no parameter
+                changes)
   world_serve   python -m serving.server on the export; held-out questions asked over gRPC;
-                then python -m realm_tf.export --blocks <edited Z> --index_dir <its index>
-                publishes the edited corpus as the next version while the server runs, the
-                server loads it, and the same questions are asked again
+                then python -m realm_tf.export --blocks <edited blocks> --index_dir <its
+                index> publishes the edited corpus as the next version while the server
+                runs, the server loads it, and every held-out question is asked again
 
-Why it is here: on a real corpus of this size nothing a user can see separates reading from
-guessing. An invented person's birthplace is written nowhere but in their block, so a right
+Why: an invented person's held-out fact is written nowhere but in their blocks, so a right
 answer to a held-out question was retrieved and read, and an answer that follows the edit
 was read from the new block, not remembered.
 """
@@ -31,24 +26,12 @@ import time
 from typing import Callable
 
 from realm_tf.configs import experiments
-from realm_tf.corpus import knowledge_world
 from realm_tf.demo import records
 from realm_tf.demo.serve import Server
 from realm_tf.demo.stages import Stages, clock, python_module, run_command
 from realm_tf.io import layout
 from realm_tf.text.answers import exact_match
 
-
-# Twice the Wikipedia act's 5e-5 (the span head x10, as there): at 5e-5 the act's few steps
-# leave the reader short of reading right answers it already retrieves.
-LEARNING_RATE = 1e-4
-
-
-def world_config(entities: int, seed: int) -> knowledge_world.WorldConfig:
-  """Every town, occupation and year of the closed sets; one wording per fact."""
-  return knowledge_world.WorldConfig(
-      seed=seed, entities=entities, towns=len(knowledge_world.TOWNS),
-      occupations=len(knowledge_world.OCCUPATIONS), years=20, x_templates=1)
 
 
 class WorldAct:
@@ -62,27 +45,8 @@ class WorldAct:
     self.config_identity = config_identity
     self.log = log
 
-  def world(self, entities: int, seed: int) -> dict:
-    def body(directory):
-      world = knowledge_world.write_world(os.path.join(directory, "world"),
-                                          world_config(entities, seed))
-      edited = knowledge_world.write_files(os.path.join(directory, "edited"),
-                                           knowledge_world.edit_world(world, seed=seed))
-      example = world["entities"][0]
-      block = next(b for b in world["blocks"] if b["block_id"] == example["block_id"])
-      self.log(f"  {len(world['entities'])} invented people, {len(world['blocks'])} blocks "
-               f"(their own, namesakes', towns'); e.g. [{block['title']}] {block['text']}")
-      return dict(corpus_dir=os.path.dirname(world["files"]["blocks"]),
-                  edited_dir=os.path.dirname(edited["files"]["blocks"]),
-                  train_questions=world["files"]["questions_train"],
-                  heldout_questions=world["files"]["questions_heldout"],
-                  edited_questions=edited["files"]["questions_heldout"],
-                  blocks=len(world["blocks"]), entities=len(world["entities"]))
-
-    return self.stages.run("world", "an invented world: people, their blocks, questions",
-                           dict(entities=entities, seed=seed), [], body)
-
-  def openqa(self, world: dict, pretrain_dir: str, steps: int, batch: int) -> dict:
+  def openqa(self, world: dict, pretrain_dir: str, steps: int, batch: int,
+             learning_rate: float) -> dict:
     def body(directory):
       self.train(directory, "world_openqa", experiments.OPENQA, {
           "index.blocks": world["corpus_dir"],
@@ -90,17 +54,18 @@ class WorldAct:
           "task.openqa.validation_data.input_path": world["heldout_questions"],
           "task.openqa.train_data.global_batch_size": batch,
           "task.openqa.init_from": "realm", "task.openqa.init_checkpoint": pretrain_dir,
-          # Three blocks read per question (the Wikipedia act reads five): the person's own
-          # block is the first retrieved from the start (the retriever, MiniLM after a few
-          # ICT and pre-training steps, matches the invented name).
-          "task.openqa.num_candidates": 3,
-          # A question is about 15 wordpieces and a block's body about 25: everything is
-          # read at 48, at a quarter of the Wikipedia act's reader cost.
+          # Two blocks read per question, as in pre-training: a person's two blocks, which
+          # act 1's retriever ranks first.
+          "task.openqa.num_candidates": 2,
+          # A question is at most about 20 wordpieces (invented names split into several)
+          # and a block's body about 25: everything is read at the reader's 48.
           "task.openqa.query_seq_length": 24,
           "task.openqa.reader_seq_length": 48,
-          "model.retriever.block_seq_length": 48,
           "trainer.train_steps": steps,
-          "trainer.learning_rate": LEARNING_RATE,
+          "trainer.steps_per_loop": min(steps, 10),
+          "trainer.summary_interval": min(steps, 10),
+          "trainer.checkpoint_interval": steps,
+          "trainer.learning_rate": learning_rate,
           "trainer.warmup_steps": max(1, steps // 10),
           "trainer.validation_interval": steps})
       metrics = records.last_evaluation(directory)
@@ -111,7 +76,7 @@ class WorldAct:
     return self.stages.run("world_openqa", "reader fine-tuning on the world's questions "
                            "(Open-QA, from the pre-trained REALM checkpoint)",
                            dict(config=self.config_identity, steps=steps, batch=batch,
-                                lr=LEARNING_RATE),
+                                lr=learning_rate),
                            ["world", "pretrain"], body)
 
   def export(self, openqa_dir: str) -> dict:
@@ -206,15 +171,15 @@ class WorldAct:
     self.log(f"[world_serve] done in {clock(seconds)}; server stopped")
     return dict(summary, rows=shown)
 
-  def run(self, pretrain_dir: str, entities: int, steps: int, batch: int, num_asked: int,
-          seed: int) -> dict:
-    """`pretrain_dir`: the REALM pre-training run whose checkpoint fine-tuning starts from."""
-    world = self.world(entities, seed)
-    qa = self.openqa(world, pretrain_dir, steps, batch)
+  def run(self, world: dict, pretrain_dir: str, steps: int, batch: int,
+          learning_rate: float, num_asked: int) -> dict:
+    """`world`: act 1's world stage; `pretrain_dir`: the REALM pre-training run whose
+    checkpoint fine-tuning starts from."""
+    qa = self.openqa(world, pretrain_dir, steps, batch, learning_rate)
     export = self.export(qa["model_dir"])
     edit = self.edit_index(world, qa["model_dir"])
     served = self.serve(world, qa["model_dir"], export, edit, num_asked)
-    return dict(world=world, openqa=qa, export=export, served=served)
+    return dict(openqa=qa, export=export, served=served)
 
 
 def _ask_in_chunks(server: Server, questions: list, chunk: int = 100) -> list:
@@ -246,12 +211,9 @@ def format_world(result: dict) -> str:
     lines.append(f"      read from [{r['block_after']['title']}] p(z|x) = "
                  f"{r['block_after']['retrieval_prob']:.2f}: {r['block_after']['text']}")
   qa = result["openqa"]
-  lines.append("What this shows: an answer found only in the corpus, retrieved and read, and "
-               "an edit of one block changing it with no parameter changed. What it does not: "
-               "that retrieval was learnt. The retriever (MiniLM after a few ICT and "
-               "pre-training steps) finds an invented name's block from the first step; the "
-               "MLM arms of benchmarks/knowledge.py show the retriever "
-               "learning from the language-model loss alone.")
+  lines.append("What this shows: act 1's pre-trained retriever and reader, fine-tuned to "
+               "answer questions, answer ones whose facts are found only in the corpus, and "
+               "an edit of the blocks changes the served answers with no parameter changed.")
   lines.append(f"Shown: {served['shown_right_before']} of {served['shown']} right; after the "
                f"edit {served['shown_follows_edit']} of {served['shown']} follow the edited "
                f"blocks.")
@@ -265,4 +227,4 @@ def format_world(result: dict) -> str:
   return "\n".join(lines)
 
 
-__all__ = ["WorldAct", "format_world", "world_config"]
+__all__ = ["WorldAct", "format_world"]

@@ -2,20 +2,35 @@
 world packed with its entity's own block (`[CLS] x [SEP] own block [SEP]`), retrieval
 taken out of the question.
 
+    python -m realm_tf.training.own_block_reader --config configs/tiny.yaml \
+        --config configs/knowledge.yaml --world_dir runs/world --output_dir runs/reader \
+        [--steps 600] [--seed 0] [--override k=v]
+
+writes <output_dir>/ckpt-1 (what task.pretrain.mlm_init_checkpoint reads) and
+<output_dir>/reader.json (its held-out accuracy per attribute, each sentence read with its
+own block, and its last loss), and prints the latter. The world is one written by
+realm_tf.corpus.knowledge_world (its world.json names each sentence's own blocks).
+
 Why: a random-init reader cannot read for its first hundreds of steps, and until it does
 the MLM loss's gradient on the retriever only rewards blocks that narrow the answer set.
 Starting REALM from a reader that already reads removes that reason to hold the retriever
 still (benchmarks.knowledge_staleness), and scoring it on the held-out sentences measures
-the reader's part apart from the retriever's (tests/test_knowledge_reader.py).
+the reader's part apart from the retriever's (tests/test_knowledge_reader.py). It lives in
+realm_tf (the knowledge benchmarks and the demo's act 1 both start from it; the demo may
+not import benchmarks).
 """
+import json
 import os
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+from absl import flags
 
 from realm_tf import tasks
+from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
+from realm_tf.io import command_line
 from realm_tf.modeling import factory
 from realm_tf.modeling.spans import pack_reader_inputs
 
@@ -119,12 +134,16 @@ def save_for_pretraining(model, path: str) -> str:
 
 
 def trained_checkpoint(config, world: dict, steps: int, seed: int, path: str,
-                       log=print) -> str:
+                       log=print) -> dict:
   """A reader of `config` trained `steps` steps at `seed` on `world` and saved at `path`
-  for task.pretrain.mlm_init_checkpoint; kept when `path` holds it (a rerun). Returns
-  `path`."""
+  for task.pretrain.mlm_init_checkpoint; kept when `path` holds it (a rerun).
+
+  Returns:
+    {checkpoint: `path`, heldout_accuracy: {attribute: share} (each held-out sentence read
+    with its own block), last_loss}; the last two None when a rerun kept the checkpoint.
+  """
   if os.path.exists(path + ".index"):
-    return path
+    return dict(checkpoint=path, heldout_accuracy=None, last_loss=None)
   log(f"the own-block reader: {steps} steps, seed {seed}")
   tokenizer = tasks.get_task(config).tokenizer
   reader, losses = train(config, world, tokenizer, steps, seed)
@@ -135,4 +154,50 @@ def trained_checkpoint(config, world: dict, steps: int, seed: int, path: str,
   for suffix in (".data-00000-of-00001", ".index"):  # the .index last: it marks complete
     os.replace(path + ".tmp" + suffix, path + suffix)
   tf_keras.backend.clear_session()
-  return path
+  return dict(checkpoint=path, heldout_accuracy=accuracy, last_loss=losses[-1])
+
+
+def read_world(world_dir: str) -> dict:
+  """The world.json that realm_tf.corpus.knowledge_world wrote in `world_dir`.
+
+  Raises:
+    FileNotFoundError: naming the file, when `world_dir` holds no world.
+  """
+  path = os.path.join(world_dir, "world.json")
+  if not tf.io.gfile.exists(path):
+    raise FileNotFoundError(f"{path}: no knowledge world there (realm_tf.corpus."
+                            f"knowledge_world writes one)")
+  with tf.io.gfile.GFile(path) as f:
+    return json.load(f)
+
+
+def main():
+  """The command line of the module docstring; returns what reader.json holds."""
+  flags_ = flags.FLAGS
+  if flags_.steps < 1:
+    raise command_line.UsageError(f"--steps must be positive, got {flags_.steps}")
+  config = load_config(flags_.config, flags_.override, experiment="realm/pretrain")
+  world = read_world(flags_.world_dir)
+  tf.io.gfile.makedirs(flags_.output_dir)
+  result = trained_checkpoint(config, world, flags_.steps, flags_.seed,
+                              os.path.join(flags_.output_dir, "ckpt-1"))
+  summary = os.path.join(flags_.output_dir, "reader.json")
+  if result["heldout_accuracy"] is None and tf.io.gfile.exists(summary):
+    with tf.io.gfile.GFile(summary) as f:  # a rerun: the first run's figures
+      return json.load(f)
+  result = dict(result, steps=flags_.steps, seed=flags_.seed, world_dir=flags_.world_dir)
+  with tf.io.gfile.GFile(summary + ".tmp", "w") as f:
+    json.dump(result, f, indent=2)
+  tf.io.gfile.rename(summary + ".tmp", summary, overwrite=True)
+  return result
+
+
+if __name__ == "__main__":
+  flags.DEFINE_multi_string("config", [], "Config YAML files, in order (the model's sizes).")
+  flags.DEFINE_multi_string("override", [], "Config overrides: key=value[,key=value].")
+  flags.DEFINE_string("world_dir", None, "A knowledge world (its world.json).", required=True)
+  flags.DEFINE_string("output_dir", None, "Where ckpt-1 and reader.json are written.",
+                      required=True)
+  flags.DEFINE_integer("steps", 600, "Training steps of batch 64.")
+  flags.DEFINE_integer("seed", 0, "Seed of the initialisation and of the batches.")
+  command_line.run_absl("realm_tf.training.own_block_reader", main)
