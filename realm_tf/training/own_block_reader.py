@@ -30,7 +30,7 @@ from absl import flags
 from realm_tf import tasks
 from realm_tf.configs import load_config
 from realm_tf.corpus import knowledge_world
-from realm_tf.io import command_line
+from realm_tf.io import command_line, storage
 from realm_tf.modeling import factory
 from realm_tf.modeling.spans import pack_reader_inputs
 
@@ -142,7 +142,7 @@ def trained_checkpoint(config, world: dict, steps: int, seed: int, path: str,
     {checkpoint: `path`, heldout_accuracy: {attribute: share} (each held-out sentence read
     with its own block), last_loss}; the last two None when a rerun kept the checkpoint.
   """
-  if os.path.exists(path + ".index"):
+  if storage.exists(path + ".index"):
     return dict(checkpoint=path, heldout_accuracy=None, last_loss=None)
   log(f"the own-block reader: {steps} steps, seed {seed}")
   tokenizer = tasks.get_task(config).tokenizer
@@ -152,7 +152,7 @@ def trained_checkpoint(config, world: dict, steps: int, seed: int, path: str,
       f"{ {k: round(v, 3) for k, v in accuracy.items()} }, last loss {losses[-1]:.3f}")
   save_for_pretraining(reader, path + ".tmp")
   for suffix in (".data-00000-of-00001", ".index"):  # the .index last: it marks complete
-    os.replace(path + ".tmp" + suffix, path + suffix)
+    tf.io.gfile.rename(path + ".tmp" + suffix, path + suffix, overwrite=True)
   tf_keras.backend.clear_session()
   return dict(checkpoint=path, heldout_accuracy=accuracy, last_loss=losses[-1])
 
