@@ -62,7 +62,7 @@ TARGETS = dict(p50_ms_at_1_client=100.0, grpc_overhead_fraction=0.10,
 # targets_met's keys in the Markdown's order (a result's JSON keeps its keys sorted).
 TARGETS_MET = ("p50_ms_at_1_client", "grpc_overhead_fraction", "batching_speedup_at_8_clients",
                "p50_within_1.25x_floor")
-# The served reader's targets (issue 69 part 4), evaluated per variant.
+# The served reader's targets, evaluated per variant.
 VARIANT_TARGETS = dict(encoder_fraction_of_matmul_at_5_blocks=0.75,
                        in_process_p50_over_floor=1.4, grpc_p50_over_floor=1.6)
 # The line of a variant's process that carries its result.
