@@ -323,7 +323,7 @@ class Demo:
 
   def leads_index(self, corpus_dir: str) -> dict:
     def body(directory):
-      towers = leads_lib.export_towers(self.leads_config, os.path.join(directory, "export"))
+      towers = leads_lib.export_towers(self.leads_config, directory)
       self.log(f"  the leads' retriever at step 0 ({towers['encoder']}) exported to "
                f"{os.path.dirname(towers['block_encoder'])}")
       output = os.path.join(directory, "index")
