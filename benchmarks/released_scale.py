@@ -1006,14 +1006,19 @@ def targets(result: dict) -> list:
     at_most(f"disk <= {TARGETS['disk_gb']} GB ("
             + ("sampled while each step ran)" if sampled else "read after each step only)"),
             result["max_disk_gb"], TARGETS["disk_gb"], unit=" GB", digits=1)
-  if result.get("done"):
-    # The released path a user runs; the in-process comparisons (MEASUREMENT_ONLY) are
-    # this benchmark's own questions, not part of deploying.
-    path = sum(step.get("seconds", 0.0) for name, step in steps.items()
-               if name not in MEASUREMENT_ONLY + ("finished",))
-    at_most(f"the released path (its steps' walls, not {', '.join(MEASUREMENT_ONLY)}) <= "
-            f"{TARGETS['wall_seconds'] / 3600:.0f} h", round(path / 60, 1),
-            TARGETS["wall_seconds"] / 60, unit=" min", digits=1)
+  # The released path a user runs; the in-process comparisons (MEASUREMENT_ONLY) are this
+  # benchmark's own questions, not part of deploying. Judged from the steps recorded, not
+  # from an invocation having ended: the full size runs in several invocations, and a sum
+  # over some of the path's steps would pass the target for the steps not yet run.
+  what = (f"the released path (its steps' walls, not {', '.join(MEASUREMENT_ONLY)}) <= "
+          f"{TARGETS['wall_seconds'] / 3600:.0f} h")
+  path_steps = [n for n in STEP_ORDER if n not in MEASUREMENT_ONLY]
+  missing = [n for n in path_steps if n not in steps or "error" in steps[n]]
+  if missing:
+    add(what, f"not judged: {', '.join(missing)} not measured yet", False)
+  else:
+    path = sum(steps[n].get("seconds", 0.0) for n in path_steps)
+    at_most(what, round(path / 60, 1), TARGETS["wall_seconds"] / 60, unit=" min", digits=1)
   return rows
 
 
