@@ -602,6 +602,40 @@ def served_retrieval(address: str, model: str, queries: np.ndarray, latency_ques
   return found, harness.percentiles(seconds)
 
 
+def authors_rows(work: str, version, infos, shard) -> tuple:
+  """block_emb [N, P] float32 as one memory-mapped file (written once under `work` from the
+  index version's shards, a shard at a time, and published by rename), and its [N] ids.
+
+  Args:
+    work: the work dir.
+    version: the committed index version (its path names the file's source).
+    infos: the version manifest's shard entries.
+    shard: i -> (embeddings [n_i, P], block_ids [n_i]) of shard i.
+
+  Returns:
+    (the read-only memmap, the block ids in its row order).
+  """
+  path = os.path.join(work, f"authors_block_emb_v{version.version}.npy")
+  ids_path = path.replace(".npy", "_ids.npy")
+  if not (os.path.exists(path) and os.path.exists(ids_path)):
+    sizes = [int(info["num_blocks"]) for info in infos]
+    out = np.lib.format.open_memmap(path + ".tmp.npy", mode="w+", dtype=np.float32,
+                                    shape=(sum(sizes), BERT_BASE["projection_size"]))
+    ids = np.empty([sum(sizes)], np.int64)
+    row = 0
+    for i in range(len(infos)):
+      embeddings, block_ids = shard(i)
+      out[row:row + len(block_ids)], ids[row:row + len(block_ids)] = embeddings, block_ids
+      row += len(block_ids)
+      del embeddings, block_ids
+    out.flush()
+    del out
+    np.save(ids_path + ".tmp.npy", ids)
+    os.replace(ids_path + ".tmp.npy", ids_path)
+    os.replace(path + ".tmp.npy", path)  # last: whole or absent
+  return np.load(path, mmap_mode="r"), np.load(ids_path)
+
+
 def authors_recall(args, work: str) -> dict:
   """The REALM authors' ScaNN configuration (scann_index.AUTHORS_PARAMS, ORQA's builder
   settings) built over this run's block_emb and read on the recall questions against the
@@ -618,7 +652,9 @@ def authors_recall(args, work: str) -> dict:
   from realm_tf.io import layout, versioned  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval import ScannSearcher, ShardedSearcher  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.index_export import load_shard_array  # pylint: disable=g-import-not-at-top
+  from realm_tf.retrieval import scann_index  # pylint: disable=g-import-not-at-top
   from realm_tf.retrieval.scann_index import AUTHORS_PARAMS  # pylint: disable=g-import-not-at-top
+  from scann.scann_ops.py import scann_ops_pybind  # pylint: disable=g-import-not-at-top
   truth = read_served_exact_top(work)
   queries = recall_queries(args, work)[:len(truth)]
   checked = tower_check.sample_rows(args.blocks, args.check_rows)
@@ -631,25 +667,32 @@ def authors_recall(args, work: str) -> dict:
 
   start = time.time()
   if args.authors_searcher == "one":
-    sizes = [int(info["num_blocks"]) for info in infos]
-    # [N, P] filled shard by shard: one copy of block_emb, not its shards and their concat.
-    vectors = np.empty([sum(sizes), BERT_BASE["projection_size"]], np.float32)
-    ids = np.empty([sum(sizes)], np.int64)
-    row = 0
-    for i in range(len(infos)):
-      embeddings, block_ids = shard(i)
-      vectors[row:row + len(block_ids)], ids[row:row + len(block_ids)] = embeddings, block_ids
-      row += len(block_ids)
-      del embeddings, block_ids
-    searcher = ScannSearcher.build(vectors, ids, params=AUTHORS_PARAMS)
-    del vectors, ids
+    # One searcher over all of block_emb, as the authors built theirs. ScaNN's TensorFlow
+    # builder holds its dataset as a tensor beside the NumPy rows and copies it again
+    # inside (this step was killed at 23.8 GB of the machine's 24 that way). The measure
+    # needs only the searcher's answers, not a SavedModel state, so the pybind builder
+    # (the same C++ searcher, the same builder options: scann_index.build_scann) reads the
+    # rows from a file memory-mapped in place, and only ScaNN's own copy is resident.
+    vectors, ids = authors_rows(work, version, infos, shard)
+    built = scann_index.build_scann(vectors, AUTHORS_PARAMS,
+                                    builder=scann_ops_pybind.builder)
+    del vectors
+
+    def search(queries):
+      rows, _ = built.search_batched(np.asarray(queries, np.float32),
+                                     final_num_neighbors=K + len(checked))
+      return ids[rows]
   else:
-    searcher = ShardedSearcher([ScannSearcher.build(*shard(i), params=AUTHORS_PARAMS)
-                                for i in range(len(infos))])
+    sharded = ShardedSearcher([ScannSearcher.build(*shard(i), params=AUTHORS_PARAMS)
+                               for i in range(len(infos))])
+
+    def search(queries):
+      return sharded.search(tf.constant(queries), K + len(checked)).block_ids.numpy()
   gc.collect()
   build_seconds = time.time() - start
-  found = np.concatenate([searcher.search(tf.constant(queries[i:i + 50]), K).block_ids.numpy()
-                          for i in range(0, len(queries), 50)])
+  # k + the checked rows fetched and those dropped, as the in-process searches (`without`).
+  found = without(np.concatenate([search(queries[i:i + 50])
+                                  for i in range(0, len(queries), 50)]), checked, K)
   return dict(searcher=args.authors_searcher, searchers=1 if args.authors_searcher == "one"
               else len(infos), params=dict(AUTHORS_PARAMS.to_dict(),
                                            anisotropic_quantization_threshold="none"),

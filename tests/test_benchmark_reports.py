@@ -689,3 +689,32 @@ def test_op_breakdown_puts_an_xla_program_outside_tensorflow_ops():
       assert not matmuls and serving.OUTSIDE_OPS in names, ops
     else:
       assert matmuls, ops
+
+
+def test_the_authors_searchers_rows_are_one_file_written_once_in_shard_order(tmp_path):
+  """released_scale's authors' searcher reads block_emb from one memory-mapped file, written
+  a shard at a time and published whole; a second call reads it again, not the shards."""
+  from types import SimpleNamespace  # noqa: PLC0415  this test only
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  width = released_scale.BERT_BASE["projection_size"]
+  rng = np.random.default_rng(0)
+  parts = [(rng.standard_normal((n, width)).astype(np.float32),
+            np.arange(n, dtype=np.int64) + 100 * i) for i, n in enumerate((3, 5, 2))]
+  calls = []
+
+  def shard(i):
+    calls.append(i)
+    return parts[i]
+
+  version = SimpleNamespace(version=7)
+  infos = [dict(num_blocks=len(ids)) for _, ids in parts]
+  rows, ids = released_scale.authors_rows(str(tmp_path), version, infos, shard)
+  assert isinstance(rows, np.memmap) and not rows.flags.writeable
+  np.testing.assert_array_equal(rows, np.concatenate([p[0] for p in parts]))
+  np.testing.assert_array_equal(ids, np.concatenate([p[1] for p in parts]))
+  assert calls == [0, 1, 2]
+  assert sorted(os.listdir(tmp_path)) == ["authors_block_emb_v7.npy",
+                                          "authors_block_emb_v7_ids.npy"]
+  again, _ = released_scale.authors_rows(str(tmp_path), version, infos, shard)
+  assert calls == [0, 1, 2]
+  np.testing.assert_array_equal(again, rows)

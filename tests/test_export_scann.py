@@ -246,6 +246,29 @@ def test_a_released_builder_searcher_is_gone():
     built.search_batched(vectors[:1])
 
 
+def test_the_pybind_builder_builds_the_same_searcher_from_a_memmap(tmp_path):
+  """build_scann's builder argument: ScaNN's pybind builder takes the same options (a tree
+  of every leaf searched, every row re-scored in float32: exact) and reads a float32 memmap
+  in place, as benchmarks.released_scale builds the authors' one searcher over all blocks."""
+  from scann.scann_ops.py import scann_ops_pybind  # noqa: PLC0415  this test only
+  rng = np.random.default_rng(5)
+  path = str(tmp_path / "rows.npy")
+  np.save(path, rng.standard_normal((400, 8)).astype(np.float32))
+  rows = np.load(path, mmap_mode="r")
+  queries = rng.standard_normal((20, 8)).astype(np.float32)
+  params = scann_index.ScannParams(
+      mode="tree_ah_reorder", num_leaves=8, num_leaves_to_search=8, training_sample_size=400,
+      dimensions_per_block=2, reorder_num_neighbors=400, reorder_dtype="float32")
+  pybind = scann_index.build_scann(rows, params, builder=scann_ops_pybind.builder)
+  found, _ = pybind.search_batched(queries, final_num_neighbors=5)
+  exact = np.argsort(-queries @ np.asarray(rows).T, axis=1)[:, :5]
+  np.testing.assert_array_equal(found, exact)
+  graph = scann_index.build_scann(rows, params)
+  np.testing.assert_array_equal(graph.search_batched(queries, final_num_neighbors=5)[0].numpy(),
+                                exact)
+  scann_index.release(graph)
+
+
 def test_scann_shards_refuse_bad_input(corpus):
   with pytest.raises(ValueError, match="at least one ScaNN shard"):
     scann_index.graph_searcher([], DIMENSION)

@@ -130,16 +130,21 @@ def scann_params_for(num_points: int, **overrides) -> ScannParams:
   return dataclasses.replace(params, **overrides)
 
 
-def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int = 10):
-  """A scann_ops searcher over `embeddings` [N, P] float32, by dot product.
+def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int = 10,
+                builder=scann_ops.builder):
+  """A ScaNN searcher over `embeddings` [N, P] float32, by dot product.
 
   Args:
-    embeddings: [N, P] vectors.
+    embeddings: [N, P] vectors (a float32 C-ordered array or memmap is not copied here).
     params: how to build it (scann_params_for).
     num_neighbors: the searcher's default number of neighbours.
+    builder: scann_ops.builder (a searcher whose state a SavedModel holds), or
+      scann_ops_pybind.builder (the same C++ searcher and builder options, not
+      serialisable into a graph; it reads a memmap in place, where the TensorFlow builder
+      holds a tensor copy beside it).
 
   Returns:
-    A scann_ops.ScannSearcher.
+    The builder's searcher (scann_ops.ScannSearcher for the default).
 
   Raises:
     ValueError: an unknown params.mode.
@@ -154,7 +159,7 @@ def build_scann(embeddings: np.ndarray, params: ScannParams, num_neighbors: int 
   reorder_type = REORDER_TYPES[params.reorder_dtype]
   threshold = params.anisotropic_quantization_threshold
   threshold = float("nan") if threshold is None else threshold
-  builder = scann_ops.builder(embeddings, num_neighbors, "dot_product")
+  builder = builder(embeddings, num_neighbors, "dot_product")
   if params.mode == "brute_force":
     return builder.score_brute_force(quantize=reorder_type).build()
   if params.mode == "tree_ah_reorder":
