@@ -916,13 +916,17 @@ def markdown(result: dict) -> str:
                  f"{scann_served['recall_at_5']:.3f} | {scann_served['retrieve_p50_ms']:.1f} | "
                  f"{scann_served['retrieve_p99_ms']:.1f} |")
   if "recall_at_5" in authors:
-    how = ("one searcher over all blocks, as they built it" if authors["searcher"] == "one"
+    one = authors["searcher"] == "one"
+    how = ("one searcher over all blocks, as they built it (ScaNN's pybind builder, "
+           "block_emb memory-mapped)" if one
            else f"one searcher per index shard ({authors['searchers']}), merged")
+    mapped = (f", of which {gib(result['blocks'] * BERT_BASE['projection_size'] * 4, 1)} "
+              "GiB is the memory-mapped block_emb's page cache" if one else "")
     lines += ["", "## The authors' ScaNN configuration, same run", "", validation, "",
               f"`{json.dumps(authors['params'], sort_keys=True)}`, built in process over the "
-              f"run's block_emb: {how} ({authors['build_seconds']} s to build, peak "
-              f"{authors['peak_rss_gib']} GiB). recall@5 against the exact export's served "
-              f"top-K, the same {authors['questions']:,} questions: "
+              f"run's block_emb: {how}; {authors['build_seconds']} s to build, peak RSS "
+              f"{authors['peak_rss_gib']} GiB{mapped}. recall@5 against the exact export's "
+              f"served top-K, the same {authors['questions']:,} questions: "
               f"**{authors['recall_at_5']:.3f}**"
               + (f" (the shipped export, served: {scann_served['recall_at_5']:.3f})"
                  if scann_served and "recall_at_5" in scann_served else "") + "."]
