@@ -38,15 +38,18 @@ lint: setup
 # Two pytest workers (pytest-xdist), one test module each at a time (--dist loadfile keeps
 # a module's expensive fixtures in one worker): much of the suite waits on child processes
 # and Beam's Python, so one worker leaves the second core idle about a third of the time.
-# The longest single-test module (one chain of child processes) is handed out first, so
-# that it does not run alone at the end (FIRST_MODULES in tests/conftest.py;
-# --no-loadscope-reorder makes that order xdist's).
+# Modules are handed out longest first, by the durations recorded in tests/durations.json,
+# so that a long one does not run alone at the end (tests/suite_order.py;
+# --no-loadscope-reorder makes that order xdist's). Each run writes its JUnit report under
+# runs/pytest/, from which `python -m tests.suite_order` re-records the durations.
 PYTEST := $(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder
 test: lint
-	REALM_FUZZ_FRACTION=0.25 $(PYTEST) --durations=25 -m "not system" tests
+	REALM_FUZZ_FRACTION=0.25 $(PYTEST) --durations=25 --junitxml=runs/pytest/test.xml \
+	  -m "not system" tests
 
 test-system: setup
-	REALM_FUZZ_FRACTION=1 $(PYTEST) --durations=25 -m "system or fuzz" tests
+	REALM_FUZZ_FRACTION=1 $(PYTEST) --durations=25 --junitxml=runs/pytest/test-system.xml \
+	  -m "system or fuzz" tests
 
 # Every stage writes under runs/demo and is reused on a re-run; sizes are flags, e.g.
 # make demo DEMO_FLAGS="--pretrain_steps 200 --world_entities 1200" (docs/demo.md).

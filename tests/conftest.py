@@ -12,6 +12,7 @@ import pathlib  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from tests import suite_order  # noqa: E402
 from tests.data import packaged  # noqa: E402
 from tests.data.invented_news import write_news  # noqa: E402
 
@@ -109,6 +110,19 @@ SYSTEM_TIER = {
     "test_openqa_finetune.py::test_finetuning_lowers_the_loss_and_raises_training_em":
         "300 steps at k=12 until exact match rises; make test: the 40-step run's answer-loss "
         "check, schema and evaluate-command tests",
+    # Moved out of `make test` for its 20-minute budget (tests/durations.json has their
+    # times there), each beside a test there on the same code path.
+    "test_export_qa.py::test_xla_reader_pass_answers_as_the_baseline":
+        "the reader's XLA option (off in what ships: export/assembly.READER_XLA) compiled "
+        "at every per-pass length, in process and saved (75 s); make test: the module's "
+        "pass tests of the shipped reader (groups, per-pass lengths) and its op allow-list",
+    "test_tasks.py::test_resumed_two_replica_run_sees_the_same_examples":
+        "three two-replica runs (straight, stopped, resumed) compared step by step (80-115 "
+        "s); make test: test_train_on_object_store.py's stop-and-resume, test_tasks.py's "
+        "two-replica step equal to one device's, test_faults.py's in-process preemption",
+    "test_openqa_finetune.py::test_refresh_index_re_embeds_the_corpus_during_finetuning":
+        "Open-QA fine-tuning with a child index builder (50-80 s); make test: "
+        "test_training.py's pre-training refresh, the same IndexRefresher and child",
     "test_scale.py": "benchmarks.scale run at a small size (4 min loaded); make test: "
                      "test_benchmark_harness.py and test_benchmark_reports.py",
 }
@@ -131,6 +145,7 @@ def undefined_tests(table: dict, module_name: str, module) -> list:
 
 
 def pytest_configure(config):
+  config.pluginmanager.register(_HandOutOrder(), "realm_hand_out_order")
   # A key that names no test would silently move that test to the other tier: each must
   # name a module file (checked here, whatever this run collects) and, for a module this
   # run collects, a test it defines (pytest_make_collect_report).
@@ -169,30 +184,33 @@ def pytest_make_collect_report(collector):
 
 
 def pytest_collection_modifyitems(config, items):
+  # Before -m deselects (a plain hook: pytest's mark plugin runs after conftest's).
   for item in items:
     if (item.path.name in SYSTEM_TIER
         or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
       item.add_marker(pytest.mark.system)
-  if not getattr(config.option, "loadscopereorder", True):
-    items[:] = _handed_out_order(items)
 
 
-# Modules that run one long chain of child processes, a core at a time: handed out first
-# (both tiers pass --no-loadscope-reorder so that the order below is xdist's). xdist's own
-# order, most tests first, hands a one-test module out last, where it runs alone with the
-# other worker idle. Both are in the system tier, one handed to each worker.
+# Modules that run one long chain of child processes, a core at a time: handed out first,
+# one to each worker (both are in the system tier, whose durations are not all recorded).
 FIRST_MODULES = ("test_demo.py", "test_demo_stages.py")
 
 
-def _handed_out_order(items):
-  """`items` grouped by module: FIRST_MODULES, then the rest by test count, most first (as
-  xdist's --loadscope-reorder orders them); the order within a module is kept."""
-  modules = {}
-  for item in items:
-    modules.setdefault(item.path, []).append(item)
-  order = sorted(modules, key=lambda path: (path.name not in FIRST_MODULES,
-                                            -len(modules[path])))
-  return [item for path in order for item in modules[path]]
+class _HandOutOrder:
+  """After -m has deselected: the selected modules longest first (tests/suite_order.py
+  says why), when xdist keeps the collected order (--no-loadscope-reorder, both tiers)."""
+
+  @pytest.hookimpl(trylast=True)
+  def pytest_collection_modifyitems(self, config, items):
+    if getattr(config.option, "loadscopereorder", True):
+      return
+    modules = {}
+    for item in items:
+      modules.setdefault(item.path, []).append(item)
+    order = suite_order.hand_out_order(
+        {path: [item.nodeid for item in group] for path, group in modules.items()},
+        suite_order.load_record(), FIRST_MODULES)
+    items[:] = [item for path in order for item in modules[path]]
 
 
 @pytest.fixture(scope="session")
