@@ -20,7 +20,8 @@ from realm_tf.io import layout
 
 # Results written under another name than their benchmark's (--name).
 RENDERED_BY = {"scale_100k": "scale",
-               "scann_scale_20k": "scann_scale"}
+               "scann_scale_20k": "scann_scale",
+               "released_scale_two_shards": "released_scale"}
 
 
 @pytest.mark.parametrize("name", sorted(
