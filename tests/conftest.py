@@ -145,7 +145,6 @@ def undefined_tests(table: dict, module_name: str, module) -> list:
 
 
 def pytest_configure(config):
-  config.pluginmanager.register(_HandOutOrder(), "realm_hand_out_order")
   # A key that names no test would silently move that test to the other tier: each must
   # name a module file (checked here, whatever this run collects) and, for a module this
   # run collects, a test it defines (pytest_make_collect_report).
@@ -183,12 +182,12 @@ def pytest_make_collect_report(collector):
   return report
 
 
-def pytest_collection_modifyitems(config, items):
-  # Before -m deselects (a plain hook: pytest's mark plugin runs after conftest's).
-  for item in items:
-    if (item.path.name in SYSTEM_TIER
-        or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
-      item.add_marker(pytest.mark.system)
+def pytest_itemcollected(item):
+  # Marked as each test is collected, so that -m (pytest's own collection_modifyitems)
+  # selects the tier.
+  if (item.path.name in SYSTEM_TIER
+      or f"{item.path.name}::{item.originalname}" in SYSTEM_TIER):
+    item.add_marker(pytest.mark.system)
 
 
 # Modules that run one long chain of child processes, a core at a time: handed out first,
@@ -196,21 +195,19 @@ def pytest_collection_modifyitems(config, items):
 FIRST_MODULES = ("test_demo.py", "test_demo_stages.py")
 
 
-class _HandOutOrder:
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
   """After -m has deselected: the selected modules longest first (tests/suite_order.py
   says why), when xdist keeps the collected order (--no-loadscope-reorder, both tiers)."""
-
-  @pytest.hookimpl(trylast=True)
-  def pytest_collection_modifyitems(self, config, items):
-    if getattr(config.option, "loadscopereorder", True):
-      return
-    modules = {}
-    for item in items:
-      modules.setdefault(item.path, []).append(item)
-    order = suite_order.hand_out_order(
-        {path: [item.nodeid for item in group] for path, group in modules.items()},
-        suite_order.load_record(), FIRST_MODULES)
-    items[:] = [item for path in order for item in modules[path]]
+  if getattr(config.option, "loadscopereorder", True):
+    return
+  modules = {}
+  for item in items:
+    modules.setdefault(item.path, []).append(item)
+  order = suite_order.hand_out_order(
+      {path: [item.nodeid for item in group] for path, group in modules.items()},
+      suite_order.load_record(), FIRST_MODULES)
+  items[:] = [item for path in order for item in modules[path]]
 
 
 @pytest.fixture(scope="session")
