@@ -322,7 +322,8 @@ def recorded(make):
   return run
 
 
-def run_process(command: list, log_path: str, env: dict | None = None) -> dict:
+def run_process(command: list, log_path: str, env: dict | None = None,
+                rss_every: float = 0.0) -> dict:
   """`command` run from the repository as a process of its own, its output (stdout and
   stderr) into `log_path`, with the repository on its PYTHONPATH and TensorFlow's C++ log
   at warnings.
@@ -331,28 +332,34 @@ def run_process(command: list, log_path: str, env: dict | None = None) -> dict:
     command: the argv.
     log_path: the file its output goes to.
     env: variables set over this process's environment.
+    rss_every: > 0: its RSS is sampled this often (seconds), for where a peak falls.
 
   Returns:
     dict(seconds: its wall time, peak_rss_bytes: its peak resident memory from its own
     rusage (every byte it held, the children it waited for included), output: all it
-    printed).
+    printed; with rss_every, rss_samples: [(seconds since start, RSS bytes)] and
+    started: its start as a Unix time, to place the samples against its log's lines).
 
   Raises:
     RuntimeError: it failed (its output's tail in the message).
   """
   env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
-  begin = time.monotonic()
+  begin, started = time.monotonic(), time.time()
   with open(log_path, "w") as out:
     process = subprocess.Popen(  # pylint: disable=consider-using-with  (reaped by wait4)
         command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    _, status, usage = os.wait4(process.pid, 0)
+    with RssTimeline(process.pid, rss_every or None) as timeline:
+      _, status, usage = os.wait4(process.pid, 0)
   seconds = time.monotonic() - begin
   code = os.waitstatus_to_exitcode(status)
   with open(log_path, errors="replace") as f:
     output = f.read()
   if code != 0:
     raise RuntimeError(f"{' '.join(command[:6])} exited {code}:\n{output[-4000:]}")
-  return dict(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024, output=output)
+  done = dict(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024, output=output)
+  if rss_every:
+    done.update(rss_samples=timeline.samples, started=started)
+  return done
 
 
 class Phases:
@@ -525,6 +532,26 @@ class PeakSampler(BackgroundLoop):
         self.peak = max(self.peak, rss_bytes(self.pid))
       except OSError:
         return
+      self._stop.wait(self.every)
+
+
+class RssTimeline(BackgroundLoop):
+  """A process's RSS every `every` seconds on a thread while in its `with` (`every` None:
+  nothing sampled): `samples`, [(seconds since the `with` began, RSS bytes)]."""
+
+  def __init__(self, pid: int, every: float | None):
+    super().__init__()
+    self.pid, self.every, self.samples = pid, every, []
+    self._begin = time.monotonic()
+
+  def _run(self):
+    while self.every and not self._stop.is_set():
+      try:
+        rss = rss_bytes(self.pid)
+      except OSError:  # it has ended
+        return
+      if rss:  # 0: a zombie's status has no VmRSS
+        self.samples.append((round(time.monotonic() - self._begin, 2), rss))
       self._stop.wait(self.every)
 
 

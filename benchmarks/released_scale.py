@@ -47,6 +47,12 @@ Then the documented commands run, each as its own process, as a user runs them:
              built over the same block_emb, one searcher over all blocks as they built it
              (--authors_searcher per_shard: one a shard, merged), its recall@5 against the
              same served reference
+  profile    (measurement only, after scann) where the ScaNN export's peak and its served
+             retrieval's time go: export_scann_memory runs the export again (into a
+             scratch dir, deleted after) with its RSS sampled every 0.5 s and placed
+             against its log's lines; retrieval_profile loads the published
+             realm_qa_scann in process and times its `retrieve_embedding`, one question a
+             call, with TensorFlow's profiler's op breakdown (benchmarks.serving)
 Per step: its provenance (commit, start, wall seconds: harness.recorded), peak RSS of the
 step's process (its own rusage; the server's sampled), disk under --work_dir sampled
 every --disk_sample_seconds while the step runs (its peak) and read after it. The
@@ -67,6 +73,7 @@ import functools
 import gc
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -119,6 +126,8 @@ def parse_args(argv=None):
                       "over gRPC against the exact export's, which serve reads) and handed "
                       "over, and the authors' configuration (scann_authors; both need "
                       "--embedding_generator); scann_recall, scann_authors: that step alone")
+  parser.add_argument("--profile_steps", type=int, default=50,
+                      help="profile: calls the retrieval's op breakdown is taken over")
   parser.add_argument("--index_shards", type=int, default=13,
                       help="index shards of the import, each with its ScaNN searcher (13: "
                       "about 1.03M rows a shard, the size synthetic_embeddings' curves "
@@ -602,6 +611,89 @@ def served_retrieval(address: str, model: str, queries: np.ndarray, latency_ques
   return found, harness.percentiles(seconds)
 
 
+# An absl log line: level, month and day, time, thread, source, message.
+ABSL_LINE = re.compile(r"^[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) +\d+ (\S+)\] (.*)")
+
+
+def memory_timeline(done: dict, log_text: str, min_rise_gib: float = 0.2) -> dict:
+  """Where a process's memory went: its RSS samples (harness.run_process's, with
+  rss_every) placed between the timestamped lines of its absl log.
+
+  Args:
+    done: run_process's result (rss_samples, started).
+    log_text: the process's output.
+    min_rise_gib: an interval is listed when RSS rose by at least this much in it, or it
+      holds the peak.
+
+  Returns:
+    dict(peak_gib, peak_at_s, intervals: [dict(after, before: the log lines bounding it
+    (source and message, trimmed), from_s, to_s, rss_at_start_gib, max_gib,
+    rss_at_end_gib)], the listed ones in order).
+  """
+  start = time.localtime(done["started"])
+  events = [(0.0, "process start")]
+  for line in log_text.splitlines():
+    match = ABSL_LINE.match(line)
+    if not match:
+      continue
+    month, day, hour, minute, second, source, message = match.groups()
+    when = time.mktime((start.tm_year, int(month), int(day), int(hour), int(minute), 0, 0,
+                        0, -1)) + float(second)
+    events.append((round(when - done["started"], 2), f"{source}] {message[:90]}"))
+  samples = done["rss_samples"]
+  events.append((max(s for s, _ in samples) + 1.0 if samples else 0.0, "process end"))
+  peak_at, peak = max(samples, key=lambda sample: sample[1]) if samples else (0.0, 0)
+
+  def rss_at(t: float) -> int:
+    before = [rss for s, rss in samples if s <= t]
+    return before[-1] if before else 0
+
+  intervals = []
+  for (began, after), (ended, before) in zip(events, events[1:]):
+    inside = [rss for s, rss in samples if began <= s < ended]
+    if not inside:
+      continue
+    first = rss_at(began)
+    if max(inside) - first >= min_rise_gib * 2**30 or began <= peak_at < ended:
+      intervals.append(dict(after=after, before=before, from_s=began, to_s=ended,
+                            rss_at_start_gib=gib(first, 2), max_gib=gib(max(inside), 2),
+                            rss_at_end_gib=gib(rss_at(ended), 2)))
+  return dict(peak_gib=gib(peak, 2), peak_at_s=peak_at, samples=len(samples),
+              intervals=intervals)
+
+
+def retrieval_profile(args, work: str) -> dict:
+  """The published realm_qa_scann's `retrieve_embedding` in this process (no gRPC): one
+  question a call over --latency_questions of the recall questions, and TensorFlow's
+  profiler's op breakdown (benchmarks.serving.op_breakdown) over --profile_steps calls:
+  where served retrieval's time goes beside the search alone (scann_recall)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks.serving import op_breakdown  # pylint: disable=g-import-not-at-top
+  from realm_tf.export import qa  # pylint: disable=g-import-not-at-top
+  base = os.path.join(work, "models", "realm_qa_scann")
+  version = os.path.join(base, str(max(harness.versions(base))))
+  queries = recall_queries(args, work)[:args.latency_questions]
+  start = time.time()
+  retrieve = tf.saved_model.load(version).signatures[qa.RETRIEVE_EMBEDDING_SIGNATURE]
+  load_seconds = time.time() - start
+
+  def call(q):
+    return retrieve(**{qa.QUERY_EMBEDDING: tf.constant(q[None])})["block_ids"].numpy()
+
+  call(queries[0])  # the first call's one-off costs
+  seconds = []
+  for q in queries:
+    begin = time.perf_counter()
+    call(q)
+    seconds.append(time.perf_counter() - begin)
+  return dict(version=version, load_seconds=round(load_seconds, 1),
+              questions=len(queries), **harness.percentiles(seconds),
+              op_breakdown=op_breakdown(lambda: call(queries[0]), args.profile_steps,
+                                        top=14),
+              profile_steps=args.profile_steps,
+              peak_rss_gib=gib(harness.peak_rss_bytes(), 2))
+
+
 def authors_rows(work: str, version, infos, shard) -> tuple:
   """block_emb [N, P] float32 as one memory-mapped file (written once under `work` from the
   index version's shards, a shard at a time, and published by rename), and its [N] ids.
@@ -827,10 +919,12 @@ def serve(args, work: str, policy: str, latency: bool, model: str = "realm_qa",
 
 
 # Steps that compare searches in process rather than run the released path.
-MEASUREMENT_ONLY = ("scann_recall", "scann_authors")
+MEASUREMENT_ONLY = ("scann_recall", "scann_authors", "export_scann_memory",
+                    "retrieval_profile")
 STEP_ORDER = ("release", "import", "evaluate", "export", "serve_availability_preserving",
               "serve_resource_preserving", "scann_recall", "export_scann",
-              "serve_scann_availability_preserving", "scann_authors")
+              "serve_scann_availability_preserving", "scann_authors", "export_scann_memory",
+              "retrieval_profile")
 
 
 def verdict(target: dict) -> str:
@@ -950,6 +1044,7 @@ def markdown(result: dict) -> str:
       lines.append(f"| {fraction} | {reorder} | {row['recall_at_5']:.3f} | "
                    f"{row['p50_ms']:.1f} | {row['p99_ms']:.1f} | "
                    f"{row['p50_over_exact']:.3f} |")
+  lines += profile_markdown(steps)
   lines += ["", "## Targets", "", "| target | measured | met |", "|---|---|---|"]
   for target in result.get("targets", []):
     measured = target["measured"]
@@ -960,6 +1055,44 @@ def markdown(result: dict) -> str:
             json.dumps({k: v for k, v in result.items() if k != "machine"}, indent=2,
                        sort_keys=True), "```", ""]
   return "\n".join(lines)
+
+
+def profile_markdown(steps: dict) -> list:
+  """The profile step's sections (none when it has not run)."""
+  lines = []
+  memory = steps.get("export_scann_memory", {}).get("timeline")
+  if memory:
+    lines += ["", "## Where the ScaNN export's memory goes", "",
+              f"`{steps['export_scann_memory']['command']}` again (into a scratch dir), its "
+              f"RSS sampled every 0.5 s ({memory['samples']} samples; peak "
+              f"{memory['peak_gib']} GiB at {memory['peak_at_s']:.0f} s, rusage "
+              f"{steps['export_scann_memory']['peak_rss_gib']} GiB) and placed between its "
+              "log's lines: every stretch in which it rose by 0.2 GiB or more, and the "
+              "peak's.", "",
+              "| from (s) | to (s) | after the line | before the line | RSS at start | max | "
+              "RSS at end |", "|---:|---:|---|---|---:|---:|---:|"]
+    for row in memory["intervals"]:
+      lines.append(f"| {row['from_s']:.0f} | {row['to_s']:.0f} | `{row['after']}` | "
+                   f"`{row['before']}` | {row['rss_at_start_gib']} | {row['max_gib']} | "
+                   f"{row['rss_at_end_gib']} |")
+  profile = steps.get("retrieval_profile", {})
+  if "op_breakdown" in profile:
+    served = steps.get("serve_scann_availability_preserving", {}).get("served_recall", {})
+    grpc_p50 = (f"; over gRPC (serve_scann) p50 {served['retrieve_p50_ms']:.1f} ms"
+                if "retrieve_p50_ms" in served else "")
+    alone = steps.get("scann_recall", {}).get("settings") or [{}]
+    search_p50 = (f"; the trainer's shards' search alone p50 {alone[0]['p50_ms']:.1f} ms "
+                  "(scann_recall)" if "p50_ms" in alone[0] else "")
+    lines += ["", "## Where served retrieval's time goes", "",
+              f"The published realm_qa_scann loaded in process ({profile['load_seconds']} s), "
+              f"its `retrieve_embedding` one question a call: p50 {profile['p50_ms']:.1f} ms, "
+              f"p99 {profile['p99_ms']:.1f} ms over {profile['questions']} questions"
+              f"{grpc_p50}{search_p50}. TensorFlow's profiler over "
+              f"{profile['profile_steps']} calls, self time by op type:", "",
+              "| op | ms a call | share |", "|---|---:|---:|"]
+    for row in profile["op_breakdown"]:
+      lines.append(f"| {row['op']} | {row['ms_per_call']} | {row['fraction']:.3f} |")
+  return lines
 
 
 def targets(result: dict) -> list:
@@ -1215,6 +1348,24 @@ def run(args) -> dict:
     # After the exact server kept its served top-K (the reference); its own process, so
     # its memory is its own.
     attempt("scann_authors", lambda: PHASES.run(args, work, "scann_authors"))
+  def export_memory():
+    # Into a scratch dir: the published export stays what the serve rows served.
+    out = os.path.join(work, "profile_models")
+    shutil.rmtree(out, ignore_errors=True)
+    command = [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
+               f"--output_dir={out}", "--kinds=realm_qa_scann"]
+    try:
+      done = harness.run_process(command, os.path.join(work, "export_scann_memory.log"),
+                                 rss_every=0.5)
+    finally:
+      shutil.rmtree(out, ignore_errors=True)
+    return dict(seconds=round(done["seconds"], 1), command=" ".join(command),
+                peak_rss_gib=gib(done["peak_rss_bytes"], 2),
+                timeline=memory_timeline(done, done["output"]))
+
+  if "profile" in wanted:
+    attempt("export_scann_memory", export_memory)
+    attempt("retrieval_profile", lambda: PHASES.run(args, work, "retrieval_profile"))
   # Last: at BERT-base on a 2-core CPU it is the longest step (a question is five reader
   # passes of 320 wordpieces), and its memory peaks as soon as the index is loaded.
   if "evaluate" in wanted:
@@ -1226,7 +1377,8 @@ def run(args) -> dict:
 
 PHASES = harness.Phases("benchmarks.released_scale",
                         dict(release=write_release, scann_recall=scann_recall,
-                             scann_authors=authors_recall), log=log)
+                             scann_authors=authors_recall,
+                             retrieval_profile=retrieval_profile), log=log)
 
 
 def main(argv=None) -> int:

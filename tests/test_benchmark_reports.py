@@ -7,6 +7,7 @@ import importlib
 import json
 import math
 import os
+import sys
 import threading
 import time
 
@@ -719,3 +720,30 @@ def test_the_authors_searchers_rows_are_one_file_written_once_in_shard_order(tmp
   again, _ = released_scale.authors_rows(str(tmp_path), version, infos, shard)
   assert calls == [0, 1, 2]
   np.testing.assert_array_equal(again, rows)
+
+
+def test_memory_timeline_places_a_real_processs_rise_between_its_log_lines(tmp_path):
+  """A child that logs, takes ~300 MiB, logs, frees it and logs: the sampled rise falls in
+  the stretch between its first two lines, and only there."""
+  from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
+  child = ("import logging, time\n"
+           "from absl import logging as absl_logging\n"
+           "absl_logging.use_absl_handler(); absl_logging.set_verbosity('info')\n"
+           "absl_logging.info('before the allocation'); time.sleep(0.6)\n"
+           "held = bytearray(300 * 2**20); time.sleep(1.2)\n"
+           "absl_logging.info('allocated'); del held; time.sleep(0.6)\n"
+           "absl_logging.info('freed'); time.sleep(0.6)\n")
+  done = harness.run_process([sys.executable, "-c", child], str(tmp_path / "child.log"),
+                             rss_every=0.1)
+  assert done["rss_samples"] and done["started"] <= time.time()
+  timeline = released_scale.memory_timeline(done, done["output"])
+  risen = [row for row in timeline["intervals"] if row["max_gib"] - row["rss_at_start_gib"]
+           >= 0.2]
+  assert len(risen) == 1, timeline
+  assert risen[0]["after"].endswith("before the allocation")
+  assert risen[0]["before"].endswith("allocated")
+  assert timeline["peak_gib"] >= risen[0]["rss_at_start_gib"] + 0.25
+  markdown = "\n".join(released_scale.profile_markdown(
+      {"export_scann_memory": dict(command="x", peak_rss_gib=timeline["peak_gib"],
+                                   timeline=timeline)}))
+  assert "before the allocation" in markdown
