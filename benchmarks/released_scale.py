@@ -125,7 +125,9 @@ def parse_args(argv=None):
                       "(scann_recall), the realm_qa_scann export, served (its recall read "
                       "over gRPC against the exact export's, which serve reads) and handed "
                       "over, and the authors' configuration (scann_authors; both need "
-                      "--embedding_generator); scann_recall, scann_authors: that step alone")
+                      "--embedding_generator); scann_recall, scann_authors, export_scann: that step "
+                      "alone; profile: where the ScaNN export's memory and served "
+                      "retrieval's time go (measurement only)")
   parser.add_argument("--profile_steps", type=int, default=50,
                       help="profile: calls the retrieval's op breakdown is taken over")
   parser.add_argument("--index_shards", type=int, default=13,
@@ -689,7 +691,7 @@ def retrieval_profile(args, work: str) -> dict:
   return dict(version=version, load_seconds=round(load_seconds, 1),
               questions=len(queries), **harness.percentiles(seconds),
               op_breakdown=op_breakdown(lambda: call(queries[0]), args.profile_steps,
-                                        top=14),
+                                        top=30),
               profile_steps=args.profile_steps,
               peak_rss_gib=gib(harness.peak_rss_bytes(), 2))
 
@@ -1339,8 +1341,8 @@ def run(args) -> dict:
             lambda: serve(args, work, "resource_preserving", latency=False))
   if wanted & {"scann", "scann_recall"}:  # scann_recall alone: the recall step only
     attempt("scann_recall", lambda: PHASES.run(args, work, "scann_recall"))
-  if "scann" in wanted:
-    if attempt("export_scann", lambda: do_export("realm_qa_scann")):
+  if wanted & {"scann", "export_scann"}:  # export_scann alone: the export only
+    if attempt("export_scann", lambda: do_export("realm_qa_scann")) and "scann" in wanted:
       attempt("serve_scann_availability_preserving",
               lambda: serve(args, work, "availability_preserving", latency=True,
                             model="realm_qa_scann", recall=recall))

@@ -5,7 +5,9 @@ ranked by ScaNN's scores without embeddings of its own or re-scored from float16
 question by question, answers as the exact export does whenever ScaNN's top-k is exact's
 and its scores are exact (float32 reordering); its search options each change the served
 answer or are refused, over gRPC."""
+import gc
 import os
+import weakref
 
 import grpc
 import numpy as np
@@ -497,3 +499,48 @@ def test_default_export_search_options_over_grpc(corpus):
       assert by_embedding["block_titles"].shape == by_embedding["block_ids"].shape
   finally:
     server.stop(grace=0.5)
+
+
+def test_the_last_qa_kind_gives_the_index_table_back(corpus):
+  """release_index (what export_run asks of its last QA kind): the ScaNN module answers
+  as one built without it, before and after saving; the index's float32 blocks are no
+  longer referenced anywhere (their memory goes back: the ScaNN export's peak at 13.35M
+  blocks), the index holds no version, and a swap fills it again."""
+  run = _swap_in(corpus, "index_released", 3, True)
+  questions = _questions()[:6]
+  kept = exporter.build_module(run, "realm_qa_scann")  # float16 re-scoring, the default
+  want = _answers(kept, questions)
+  del kept
+  table = [weakref.ref(block) for block in run.index.embedding_blocks.blocks]
+  released = exporter.build_module(run, "realm_qa_scann", release_index=True)
+  gc.collect()
+  assert all(ref() is None for ref in table)
+  assert run.index.version is None
+  got = _answers(released, questions)
+  for name in ("answer", "block_ids"):
+    np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+  np.testing.assert_allclose(got["retrieval_probs"], want["retrieval_probs"], rtol=1e-6)
+  published_dir = exporter.save_export(released, os.path.join(corpus["root"], "released"),
+                                       "realm_qa_scann", 1, {},
+                                       warmup=[dict(question=questions[:1])])
+  loaded = tf.saved_model.load(published_dir).signatures["serving_default"]
+  saved = loaded(question=tf.constant(questions))
+  np.testing.assert_array_equal(saved["block_ids"].numpy(), want["block_ids"])
+  run.index.swap(run.index.export)
+  assert run.index.version == 1
+  np.testing.assert_array_equal(run.index.embedding_blocks.numpy(), corpus["vectors"])
+  # The float32 table cannot be released by a module that serves it as it is.
+  with pytest.raises(ValueError, match="cannot be released"):
+    exporter.build_module(run, "realm_qa", release_index=True)
+
+
+def test_an_export_run_releases_the_index_only_after_its_last_qa_kind():
+  """releases_index: only the last QA kind of a run, and never exact float32 search."""
+  scann, exact = ScannSearch(), assembly.ExactSearch()
+  half = assembly.ExactSearch(embedding_dtype="float16")
+  assert exporter.releases_index(scann, [])
+  assert exporter.releases_index(scann, [None, None])  # encoders after it
+  assert not exporter.releases_index(scann, [exact])
+  assert not exporter.releases_index(exact, [])
+  assert exporter.releases_index(half, [None])
+  assert not exporter.releases_index(None, [])

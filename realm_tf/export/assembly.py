@@ -157,7 +157,8 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
                      config: ExperimentConfig, search: Search = ExactSearch(),
                      max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                      reader_length_step: int = READER_LENGTH_STEP,
-                     reader_xla: bool = READER_XLA) -> QAModule:
+                     reader_xla: bool = READER_XLA,
+                     release_index: bool = False) -> QAModule:
   """The QA module a QA export serves: `model` answering from `index` searched by `search`.
 
   Args:
@@ -172,6 +173,11 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
     max_blocks_per_pass: blocks read per reader pass at most (0: no limit; QAModule).
     reader_length_step: reader lengths are multiples of this (0: full length; QAModule).
     reader_xla: the reader's pass XLA-compiled (QAModule).
+    release_index: the index's embeddings are given up once the module has what it needs
+      of them (served_index_from: a copy in another dtype, or none; a ScaNN search's states
+      are loaded first), so they are not held beside it to the end: for the caller's last
+      use of the index (benchmarks/results/released_scale.md profiles the ScaNN export's
+      memory). Not for float32 exact search, which serves the index's own.
 
   Returns:
     The QAModule (kind 'realm_qa' or 'realm_qa_scann'); its `signatures()` are what the
@@ -189,14 +195,16 @@ def served_qa_module(model: OpenQAModel, index: KnowledgeIndex, tokenizer: Token
                      "(tasks.openqa.reader_body_length): build the index with the task")
   handles = ()
   if isinstance(search, ExactSearch):
-    served = served_index_from(index, tokenizer, embedding_dtype=search.embedding_dtype)
+    served = served_index_from(index, tokenizer, embedding_dtype=search.embedding_dtype,
+                               release_index=release_index)
   elif isinstance(search, ScannSearch):
     shards = version_scann_shards(index.export, index.embedding_blocks,
                                   index.store.block_ids, search.rows_per_shard,
                                   **search.overrides)
     searcher, handles = served_searcher(shards, index.dimension, search)
     served = served_index_from(index, tokenizer, searcher=searcher,
-                               embedding_dtype=search.rescore_dtype)
+                               embedding_dtype=search.rescore_dtype,
+                               release_index=release_index)
   else:
     raise TypeError(f"search must be an ExactSearch or a ScannSearch, got {search!r}")
   return QAModule(model, served, tokenizer, openqa.query_seq_length,

@@ -226,7 +226,7 @@ def build_module(run: ServingRun, kind: str,
                  max_blocks_per_pass: int = MAX_BLOCKS_PER_PASS,
                  reader_length_step: int = READER_LENGTH_STEP,
                  search: Optional[Search] = None,
-                 reader_xla: bool = READER_XLA) -> tf.Module:
+                 reader_xla: bool = READER_XLA, release_index: bool = False) -> tf.Module:
   """The tf.Module saved as one export kind.
 
   Args:
@@ -239,6 +239,8 @@ def build_module(run: ServingRun, kind: str,
       assembly.ScannSearch for realm_qa_scann); default DEFAULT_SEARCHES[kind].
     reader_xla: QA kinds: the reader's pass XLA-compiled (QAModule; the export then needs
       tensorflow_model_server's --xla_cpu_compilation_enabled=true).
+    release_index: QA kinds: the run's index gives up its embeddings once the module has
+      its own (served_qa_module): the run's last use of them.
 
   Returns:
     The module; its `signatures()` are what the SavedModel serves.
@@ -261,7 +263,8 @@ def build_module(run: ServingRun, kind: str,
     if search.kind != kind:
       raise ValueError(f"a {kind} export cannot serve {search!r}, which is {search.kind}'s")
     return served_qa_module(run.model, run.index, run.tokenizer, c, search,
-                            max_blocks_per_pass, reader_length_step, reader_xla)
+                            max_blocks_per_pass, reader_length_step, reader_xla,
+                            release_index)
   raise ValueError(f"unknown export kind {kind!r}; kinds are {', '.join(KINDS)}")
 
 
@@ -409,21 +412,37 @@ def export_run(model_dir: str, output_dir: str, kinds: Sequence[str] = KINDS,
     chosen[search.kind] = search
   run = load_run(model_dir, checkpoint, blocks, index_dir)
   version = run.step if version is None else version
+  searches_of = {kind: chosen.get(kind, DEFAULT_SEARCHES.get(kind)) for kind in kinds}
   published = {}
-  for kind in kinds:
+  for i, kind in enumerate(kinds):
     provenance = run.provenance(kind)
-    search = chosen.get(kind, DEFAULT_SEARCHES.get(kind))
+    search = searches_of[kind]
     if search is not None:
       provenance.update(max_blocks_per_pass=max_blocks_per_pass,
                         reader_length_step=reader_length_step, reader_xla=reader_xla,
                         **search.describe())
     module = build_module(run, kind, max_blocks_per_pass, reader_length_step, search,
-                          reader_xla)
+                          reader_xla, release_index=releases_index(search, [
+                              searches_of[k] for k in kinds[i + 1:]]))
     published[kind] = save_export(module, output_dir, kind, version, provenance,
                                   warmup_requests(kind, run))
+    del module  # not held beside the next kind's (an exact module holds the index's table)
   return published
+
+
+def releases_index(search: Optional[Search], later: Sequence[Optional[Search]]) -> bool:
+  """Whether the QA module of `search` gives up the run's index embeddings once it has
+  its own (served_qa_module's release_index): when no later kind of the same export run
+  is a QA kind and it does not serve the index's own float32 table. Why: at 13.35M blocks
+  that table is 6.4 GiB, held to the end of a ScaNN export beside the module's float16
+  copy and ScaNN states (benchmarks/results/released_scale.md: the export's memory)."""
+  if search is None or any(s is not None for s in later):
+    return False
+  if isinstance(search, ScannSearch):
+    return True
+  return search.embedding_dtype != "float32"
 
 
 __all__ = ["DEFAULT_SEARCHES", "KINDS", "MAX_BLOCKS_PER_PASS", "READER_LENGTH_STEP", "READER_XLA",
            "ServingRun", "build_module", "build_run", "export_run", "load_run",
-           "read_provenance", "save_export", "warmup_requests"]
+           "read_provenance", "releases_index", "save_export", "warmup_requests"]

@@ -182,8 +182,8 @@ class ServedIndex(tf.Module):
 def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
                       searcher: Optional[Searcher] = None,
                       embedding_dtype: Optional[str] = "float32",
-                      blocks_per_chunk: int = block_texts_lib.BLOCKS_PER_CHUNK
-                      ) -> ServedIndex:
+                      blocks_per_chunk: int = block_texts_lib.BLOCKS_PER_CHUNK,
+                      release_index: bool = False) -> ServedIndex:
   """The ServedIndex of a loaded exact-search KnowledgeIndex (its corpus and embeddings).
 
   An index in the text layout (built over a block text store, as evaluation and the
@@ -200,6 +200,10 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
       searcher, the copy that re-scores its candidates, or None: no embeddings, the
       searcher's scores (ServedIndex).
     blocks_per_chunk: tables layout: blocks per compressed chunk of the text store.
+    release_index: the index's embeddings are given up once the served index has what
+      it needs of them (its own copy, or none: RowBlocks.release), for a caller whose last
+      use of the index this is; the index then holds no version until a swap. Not with
+      float32 served as they are (they are the index's own).
 
   Returns:
     The ServedIndex, with the KnowledgeIndex's version.
@@ -229,12 +233,19 @@ def served_index_from(index, tokenizer: Tokenizer, texts_dir: str = "",
     raise ValueError("a served index without embeddings needs a searcher: exact search "
                      "scans the embeddings")
   embeddings = None
+  version = index.version
+  blocks = index.embedding_blocks
   if embedding_dtype is not None:
-    blocks = index.embedding_blocks
     if embedding_dtype == "float32" and blocks.dtype == tf.float32:
+      if release_index:
+        raise ValueError("float32 embeddings are served as the index holds them: they "
+                         "cannot be released")
       embeddings = blocks  # evaluation's variables, served as they are
     else:
-      embeddings = blocks.cast(embedding_dtype)
+      embeddings = blocks.cast(embedding_dtype, release=release_index)
+  if release_index:
+    blocks.release()  # all of it, where the cast had none to make
+    index.version = None
   return ServedIndex(embeddings, store.block_ids, texts, tokenizer,
-                     index.block_seq_length, index.body_length, index.version, searcher,
+                     index.block_seq_length, index.body_length, version, searcher,
                      embedding_dtype or "float32")

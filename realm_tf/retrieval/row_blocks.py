@@ -84,16 +84,44 @@ class RowBlocks(tf.Module):
                             trainable=False, name=f"{name}_{i}")
                 for i, (start, end) in enumerate(block_bounds(len(values), rows_per_block))])
 
-  def cast(self, dtype, name: str = "embeddings") -> "RowBlocks":
+  def cast(self, dtype, name: str = "embeddings", release: bool = False) -> "RowBlocks":
     """A copy of these rows in `dtype`, made one block at a time.
 
     Why not from_array(self.numpy()): that holds a float32 copy of the whole table and
     its cast beside the blocks, 10 GiB more at 13.35M blocks (the ScaNN export's float16
-    copy ran a 24 GiB machine out of memory that way); a block in flight is 512 MiB."""
+    copy ran a 24 GiB machine out of memory that way); a block in flight is 512 MiB.
+
+    Args:
+      dtype: the copy's dtype.
+      name: its variables' name stem.
+      release: empty each block of these rows once its copy is made (`release`): the
+        table is never held twice, for a caller whose last use of it this is.
+    """
     dtype = tf.as_dtype(dtype)
-    return RowBlocks([tf.Variable(tf.cast(tf.convert_to_tensor(variable), dtype),
-                                  trainable=False, name=f"{name}_{i}")
-                      for i, variable in enumerate(self.blocks)], name=self.name)
+    copies = []
+    for i in range(len(self.blocks)):
+      copies.append(tf.Variable(tf.cast(tf.convert_to_tensor(self.blocks[i]), dtype),
+                                trainable=False, name=f"{name}_{i}"))
+      if release:
+        self._release_block(i)
+    return RowBlocks(copies, name=self.name)
+
+  def release(self) -> None:
+    """Empties every block (unfilled again: `assign_blocks` refills them), so their memory
+    goes back once nothing else holds the old variables. Why: a process whose last use of
+    the table is behind it (the ScaNN export, once its own copy is made: 6.4 GiB of its
+    peak at 13.35M blocks) need not hold it to the end."""
+    for i in range(len(self.blocks)):
+      self._release_block(i)
+
+  def _release_block(self, i: int) -> None:
+    blocks = list(self.blocks)
+    old = blocks[i]
+    blocks[i] = resource_variable_ops.UninitializedVariable(
+        shape=old.shape, dtype=old.dtype, trainable=False, name=old.name.split(":")[0])
+    # A new list, not an item assigned: a tf.Module's tracked list keeps every variable an
+    # assignment replaces (for its checkpoint), which would hold the memory released here.
+    self.blocks = blocks
 
   @property
   def shape(self) -> tuple[int, int]:
