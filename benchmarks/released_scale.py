@@ -52,7 +52,8 @@ Then the documented commands run, each as its own process, as a user runs them:
              scratch dir, deleted after) with its RSS sampled every 0.5 s and placed
              against its log's lines; retrieval_profile loads the published
              realm_qa_scann in process and times its `retrieve_embedding`, one question a
-             call, with TensorFlow's profiler's op breakdown (benchmarks.serving)
+             call, with TensorFlow's profiler's op breakdown (benchmarks.serving), then the
+             same questions over gRPC from serving.server
 Per step: its provenance (commit, start, wall seconds: harness.recorded), peak RSS of the
 step's process (its own rusage; the server's sampled), disk under --work_dir sampled
 every --disk_sample_seconds while the step runs (its peak) and read after it. The
@@ -1080,8 +1081,11 @@ def profile_markdown(steps: dict) -> list:
   profile = steps.get("retrieval_profile", {})
   if "op_breakdown" in profile:
     served = steps.get("serve_scann_availability_preserving", {}).get("served_recall", {})
-    grpc_p50 = (f"; over gRPC (serve_scann) p50 {served['retrieve_p50_ms']:.1f} ms"
-                if "retrieve_p50_ms" in served else "")
+    grpc_p50 = (f"; the same questions over gRPC (`python -m serving.server`, this step) "
+                f"p50 {profile['grpc']['p50_ms']:.1f} ms, p99 {profile['grpc']['p99_ms']:.1f}"
+                if "grpc" in profile else "")
+    grpc_p50 += (f"; over gRPC in serve_scann p50 {served['retrieve_p50_ms']:.1f} ms"
+                 if "retrieve_p50_ms" in served else "")
     alone = steps.get("scann_recall", {}).get("settings") or [{}]
     search_p50 = (f"; the trainer's shards' search alone p50 {alone[0]['p50_ms']:.1f} ms "
                   "(scann_recall)" if "p50_ms" in alone[0] else "")
@@ -1365,9 +1369,27 @@ def run(args) -> dict:
                 peak_rss_gib=gib(done["peak_rss_bytes"], 2),
                 timeline=memory_timeline(done, done["output"]))
 
+  def profile_retrieval():
+    step = PHASES.run(args, work, "retrieval_profile")
+    # The same questions over gRPC, the in-process model gone: what the request adds.
+    base = os.path.join(work, "models", "realm_qa_scann")
+    server = ServerProcess(base, "realm_qa_scann",
+                           os.path.join(work, "server-retrieval_profile.log"))
+    try:
+      import grpc  # pylint: disable=g-import-not-at-top
+      address = server.wait_listening(args.timeout)
+      with grpc.insecure_channel(address) as channel:
+        server.wait_serving(channel, max(harness.versions(base)), args.timeout)
+      queries = recall_queries(args, work)[:args.latency_questions]
+      _, latency = served_retrieval(address, "realm_qa_scann", queries, len(queries))
+    finally:
+      server.stop()
+    step["grpc"] = latency
+    return step
+
   if "profile" in wanted:
     attempt("export_scann_memory", export_memory)
-    attempt("retrieval_profile", lambda: PHASES.run(args, work, "retrieval_profile"))
+    attempt("retrieval_profile", profile_retrieval)
   # Last: at BERT-base on a 2-core CPU it is the longest step (a question is five reader
   # passes of 320 wordpieces), and its memory peaks as soon as the index is loaded.
   if "evaluate" in wanted:
