@@ -95,6 +95,46 @@ def encoder_flops(num_layers: int, hidden: int, intermediate: int, batch: int, s
   return float(num_layers * per_token * batch * seq * (3 if training else 1))
 
 
+def encoder_gemm_limit(hidden: int, intermediate: int, heads: int, batch: int, seq: int,
+                       jit_compile: bool = False, repeats: int = 8, trials: int = 5) -> dict:
+  """The throughput TensorFlow reaches (FLOP/s) on one encoder layer's matmuls alone, at
+  the shapes a pass of `batch` sequences of `seq` tokens multiplies: Q, K, V and the
+  output projection ([batch x seq, H] x [H, H]), the feed-forward pair ([.., H] x [H, F],
+  [.., F] x [F, H]) and the attention products per head ([seq, H/heads] x [H/heads, seq]
+  and back), `repeats` layers' worth in one tf.function (XLA-compiled with
+  `jit_compile`), best of `trials`. Why beside matmul_limit: small products cannot reach
+  a 1024-cube product's rate; this is the ceiling an encoder of these shapes could reach
+  with every other op free, the same FLOPs as encoder_flops counts."""
+  rows, head = batch * seq, hidden // heads
+  x = tf.random.stateless_normal([rows, hidden], seed=[0, 1])
+  w = tf.random.stateless_normal([hidden, hidden], seed=[2, 3]) * hidden ** -0.5
+  w_in = tf.random.stateless_normal([hidden, intermediate], seed=[4, 5]) * hidden ** -0.5
+  w_out = tf.random.stateless_normal([intermediate, hidden], seed=[6, 7]) * intermediate ** -0.5
+
+  @tf.function(jit_compile=jit_compile)
+  def layers(x):
+    total = tf.constant(0.0)
+    for _ in range(repeats):  # unrolled: one layer's products after another
+      q, k, v = (tf.linalg.matmul(x, w) for _ in range(3))
+      split = lambda t: tf.transpose(tf.reshape(t, [batch, seq, heads, head]), [0, 2, 1, 3])
+      scores = tf.linalg.matmul(split(q), split(k), transpose_b=True) * head ** -0.5
+      context = tf.linalg.matmul(scores, split(v))  # [batch, heads, seq, head]
+      x = tf.linalg.matmul(tf.reshape(tf.transpose(context, [0, 2, 1, 3]), [rows, hidden]), w)
+      x = tf.linalg.matmul(tf.linalg.matmul(x, w_in), w_out) * 0.5
+      total += x[0, 0]
+    return total
+
+  layers(x).numpy()  # trace (compile) and warm up
+  best = float("inf")
+  for _ in range(trials):
+    start = time.perf_counter()
+    layers(x).numpy()
+    best = min(best, time.perf_counter() - start)
+  flops = encoder_flops(repeats, hidden, intermediate, batch, seq, training=False)
+  return dict(batch=batch, seq=seq, jit_compile=jit_compile, seconds=best,
+              flops_per_second=flops / best)
+
+
 def compute_limits(matmul_n: int = 1024) -> dict:
   """What a performance benchmark records beside its figures: the CPU's theoretical peak,
   the measured TensorFlow matmul limit, their ratio, and the thread pools."""

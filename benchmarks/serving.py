@@ -382,9 +382,13 @@ def measure_variant(spec: dict) -> dict:
   xla = spec["reader_xla"]
   seq = config.task.openqa.reader_seq_length
   questions = harness.read_questions(spec["questions"])
+  e = config.model.encoder
   result = dict(onednn=os.environ.get("TF_ENABLE_ONEDNN_OPTS", "unset"),
                 cost_per_block=cost_per_block(config, seq, spec["pass_blocks"],
-                                              jit_compile=xla))
+                                              jit_compile=xla),
+                gemm_limit_at_5_blocks=common.encoder_gemm_limit(
+                    e.hidden_size, e.intermediate_size, e.num_attention_heads, 5, seq,
+                    jit_compile=xla))
   forward = encoder_pass(config, xla)
   ids = tf.fill([min(spec["pass_blocks"]), seq], 1000)  # [N, L]
   result["encoder_profile"] = op_breakdown(lambda: forward(ids).numpy(),
@@ -438,9 +442,13 @@ def variant_verdicts(result: dict) -> None:
   for measured in variants.values():
     at_5 = measured["cost_per_block"].get("5")
     grpc_p50 = measured["grpc"].get("p50_ms")
+    gemm = measured.get("gemm_limit_at_5_blocks", {}).get("flops_per_second")
     measured.update(
         encoder_fraction_of_matmul_at_5_blocks=(
             round(at_5["flops_per_second"] / matmul, 3) if at_5 else None),
+        gemm_limit_fraction_of_matmul=round(gemm / matmul, 3) if gemm else None,
+        encoder_fraction_of_gemm_limit_at_5_blocks=(
+            round(at_5["flops_per_second"] / gemm, 3) if at_5 and gemm else None),
         in_process_p50_over_floor=round(measured["in_process"]["p50_ms"] / floor_ms, 2),
         grpc_p50_over_floor=round(grpc_p50 / floor_ms, 2) if grpc_p50 else None)
     measured["targets_met"] = {
@@ -578,10 +586,15 @@ def variants_markdown(result: dict) -> list[str]:
            f"{result['floor_ms']} ms. Targets: " + ", ".join(
                f"{k} {'>=' if k.startswith('encoder') else '<='} {v}"
                for k, v in VARIANT_TARGETS.items()) + ".", "",
+           "The limit an encoder of these shapes could reach: its layers' matmuls alone "
+           "at a 5-block pass (benchmarks.common.encoder_gemm_limit, the variant's XLA "
+           "and oneDNN), against the matmul limit, and the encoder's own rate against it.",
+           "",
            "| variant | XLA | oneDNN | length step | " + " | ".join(
                f"encoder x matmul at {n}" for n in blocks) +
-           " | in-process p50 ms | / floor | gRPC p50 ms | / floor | targets |",
-           "|---|---|---|---|" + "---|" * len(blocks) + "---|---|---|---|---|"]
+           " | its matmuls alone at 5, x matmul | encoder x its matmuls at 5 "
+           "| in-process p50 ms | / floor | gRPC p50 ms | / floor | targets |",
+           "|---|---|---|---|" + "---|" * len(blocks) + "---|---|---|---|---|---|---|"]
   for name, v in variants.items():
     fractions = [f"{v['cost_per_block'][n]['flops_per_second'] / matmul:.2f}"
                  if n in v["cost_per_block"] else "-" for n in blocks]
@@ -590,7 +603,10 @@ def variants_markdown(result: dict) -> list[str]:
                "MISSED " + ", ".join(k for k, ok in met.items() if not ok))
     lines.append(f"| {name} | {'on' if v['reader_xla'] else 'off'} | "
                  f"{'on' if v['onednn'] == '1' else 'off'} | {v['reader_length_step']} | "
-                 + " | ".join(fractions) + f" | {v['in_process']['p50_ms']} | "
+                 + " | ".join(fractions) +
+                 f" | {v.get('gemm_limit_fraction_of_matmul', '-')} | "
+                 f"{v.get('encoder_fraction_of_gemm_limit_at_5_blocks', '-')}"
+                 f" | {v['in_process']['p50_ms']} | "
                  f"{v['in_process_p50_over_floor']} | {v['grpc'].get('p50_ms', '-')} | "
                  f"{v['grpc_p50_over_floor']} | {verdict} |")
   shipped, fastest = result["shipped_variant"], result["fastest_variant"]
