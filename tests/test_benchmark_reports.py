@@ -591,6 +591,7 @@ def test_disk_peak_sampler_sees_a_file_that_came_and_went(tmp_path):
 def _variant(encoder_flops_per_second, in_process_ms, grpc_ms, **flags):
   return dict(cost_per_block={"5": dict(ms_per_block=1.0,
                                         flops_per_second=encoder_flops_per_second)},
+              gemm_limit_at_5_blocks=dict(flops_per_second=90e9),
               in_process=dict(p50_ms=in_process_ms), grpc=dict(p50_ms=grpc_ms),
               encoder_profile=[dict(op="MatMul", ms_per_call=5.0, fraction=0.6)],
               question_profile=[dict(op="BatchMatMulV2", ms_per_call=9.0, fraction=0.3)],
@@ -631,7 +632,11 @@ def test_serving_variants_are_judged_against_their_targets_and_the_shipped_one_n
   text = "\n".join(serving.variants_markdown(result))
   assert f"Ships: **{result['shipped_variant']}**" in text
   assert "Fastest over gRPC: **xla**" in text
-  assert "| xla | on | off | 32 | 0.75 | 140.0 | 1.4 | 160.0 | 1.6 | all met |" in text
+  # The encoder's own matmuls' limit, where measured: its share of the matmul limit and
+  # the encoder's share of it.
+  assert v["xla"]["gemm_limit_fraction_of_matmul"] == 0.9
+  assert v["xla"]["encoder_fraction_of_gemm_limit_at_5_blocks"] == pytest.approx(0.833)
+  assert "| xla | on | off | 32 | 0.75 | 0.9 | 0.833 | 140.0 | 1.4 | 160.0 | 1.6 | all met |" in text
   assert "- baseline: encoder 5-block pass: MatMul 60%" in text
   assert "- xla:" not in text  # met everything: no profile line
 
