@@ -54,6 +54,7 @@ Free of TensorFlow at import on purpose: a benchmark that starts a server first
 (benchmarks/server_process.py) imports TensorFlow while the server starts up.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -348,7 +349,8 @@ def run_process(command: list, log_path: str, env: dict | None = None,
   with open(log_path, "w") as out:
     process = subprocess.Popen(  # pylint: disable=consider-using-with  (reaped by wait4)
         command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    with RssTimeline(process.pid, rss_every or None) as timeline:
+    sampler = PeakSampler(process.pid, rss_every) if rss_every else contextlib.nullcontext()
+    with sampler:
       _, status, usage = os.wait4(process.pid, 0)
   seconds = time.monotonic() - begin
   code = os.waitstatus_to_exitcode(status)
@@ -358,7 +360,7 @@ def run_process(command: list, log_path: str, env: dict | None = None,
     raise RuntimeError(f"{' '.join(command[:6])} exited {code}:\n{output[-4000:]}")
   done = dict(seconds=seconds, peak_rss_bytes=usage.ru_maxrss * 1024, output=output)
   if rss_every:
-    done.update(rss_samples=timeline.samples, started=started)
+    done.update(rss_samples=sampler.samples, started=started)
   return done
 
 
@@ -519,33 +521,21 @@ class BackgroundLoop:
 
 
 class PeakSampler(BackgroundLoop):
-  """Samples a process's RSS on a thread while in its `with`; `peak` is the largest sample
-  (VmHWM cannot be reset, so a peak within one stretch of a long process is sampled)."""
+  """Samples a process's RSS on a thread while in its `with`: `samples`, [(seconds since
+  the sampler was made, RSS bytes)], and `peak`, the largest (VmHWM cannot be reset, so a
+  peak within one stretch of a long process is sampled)."""
 
   def __init__(self, pid: int, every: float = 0.05):
-    super().__init__()
-    self.pid, self.every, self.peak = pid, every, 0
-
-  def _run(self):
-    while not self._stop.is_set():
-      try:
-        self.peak = max(self.peak, rss_bytes(self.pid))
-      except OSError:
-        return
-      self._stop.wait(self.every)
-
-
-class RssTimeline(BackgroundLoop):
-  """A process's RSS every `every` seconds on a thread while in its `with` (`every` None:
-  nothing sampled): `samples`, [(seconds since the `with` began, RSS bytes)]."""
-
-  def __init__(self, pid: int, every: float | None):
     super().__init__()
     self.pid, self.every, self.samples = pid, every, []
     self._begin = time.monotonic()
 
+  @property
+  def peak(self) -> int:
+    return max((rss for _, rss in self.samples), default=0)
+
   def _run(self):
-    while self.every and not self._stop.is_set():
+    while not self._stop.is_set():
       try:
         rss = rss_bytes(self.pid)
       except OSError:  # it has ended

@@ -1320,12 +1320,14 @@ def run(args) -> dict:
     return step
 
 
+  def export_command(output_dir: str, kind: str) -> list:
+    return [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
+            f"--output_dir={output_dir}", f"--kinds={kind}"]
+
   def do_export(kind: str):
     shutil.rmtree(os.path.join(work, "models", kind), ignore_errors=True)
-    step = run_step(
-        [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
-         f"--output_dir={os.path.join(work, 'models')}", f"--kinds={kind}"],
-        os.path.join(work, f"export-{kind}.log"))
+    step = run_step(export_command(os.path.join(work, "models"), kind),
+                    os.path.join(work, f"export-{kind}.log"))
     step.pop("output_tail")
     export = harness.inode_sizes(os.path.join(work, "models", kind), on_disk=True)
     linked = harness.inode_sizes(run_dir)  # files the export hard-links from the run
@@ -1358,8 +1360,7 @@ def run(args) -> dict:
     # Into a scratch dir: the published export stays what the serve rows served.
     out = os.path.join(work, "profile_models")
     shutil.rmtree(out, ignore_errors=True)
-    command = [python, "-m", "realm_tf.export", f"--model_dir={run_dir}",
-               f"--output_dir={out}", "--kinds=realm_qa_scann"]
+    command = export_command(out, "realm_qa_scann")
     try:
       done = harness.run_process(command, os.path.join(work, "export_scann_memory.log"),
                                  rss_every=0.5)

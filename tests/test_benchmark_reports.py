@@ -727,28 +727,43 @@ def test_the_authors_searchers_rows_are_one_file_written_once_in_shard_order(tmp
   np.testing.assert_array_equal(again, rows)
 
 
-def test_memory_timeline_places_a_real_processs_rise_between_its_log_lines(tmp_path):
-  """A child that logs, takes ~300 MiB, logs, frees it and logs: the sampled rise falls in
-  the stretch between its first two lines, and only there."""
+def test_memory_timeline_places_a_rise_between_the_log_lines_around_it():
+  """memory_timeline: RSS samples placed between a process's absl log lines; a stretch
+  where RSS rose by 0.2 GiB or more (or that holds the peak) is listed with the lines
+  bounding it, a flat or falling stretch is not."""
   from benchmarks import released_scale  # noqa: PLC0415  heavy module, this test only
-  child = ("import logging, time\n"
-           "from absl import logging as absl_logging\n"
-           "absl_logging.use_absl_handler(); absl_logging.set_verbosity('info')\n"
-           "absl_logging.info('before the allocation'); time.sleep(0.6)\n"
-           "held = bytearray(300 * 2**20); time.sleep(1.2)\n"
-           "absl_logging.info('allocated'); del held; time.sleep(0.6)\n"
-           "absl_logging.info('freed'); time.sleep(0.6)\n")
-  done = harness.run_process([sys.executable, "-c", child], str(tmp_path / "child.log"),
-                             rss_every=0.1)
-  assert done["rss_samples"] and done["started"] <= time.time()
-  timeline = released_scale.memory_timeline(done, done["output"])
-  risen = [row for row in timeline["intervals"] if row["max_gib"] - row["rss_at_start_gib"]
-           >= 0.2]
-  assert len(risen) == 1, timeline
-  assert risen[0]["after"].endswith("before the allocation")
-  assert risen[0]["before"].endswith("allocated")
-  assert timeline["peak_gib"] >= risen[0]["rss_at_start_gib"] + 0.25
+  started = time.mktime((2026, 11, 30, 1, 0, 0, 0, 0, -1))  # 01:00:00 local time
+  log = ("I1130 01:00:01.000000 140 export.py:1] before the allocation\n"
+         "a line that is not absl's\n"
+         "I1130 01:00:03.000000 140 export.py:2] allocated\n"
+         "I1130 01:00:05.000000 140 export.py:3] freed\n")
+  gib = 2**30
+  samples = [(0.5, 1 * gib), (1.5, 1 * gib), (2.0, 1.4 * gib), (2.5, 1.5 * gib),
+             (3.5, 1.5 * gib), (4.5, 1.0 * gib), (5.5, 1.0 * gib)]
+  timeline = released_scale.memory_timeline(dict(started=started, rss_samples=samples), log)
+  assert timeline["peak_gib"] == 1.5 and timeline["peak_at_s"] == 2.5
+  assert timeline["samples"] == len(samples)
+  # The process's own start (nothing resident before its first sample), then the rise.
+  start, row = timeline["intervals"]
+  assert (start["after"], start["before"]) == ("process start",
+                                               "export.py:1] before the allocation")
+  assert row["after"] == "export.py:1] before the allocation"
+  assert row["before"] == "export.py:2] allocated"
+  assert (row["from_s"], row["to_s"]) == (1.0, 3.0)
+  assert (row["rss_at_start_gib"], row["max_gib"], row["rss_at_end_gib"]) == (1.0, 1.5, 1.5)
   markdown = "\n".join(released_scale.profile_markdown(
-      {"export_scann_memory": dict(command="x", peak_rss_gib=timeline["peak_gib"],
-                                   timeline=timeline)}))
+      {"export_scann_memory": dict(command="x", peak_rss_gib=1.5, timeline=timeline)}))
   assert "before the allocation" in markdown
+
+
+def test_run_process_samples_the_childs_memory_only_when_asked(tmp_path):
+  """harness.run_process(rss_every=) adds the child's RSS samples (PeakSampler's, which
+  test_benchmark_harness checks) and its start as a Unix time; without it, neither."""
+  before = time.time()
+  sampled = harness.run_process([sys.executable, "-c", "pass"], str(tmp_path / "a.log"),
+                                rss_every=0.01)
+  assert isinstance(sampled["rss_samples"], list)
+  assert all(rss > 0 for _, rss in sampled["rss_samples"])
+  assert before <= sampled["started"] <= time.time()
+  plain = harness.run_process([sys.executable, "-c", "pass"], str(tmp_path / "b.log"))
+  assert "rss_samples" not in plain and "started" not in plain
